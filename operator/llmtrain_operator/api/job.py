@@ -1,0 +1,145 @@
+"""The ``LLMTrainJob`` object and the one place where raw input becomes a typed job.
+
+``parse_job`` never raises anything but :class:`SpecInvalid`, whose ``errors`` name the
+field path (``spec.replicas.min``) and say what would be valid. The operator turns it
+into an ``Invalid`` condition plus an Event; ``llmtrain validate`` prints it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from llmtrain_trainer.config import CamelModel, FieldRuleError
+from pydantic import Field, ValidationError
+
+from .spec import LLMTrainJobSpec
+from .status import LLMTrainJobStatus
+
+GROUP = "llmtrain.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "LLMTrainJob"
+PLURAL = "llmtrainjobs"
+SINGULAR = "llmtrainjob"
+SHORT_NAMES = ["ltj"]
+
+NAME_MAX_LENGTH = 40
+"""Pod names are ``<job>-worker-<slot>`` and double as DNS labels (<= 63 chars), so the
+job name is capped well below that."""
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
+class ObjectMeta(CamelModel):
+    """The parts of ``metadata`` the operator reads. Everything else is kept as-is."""
+
+    model_config = {"extra": "allow"}
+
+    name: str = Field(min_length=1, max_length=NAME_MAX_LENGTH, pattern=NAME_PATTERN)
+    """DNS-1035 label, at most 40 characters (pod and Service names derive from it)."""
+    namespace: str | None = None
+    uid: str | None = None
+    generation: int | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+
+
+class LLMTrainJob(CamelModel):
+    """An elastic LLM training job."""
+
+    api_version: Literal["llmtrain.io/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
+    kind: Literal["LLMTrainJob"] = KIND
+    metadata: ObjectMeta
+    spec: LLMTrainJobSpec
+    status: LLMTrainJobStatus | None = None
+
+
+@dataclass(frozen=True)
+class FieldError:
+    path: str
+    """Dotted field path from the object root, e.g. ``spec.replicas.min``."""
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class SpecInvalid(ValueError):
+    """The object does not describe a valid job. ``errors`` names every bad field."""
+
+    def __init__(self, errors: list[FieldError]):
+        self.errors = errors
+        super().__init__("; ".join(str(e) for e in errors))
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif "." in str(item) or "/" in str(item):
+            parts.append(f"[{item}]")  # a map key such as nvidia.com/gpu
+        elif str(item).startswith(("function-", "json-or-python", "union[")):
+            # pydantic's internal validator names (e.g. for int|str unions); not fields.
+            continue
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts) or "(root)"
+
+
+def _message(err: dict[str, Any]) -> str:
+    msg = str(err["msg"])
+    msg = msg.removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        return "unknown field (check the spelling; see `kubectl explain ltj.spec`)"
+    if err["type"] == "missing":
+        return "required field is missing"
+    if err["type"] == "literal_error":
+        return msg.replace("Input should be", "must be one of:")
+    return msg
+
+
+def errors_from(exc: ValidationError) -> list[FieldError]:
+    """Flatten pydantic's errors into field-named messages, deduplicated.
+
+    For ``int | str`` quantities pydantic reports one error per union member; the
+    first message per path is the useful one.
+    """
+    seen: dict[str, FieldError] = {}
+    for err in exc.errors(include_url=False):
+        loc = tuple(err["loc"])
+        message = _message(err)
+        rule = (err.get("ctx") or {}).get("error")
+        if isinstance(rule, FieldRuleError):
+            # A cross-field rule: point at the offending field, not the enclosing object.
+            loc = loc + rule.parts
+            message = rule.message
+        path = _path(loc)
+        seen.setdefault(path, FieldError(path, message))
+    return list(seen.values())
+
+
+def parse_job(obj: Any) -> LLMTrainJob:
+    """Validate a raw object (from YAML or the API) into a typed job.
+
+    Raises :class:`SpecInvalid` for anything that is not a valid job, including a
+    non-mapping or the wrong apiVersion/kind.
+    """
+    if not isinstance(obj, dict):
+        raise SpecInvalid([FieldError("(root)", f"expected a mapping (an LLMTrainJob object), got {type(obj).__name__}")])
+    if obj.get("kind") not in (None, KIND):
+        raise SpecInvalid([FieldError("kind", f"must be {KIND}, got {obj.get('kind')!r}")])
+    try:
+        return LLMTrainJob.model_validate(obj)
+    except ValidationError as exc:
+        raise SpecInvalid(errors_from(exc)) from None
+
+
+def parse_spec(spec: Any) -> LLMTrainJobSpec:
+    """Validate only ``spec`` (for kopf handlers, which see ``spec`` separately)."""
+    try:
+        return LLMTrainJobSpec.model_validate(spec if spec is not None else {})
+    except ValidationError as exc:
+        raise SpecInvalid(
+            [FieldError(f"spec.{e.path}" if e.path != "(root)" else "spec", e.message) for e in errors_from(exc)]
+        ) from None

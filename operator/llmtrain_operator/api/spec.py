@@ -1,0 +1,537 @@
+"""``LLMTrainJob.spec``: the typed model that the CRD is generated from.
+
+Every field's docstring becomes its CRD description (and ``kubectl explain`` text):
+it states the unit, the default and why. Cross-field rules are written twice on
+purpose: as CEL (``x-kubernetes-validations``, enforced by the API server) and as a
+pydantic validator (enforced by ``llmtrain validate`` and the operator). The
+``tests/test_api_invalid_specs.py`` table checks the pydantic side; the cluster suite
+sends the same specs to a real API server to check the CEL side.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from llmtrain_trainer.config import CamelModel, FieldRuleError, TrainSpec, valid_world_sizes
+from pydantic import Field, field_validator, model_validator
+
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+_QUANTITY_RE = re.compile(QUANTITY_PATTERN)
+
+
+def _check_quantity(value: int | str) -> int | str:
+    if isinstance(value, str) and not _QUANTITY_RE.match(value):
+        raise ValueError(f"'{value}' is not a Kubernetes quantity (e.g. '2', '500m', '16Gi')")
+    return value
+
+
+Quantity = Annotated[int | str, Field(json_schema_extra={"x-llmtrain-quantity": True})]
+"""A Kubernetes resource quantity: an integer or a string such as ``500m`` or ``16Gi``."""
+
+
+def cel(rule: str, message: str, **extra: Any) -> dict[str, Any]:
+    """One ``x-kubernetes-validations`` entry."""
+    return {"rule": rule, "message": message, **extra}
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+class TrainerSpec(CamelModel):
+    """What runs in each worker: the built-in trainer, or the user's own script."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.builtin) != has(self.command)",
+                    "set exactly one of trainer.builtin (the built-in trainer) or trainer.command (your own torchrun script)",
+                ),
+                cel("!has(self.args) || has(self.command)", "trainer.args needs trainer.command"),
+            ]
+        }
+    }
+
+    builtin: TrainSpec | None = None
+    """The built-in DeepSpeed/DDP trainer: model preset, data, optimizer, batch sizes and
+    a DeepSpeed config passthrough. Mutually exclusive with ``command``."""
+
+    command: list[str] | None = Field(None, min_length=1)
+    """Your own training script, run as ``torchrun <rendezvous flags> <command...>
+    <args...>``: e.g. ``["/app/train.py"]`` or ``["-m", "mypkg.train"]``. torchrun supplies
+    RANK/WORLD_SIZE/MASTER_ADDR; the operator also sets ``LLMTRAIN_*`` env (checkpoint
+    dirs, timeouts). Mutually exclusive with ``builtin``."""
+
+    args: list[str] | None = None
+    """Arguments appended after ``command``."""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> TrainerSpec:
+        if (self.builtin is None) == (self.command is None):
+            raise FieldRuleError(
+                "builtin",
+                "set exactly one of trainer.builtin (the built-in trainer) or trainer.command "
+                "(your own torchrun script)",
+            )
+        if self.args is not None and self.command is None:
+            raise FieldRuleError("args", "needs trainer.command")
+        return self
+
+
+# -------------------------------------------------------------------------- replicas
+
+
+class ReplicasSpec(CamelModel):
+    """The elastic range, in nodes (pods). Each pod runs ``procsPerNode`` ranks."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel("self.min <= self.max", "replicas.min must be <= replicas.max"),
+            ]
+        }
+    }
+
+    min: int = Field(1, ge=1, le=1024)
+    """Fewest healthy nodes that keep training going, 1..1024. Default 1. Below it the
+    job waits (Degraded) for replacements instead of training."""
+
+    max: int = Field(1, ge=1, le=1024)
+    """Nodes to run when all are available, 1..1024. Default 1. The operator creates
+    this many pods and scales back up to it after a loss."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ReplicasSpec:
+        if self.min > self.max:
+            raise FieldRuleError("min", f"must be <= replicas.max ({self.min} > {self.max})")
+        return self
+
+
+class ResourcesSpec(CamelModel):
+    """Per-pod compute resources, as in a container's ``resources``."""
+
+    requests: dict[str, Quantity] | None = None
+    """Minimum resources, e.g. ``{cpu: "8", memory: 64Gi}``."""
+
+    limits: dict[str, Quantity] | None = None
+    """Maximum resources, e.g. ``{"nvidia.com/gpu": 8}``. Extended resources such as GPUs
+    must also be requested; the operator copies a GPU limit into requests."""
+
+    @field_validator("requests", "limits")
+    @classmethod
+    def _quantities(cls, value: dict[str, int | str] | None) -> dict[str, int | str] | None:
+        for name, qty in (value or {}).items():
+            try:
+                _check_quantity(qty)
+            except ValueError as err:
+                raise FieldRuleError((name,), str(err)) from None
+        return value
+
+
+class EnvVar(CamelModel):
+    """An environment variable for the trainer container (Kubernetes ``EnvVar``)."""
+
+    name: str = Field(min_length=1, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    """Variable name."""
+
+    value: str | None = None
+    """Literal value."""
+
+    value_from: dict[str, Any] | None = None
+    """A Kubernetes ``EnvVarSource`` (secretKeyRef, configMapKeyRef, fieldRef ...),
+    passed through unchanged."""
+
+
+# ------------------------------------------------------------------------ checkpoint
+
+
+class LocalTierSpec(CamelModel):
+    """Tier 1: node-local disk (NVMe). Written asynchronously every checkpoint; training
+    blocks only for the in-memory snapshot."""
+
+    host_path: str | None = Field(None, pattern=r"^/")
+    """Absolute path on the node. Default: an ``emptyDir`` (survives a container restart
+    in place, not a pod replacement). A hostPath lets a replacement on the same node
+    restore at NVMe speed."""
+
+    size_limit: Quantity | None = None
+    """``emptyDir`` size limit, e.g. ``200Gi``. Default none."""
+
+    keep: int = Field(2, ge=1, le=100)
+    """Committed checkpoints to keep on this tier, 1..100. Default 2."""
+
+    @field_validator("size_limit")
+    @classmethod
+    def _quantity(cls, value: int | str | None) -> int | str | None:
+        return None if value is None else _check_quantity(value)
+
+
+class SharedTierSpec(CamelModel):
+    """Tier 2: a shared filesystem (a ReadWriteMany PVC), fed from tier 1 in the
+    background."""
+
+    claim_name: str = Field(min_length=1, max_length=253)
+    """Name of the PersistentVolumeClaim, in the job's namespace. Required."""
+
+    sub_path: str | None = None
+    """Folder inside the volume. Default: ``<namespace>/<job name>``."""
+
+    interval_steps: int | None = Field(None, ge=1)
+    """Persist every Nth step to this tier; a multiple of ``checkpoint.intervalSteps``.
+    Default: every checkpoint."""
+
+    keep: int = Field(3, ge=1, le=1000)
+    """Committed checkpoints to keep on this tier, 1..1000. Default 3."""
+
+
+class SecretKeyRef(CamelModel):
+    """Where the S3 credentials are: a Secret in the job's namespace."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """Secret name. Required. A missing Secret makes the job ``Invalid`` with a message
+    naming it, instead of pods crash-looping."""
+
+    access_key_id_key: str = "AWS_ACCESS_KEY_ID"
+    """Key of the access key id in the Secret. Default ``AWS_ACCESS_KEY_ID``."""
+
+    secret_access_key_key: str = "AWS_SECRET_ACCESS_KEY"
+    """Key of the secret access key in the Secret. Default ``AWS_SECRET_ACCESS_KEY``."""
+
+
+class S3TierSpec(CamelModel):
+    """Tier 3: S3 or any S3-compatible store, fed from tier 1 in the background with
+    concurrent multipart uploads."""
+
+    bucket: str = Field(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.-]+[a-z0-9]$")
+    """Bucket name (S3 naming rules). Required."""
+
+    prefix: str | None = None
+    """Key prefix. Default: ``llmtrain/<namespace>/<job name>``."""
+
+    endpoint: str | None = Field(None, pattern=r"^https?://")
+    """Endpoint URL for S3-compatible stores (MinIO, Ceph ...). Default: AWS."""
+
+    region: str | None = None
+    """Region. Default: the SDK's default (``us-east-1``)."""
+
+    credentials_secret: SecretKeyRef
+    """Secret holding the access keys. Required."""
+
+    interval_steps: int | None = Field(None, ge=1)
+    """Persist every Nth step to S3; a multiple of ``checkpoint.intervalSteps``. Default:
+    every checkpoint."""
+
+    keep: int = Field(5, ge=1, le=10000)
+    """Committed checkpoints to keep in S3, 1..10000. Default 5."""
+
+
+class CheckpointSpec(CamelModel):
+    """Tiered checkpoints. Restore takes the newest step that every rank can load, from
+    the fastest tier that holds a verified copy."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.shared) || !has(self.shared.intervalSteps) || self.shared.intervalSteps % self.intervalSteps == 0",
+                    "checkpoint.shared.intervalSteps must be a multiple of checkpoint.intervalSteps",
+                ),
+                cel(
+                    "!has(self.s3) || !has(self.s3.intervalSteps) || self.s3.intervalSteps % self.intervalSteps == 0",
+                    "checkpoint.s3.intervalSteps must be a multiple of checkpoint.intervalSteps",
+                ),
+            ]
+        }
+    }
+
+    enabled: bool = True
+    """Take checkpoints at all. Default true. Off means a failure restarts from step 0."""
+
+    interval_steps: int = Field(50, ge=1, le=10_000_000)
+    """Take a checkpoint every N optimizer steps (the tier-1 cadence). Default 50."""
+
+    local: LocalTierSpec = Field(default_factory=LocalTierSpec)
+    """Tier 1, node-local. Always on when checkpoints are enabled."""
+
+    shared: SharedTierSpec | None = None
+    """Tier 2, shared filesystem. Default off."""
+
+    s3: S3TierSpec | None = None
+    """Tier 3, S3. Default off."""
+
+    sigterm_budget_seconds: int = Field(20, ge=1, le=3600)
+    """Seconds the trainer may spend on an emergency checkpoint after SIGTERM (eviction,
+    preemption). Default 20. The pod's termination grace period is set above it."""
+
+    allow_fresh_start: bool = False
+    """When every checkpoint fails verification, start from step 0 instead of failing
+    with ``CorruptCheckpoint``. Default false, so that committed progress is never
+    silently discarded."""
+
+    @model_validator(mode="after")
+    def _cadence(self) -> CheckpointSpec:
+        for tier in ("shared", "s3"):
+            spec = getattr(self, tier)
+            if spec is not None and spec.interval_steps and spec.interval_steps % self.interval_steps:
+                raise FieldRuleError(
+                    f"{tier}.intervalSteps",
+                    f"must be a multiple of checkpoint.intervalSteps ({spec.interval_steps} % {self.interval_steps} != 0)",
+                )
+        return self
+
+
+# ------------------------------------------------------------------- fault tolerance
+
+
+class BackoffSpec(CamelModel):
+    """Exponential backoff between restarts: ``initial * factor^(restarts-1)``, capped."""
+
+    initial_seconds: float = Field(1.0, ge=0, le=3600)
+    """Delay before the first restart, in seconds. Default 1."""
+
+    max_seconds: float = Field(300.0, ge=0, le=86400)
+    """Upper bound of the delay, in seconds. Default 300."""
+
+    factor: float = Field(2.0, ge=1.0, le=10.0)
+    """Growth per restart, 1..10. Default 2."""
+
+
+class FaultToleranceSpec(CamelModel):
+    """How failures are detected and what a recovery costs."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "self.progressTimeoutSeconds == 0 || self.progressTimeoutSeconds > self.hangTimeoutSeconds",
+                    "faultTolerance.progressTimeoutSeconds must be 0 (off) or greater than faultTolerance.hangTimeoutSeconds",
+                ),
+            ]
+        }
+    }
+
+    max_restarts: int = Field(10, ge=0, le=100_000)
+    """Job-wide restart budget. Default 10. Counted in ``status.restarts`` and never
+    reset, not even when pods are recreated; exhausting it fails the job with
+    ``BackoffLimitExceeded``. Disruptions (evictions, preemptions) do not count."""
+
+    restart_policy: Literal["ReplaceFailed", "RestartAll"] = "ReplaceFailed"
+    """``ReplaceFailed``: replace only the lost pods; survivors re-rendezvous and keep
+    their processes. ``RestartAll``: recreate every pod on any failure (simpler, slower).
+    Default ``ReplaceFailed``."""
+
+    hang_timeout_seconds: int = Field(300, ge=10, le=86400)
+    """The trainer's watchdog: no optimizer step for this long means a hang (e.g. a
+    stuck NCCL/gloo collective). It dumps all stacks and exits with the hang code.
+    Seconds, 10..86400. Default 300; set it above your slowest step plus checkpoint."""
+
+    collective_timeout_seconds: int = Field(120, ge=5, le=7200)
+    """Timeout of every collective and of process-group init, in seconds, 5..7200.
+    Default 120, instead of torch's 10 min (NCCL) / 30 min (gloo) that make a dead peer
+    look like a hang."""
+
+    node_failure_grace_seconds: int = Field(40, ge=0, le=3600)
+    """How long a node may be NotReady/Unknown/unreachable before its pods are
+    force-deleted and replaced elsewhere. Seconds. Default 40."""
+
+    node_quarantine_seconds: int = Field(600, ge=0, le=86400)
+    """After a node failure, keep this job's replacements off that node for this long.
+    Seconds. Default 600."""
+
+    progress_timeout_seconds: int = Field(900, ge=0, le=604800)
+    """Operator-side backstop: if ``status.step`` does not advance for this long while
+    Running, restart all pods. 0 disables. Seconds. Default 900; must exceed
+    ``hangTimeoutSeconds``."""
+
+    backoff: BackoffSpec = Field(default_factory=BackoffSpec)
+    """Delay between successive restarts."""
+
+    @model_validator(mode="after")
+    def _backstop_after_watchdog(self) -> FaultToleranceSpec:
+        if self.progress_timeout_seconds and self.progress_timeout_seconds <= self.hang_timeout_seconds:
+            raise FieldRuleError(
+                "progressTimeoutSeconds",
+                f"must be 0 (off) or greater than faultTolerance.hangTimeoutSeconds "
+                f"({self.progress_timeout_seconds} <= {self.hang_timeout_seconds})",
+            )
+        return self
+
+
+# ------------------------------------------------------------------------ scheduling
+
+
+class Toleration(CamelModel):
+    """A Kubernetes toleration."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class GangSpec(CamelModel):
+    """Gang scheduling hint for schedulers that support it (Volcano, Kueue,
+    scheduler-plugins coscheduling)."""
+
+    min_available: int = Field(ge=1, le=1024)
+    """Pods that must be placeable together before any starts. Usually
+    ``replicas.min``. Rendered as a PodGroup annotation/label for the scheduler."""
+
+
+class SchedulingSpec(CamelModel):
+    """Where worker pods may run."""
+
+    node_selector: dict[str, str] | None = None
+    """Node labels the pods require, e.g. ``{gpu: h100}``."""
+
+    tolerations: list[Toleration] | None = None
+    """Taints the pods tolerate (e.g. ``nvidia.com/gpu:NoSchedule``)."""
+
+    affinity: dict[str, Any] | None = None
+    """A Kubernetes ``Affinity``, passed through unchanged."""
+
+    priority_class_name: str | None = None
+    """PriorityClass for the pods; preemption by higher priorities is handled as a
+    disruption."""
+
+    scheduler_name: str | None = None
+    """A non-default scheduler (e.g. ``volcano``)."""
+
+    gang: GangSpec | None = None
+    """Gang scheduling hint. Default none."""
+
+
+class MetricsSpec(CamelModel):
+    """The trainer's Prometheus endpoint in each pod."""
+
+    port: int = Field(9400, ge=1024, le=65000)
+    """Container port of local rank 0's endpoint; local rank r uses ``port + r``.
+    1024..65000. Default 9400."""
+
+
+# ------------------------------------------------------------------------------ spec
+
+
+class LLMTrainJobSpec(CamelModel):
+    """The desired state of an elastic training job."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.scheduling) || !has(self.scheduling.gang) || self.scheduling.gang.minAvailable <= self.replicas.max",
+                    "scheduling.gang.minAvailable must be <= replicas.max",
+                ),
+                cel(
+                    "!has(self.trainer.builtin) || self.trainer.builtin.globalBatchSize % (self.trainer.builtin.microBatchSize * self.procsPerNode * self.replicas.max) == 0",
+                    "trainer.builtin.globalBatchSize must be divisible by microBatchSize x procsPerNode x replicas.max",
+                ),
+                cel(
+                    "!has(self.trainer.builtin) || self.trainer.builtin.globalBatchSize % (self.trainer.builtin.microBatchSize * self.procsPerNode * self.replicas.min) == 0",
+                    "trainer.builtin.globalBatchSize must be divisible by microBatchSize x procsPerNode x replicas.min",
+                ),
+            ]
+        }
+    }
+
+    image: str = Field(min_length=1, max_length=1024)
+    """Container image of the workers (the trainer image, or yours with torchrun)."""
+
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """Image pull policy. Default ``IfNotPresent``."""
+
+    trainer: TrainerSpec = Field(json_schema_extra={
+        "x-kubernetes-validations": [
+            cel("self == oldSelf", "trainer is immutable: checkpoints of one model/data config cannot resume another; create a new job"),
+        ]
+    })
+    """The built-in trainer or your own script. Immutable."""
+
+    replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
+    """Elastic node range."""
+
+    procs_per_node: int = Field(1, ge=1, le=64, json_schema_extra={
+        "x-kubernetes-validations": [
+            cel("self == oldSelf", "procsPerNode is immutable"),
+        ]
+    })
+    """Ranks per pod (``torchrun --nproc-per-node``), usually the GPUs per node, 1..64.
+    Default 1. Immutable."""
+
+    resources: ResourcesSpec | None = None
+    """Per-pod resources. Set ``limits: {nvidia.com/gpu: N}`` on GPU clusters."""
+
+    env: list[EnvVar] | None = None
+    """Extra environment for the trainer container."""
+
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    """Tiered checkpointing. Default: tier 1 only, every 50 steps."""
+
+    fault_tolerance: FaultToleranceSpec = Field(default_factory=FaultToleranceSpec)
+    """Failure detection and the restart budget."""
+
+    scheduling: SchedulingSpec | None = None
+    """Node selection, tolerations, priority and gang scheduling."""
+
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+    """The trainer's Prometheus endpoint."""
+
+    suspend: bool = False
+    """Suspend the job: delete the pods but keep status and checkpoints. Unsuspending
+    resumes from the newest checkpoint, without counting a restart. Default false."""
+
+    active_deadline_seconds: int | None = Field(None, ge=1)
+    """Fail the job (``DeadlineExceeded``) after this many seconds since it started,
+    suspended time excluded. Default none."""
+
+    ttl_seconds_after_finished: int | None = Field(None, ge=0)
+    """Delete the job (and through ownerReferences its children) this many seconds after
+    it Succeeded or Failed. Default none (keep)."""
+
+    pod_template: dict[str, Any] | None = None
+    """Escape hatch: a partial Pod (``metadata`` and ``spec``) merged over the generated
+    worker pods. Maps merge recursively; ``containers`` merge by name; other lists are
+    replaced. Operator-owned fields (command, rendezvous env, labels) win."""
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> LLMTrainJobSpec:
+        sched = self.scheduling
+        if sched and sched.gang and sched.gang.min_available > self.replicas.max:
+            raise FieldRuleError(
+                "scheduling.gang.minAvailable",
+                f"must be <= replicas.max ({sched.gang.min_available} > {self.replicas.max})",
+            )
+        builtin = self.trainer.builtin
+        if builtin is not None:
+            bad = []
+            for nodes in range(self.replicas.min, self.replicas.max + 1):
+                world = nodes * self.procs_per_node
+                if builtin.global_batch_size % (builtin.micro_batch_size * world):
+                    bad.append(world)
+            if bad:
+                valid = valid_world_sizes(builtin.global_batch_size, builtin.micro_batch_size)
+                raise FieldRuleError(
+                    "trainer.builtin.globalBatchSize",
+                    f"{builtin.global_batch_size} cannot stay fixed at world sizes {bad} with "
+                    f"microBatchSize {builtin.micro_batch_size}: it must be divisible by "
+                    f"microBatchSize x world size for every node count in replicas.min..max "
+                    f"(world size = nodes x procsPerNode); world sizes that work: {valid[:16]}",
+                )
+        if self.pod_template is not None:
+            unknown = set(self.pod_template) - {"metadata", "spec"}
+            if unknown:
+                raise FieldRuleError("podTemplate", f"may only hold 'metadata' and 'spec', not {sorted(unknown)}")
+        return self
+
+    def world_sizes(self) -> range:
+        """World sizes the job may run at, smallest first."""
+        return range(
+            self.replicas.min * self.procs_per_node,
+            self.replicas.max * self.procs_per_node + 1,
+            self.procs_per_node,
+        )

@@ -1,0 +1,109 @@
+"""``llmtrain``: the command line.
+
+Subcommands:
+  validate FILE...   check LLMTrainJob manifests offline, with field-named errors
+  crd [--write]      print (or write into crds/ and the chart) the generated CRD
+  exit-codes         print the trainer/operator exit-code table
+  run FILE           run a job locally with torchrun, no cluster (see localrun/)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from .api import SpecInvalid, parse_job
+
+
+def _load_documents(path: Path) -> list[object]:
+    with path.open() as fh:
+        return [doc for doc in yaml.safe_load_all(fh) if doc is not None]
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    bad = 0
+    for name in args.files:
+        path = Path(name)
+        try:
+            docs = _load_documents(path)
+        except OSError as err:
+            print(f"{name}: cannot read: {err.strerror}", file=sys.stderr)
+            bad += 1
+            continue
+        except yaml.YAMLError as err:
+            print(f"{name}: not valid YAML: {err}", file=sys.stderr)
+            bad += 1
+            continue
+        jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == "LLMTrainJob"]
+        if not jobs:
+            print(f"{name}: no LLMTrainJob document found", file=sys.stderr)
+            bad += 1
+            continue
+        for doc in jobs:
+            label = f"{name} ({(doc.get('metadata') or {}).get('name', '?')})"
+            try:
+                parse_job(doc)
+            except SpecInvalid as err:
+                bad += 1
+                print(f"{label}: INVALID", file=sys.stderr)
+                for field_error in err.errors:
+                    print(f"  {field_error}", file=sys.stderr)
+            else:
+                print(f"{label}: ok")
+    return 1 if bad else 0
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    from .api.crd import CRD_FILENAME, render_crd_yaml
+
+    text = render_crd_yaml()
+    if not args.write:
+        sys.stdout.write(text)
+        return 0
+    root = Path(args.root)
+    for folder in (root / "crds", root / "charts" / "llmtrain-operator" / "crds"):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / CRD_FILENAME).write_text(text)
+        print(f"wrote {folder / CRD_FILENAME}")
+    return 0
+
+
+def cmd_exit_codes(_: argparse.Namespace) -> int:
+    from llmtrain_trainer.exitcodes import table
+
+    print(f"{'code':>4}  {'name':<20} {'class':<11} reason")
+    for code, name, klass, reason in table():
+        print(f"{code:>4}  {name:<20} {klass:<11} {reason}")
+    print("  >128 signal kill (128+N)   Retryable   SignalN;  other codes: Retryable Crash")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmtrain", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("validate", help="validate LLMTrainJob manifests offline")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("crd", help="print or write the generated CRD")
+    p.add_argument("--write", action="store_true", help="write crds/ and the chart's copy")
+    p.add_argument("--root", default=".", help="repository root for --write (default: .)")
+    p.set_defaults(func=cmd_crd)
+
+    p = sub.add_parser("exit-codes", help="print the exit-code table")
+    p.set_defaults(func=cmd_exit_codes)
+
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Kubernetes I/O: reading observed state and applying actions."""

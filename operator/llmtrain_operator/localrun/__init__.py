@@ -1,0 +1,1 @@
+"""Run an LLMTrainJob on this machine with torchrun, no cluster."""

@@ -1,0 +1,1 @@
+"""Pure planning: (job, observed state, clock) -> actions. No I/O."""

@@ -1,0 +1,55 @@
+"""`llmtrain validate` through the installed entry point, as a user runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+LLMTRAIN = str(Path(sys.executable).with_name("llmtrain"))
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([LLMTRAIN, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def test_every_example_validates():
+    examples = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "examples").glob("*.yaml"))
+    assert len(examples) >= 4
+    result = run("validate", *examples)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count(": ok") == len(examples)
+
+
+def test_a_broken_copy_fails_and_names_the_field(tmp_path):
+    source = ROOT / "examples" / "02-three-tier-checkpoints.yaml"
+    docs = list(yaml.safe_load_all(source.read_text()))
+    job = next(d for d in docs if d["kind"] == "LLMTrainJob")
+    job["spec"]["checkpoint"]["shared"]["intervalSteps"] = 25
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump_all(docs))
+
+    result = run("validate", str(source), str(broken))
+    assert result.returncode == 1
+    assert "02-three-tier-checkpoints.yaml (three-tier): ok" in result.stdout
+    assert "broken.yaml (three-tier): INVALID" in result.stderr
+    assert "spec.checkpoint.shared.intervalSteps: must be a multiple of checkpoint.intervalSteps" in result.stderr
+
+
+def test_unreadable_and_non_yaml_files_are_reported_not_raised(tmp_path):
+    garbage = tmp_path / "garbage.yaml"
+    garbage.write_text("spec: [unclosed\n")
+    result = run("validate", str(tmp_path / "missing.yaml"), str(garbage))
+    assert result.returncode == 1
+    assert "missing.yaml: cannot read: No such file or directory" in result.stderr
+    assert "garbage.yaml: not valid YAML" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_crd_command_prints_the_committed_crd():
+    result = run("crd")
+    assert result.returncode == 0
+    assert result.stdout == (ROOT / "crds" / "llmtrain.io_llmtrainjobs.yaml").read_text()

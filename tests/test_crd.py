@@ -1,0 +1,132 @@
+"""The committed CRD is generated from the model, and is a structural schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from llmtrain_operator.api.crd import CRD_FILENAME, build_crd, render_crd_yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = [ROOT / "crds" / CRD_FILENAME, ROOT / "charts" / "llmtrain-operator" / "crds" / CRD_FILENAME]
+
+ALLOWED_KEYS = {
+    "type", "description", "properties", "additionalProperties", "items", "required", "enum",
+    "default", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength",
+    "maxLength", "pattern", "minItems", "maxItems", "anyOf", "format", "nullable",
+    "x-kubernetes-validations", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-int-or-string",
+}
+
+
+def test_committed_crds_equal_the_generator_output():
+    expected = render_crd_yaml()
+    for path in COMMITTED:
+        assert path.read_text() == expected, f"{path} drifted from the model: run `llmtrain crd --write`"
+
+
+def _walk(node: dict[str, Any], path: str, problems: list[str]) -> None:
+    unknown = set(node) - ALLOWED_KEYS
+    if unknown:
+        problems.append(f"{path}: keys not allowed in a CRD schema: {sorted(unknown)}")
+    exempt = node.get("x-kubernetes-int-or-string") or node.get("x-kubernetes-preserve-unknown-fields")
+    if "type" not in node and not exempt:
+        problems.append(f"{path}: no type")
+    if "anyOf" in node:
+        if not node.get("x-kubernetes-int-or-string") or node["anyOf"] != [{"type": "integer"}, {"type": "string"}]:
+            problems.append(f"{path}: anyOf is only allowed in the int-or-string form")
+    if "properties" in node and "additionalProperties" in node:
+        problems.append(f"{path}: properties and additionalProperties are mutually exclusive")
+    for name, child in (node.get("properties") or {}).items():
+        _walk(child, f"{path}.{name}", problems)
+    if isinstance(node.get("additionalProperties"), dict):
+        _walk(node["additionalProperties"], f"{path}[*]", problems)
+    if "items" in node:
+        _walk(node["items"], f"{path}[]", problems)
+    for rule in node.get("x-kubernetes-validations", []):
+        if set(rule) - {"rule", "message", "messageExpression", "reason", "fieldPath", "optionalOldSelf"}:
+            problems.append(f"{path}: bad x-kubernetes-validations entry {rule}")
+    if node.get("type") == "object" and node.get("x-kubernetes-preserve-unknown-fields") and path.count(".") < 1:
+        problems.append(f"{path}: preserve-unknown-fields at the top level")
+
+
+def test_the_crd_schema_is_structural():
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    problems: list[str] = []
+    _walk(schema, "", problems)
+    assert not problems, "\n".join(problems)
+
+
+def test_metadata_only_restricts_the_name():
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert set(schema["properties"]["metadata"]["properties"]) == {"name"}
+
+
+def test_preserve_unknown_fields_is_only_on_passthroughs():
+    text = render_crd_yaml()
+    doc = yaml.safe_load(text)
+    found: list[str] = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            if node.get("x-kubernetes-preserve-unknown-fields"):
+                found.append(path)
+            for key, value in node.items():
+                walk(value, f"{path}.{key}")
+
+    walk(doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"], "")
+    leaves = sorted(p.replace(".properties", "") for p in found)
+    assert leaves == [
+        ".spec.env.items.valueFrom",
+        ".spec.podTemplate",
+        ".spec.scheduling.affinity",
+        ".spec.trainer.builtin.strategy.deepspeedConfig",
+    ]
+
+
+def test_contract_names_columns_and_subresources():
+    crd = build_crd()
+    names = crd["spec"]["names"]
+    assert (names["kind"], names["plural"], names["shortNames"]) == ("LLMTrainJob", "llmtrainjobs", ["ltj"])
+    version = crd["spec"]["versions"][0]
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
+    assert columns == ["Phase", "Workers", "Step", "Restarts", "Last Checkpoint", "Age"]
+
+
+def _rules(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        own = [r["rule"] for r in node.get("x-kubernetes-validations", [])]
+        return own + [r for value in node.values() for r in _rules(value)]
+    if isinstance(node, list):
+        return [r for value in node for r in _rules(value)]
+    return []
+
+
+def test_cel_rules_cover_the_cross_field_contract():
+    text = "\n".join(_rules(yaml.safe_load(render_crd_yaml())))
+    for rule in (
+        "self.min <= self.max",
+        "self == oldSelf",
+        "self.shared.intervalSteps % self.intervalSteps == 0",
+        "has(self.builtin) != has(self.command)",
+    ):
+        assert rule in text
+
+
+def test_every_spec_field_has_a_description():
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    missing: list[str] = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        for name, child in (node.get("properties") or {}).items():
+            if not child.get("description") and path.count(".") < 6:
+                missing.append(f"{path}.{name}")
+            walk(child, f"{path}.{name}")
+        if "items" in node:
+            walk(node["items"], path + "[]")
+
+    walk(schema, "spec")
+    # Toleration fields mirror core/v1 and are documented there.
+    missing = [m for m in missing if ".tolerations[]." not in m]
+    assert not missing, f"fields without a docstring: {missing}"

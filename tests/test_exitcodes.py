@@ -1,0 +1,37 @@
+"""The exit-code table shared by the trainer and the operator's classifier."""
+
+from __future__ import annotations
+
+import pytest
+from llmtrain_trainer.exitcodes import ExitCode, FailureClass, classify_exit, table
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "klass", "why"),
+    [
+        (0, None, FailureClass.SUCCEEDED, "Completed"),
+        (64, None, FailureClass.PERMANENT, "ConfigError"),
+        (65, None, FailureClass.PERMANENT, "DataError"),
+        (80, None, FailureClass.RETRYABLE, "Hang"),
+        (81, None, FailureClass.DISRUPTION, "Preempted"),
+        (82, None, FailureClass.PERMANENT, "CorruptCheckpoint"),
+        (83, None, FailureClass.RETRYABLE, "CollectiveTimeout"),
+        (137, None, FailureClass.RETRYABLE, "Signal9"),
+        (137, "OOMKilled", FailureClass.RETRYABLE, "OOMKilled"),
+        (-9, None, FailureClass.RETRYABLE, "Signal9"),
+        (1, "Error", FailureClass.RETRYABLE, "Crash"),
+    ],
+)
+def test_exit_codes_are_classified(code, reason, klass, why):
+    got = classify_exit(code, reason)
+    assert (got.failure_class, got.reason) == (klass, why)
+
+
+def test_every_code_is_in_the_table_once():
+    codes = [row[0] for row in table()]
+    assert sorted(codes) == sorted(int(c) for c in ExitCode)
+    assert len(set(codes)) == len(codes)
+
+
+def test_our_codes_do_not_collide_with_signal_kills():
+    assert all(0 <= int(c) < 128 for c in ExitCode)

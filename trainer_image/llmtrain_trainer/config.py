@@ -1,0 +1,362 @@
+"""Typed trainer configuration, shared with the operator.
+
+The user-facing part (:class:`TrainSpec`) is embedded verbatim in the
+``LLMTrainJob`` API as ``spec.trainer.builtin``; the operator adds the runtime part and
+renders a :class:`TrainerConfig` file that the trainer reads with ``--config``.
+
+Import-light: pydantic only. The operator image has no torch, and it imports this.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+
+class FieldRuleError(ValueError):
+    """A rule failed on a field that pydantic's own error location would not name.
+
+    ``field`` is the offending field's path relative to the model (or field) that checks
+    the rule: camelCase and dotted, or a tuple when a key contains dots
+    (``("nvidia.com/gpu",)``). Error reports append it to pydantic's location so that
+    they name the exact field rather than the enclosing object.
+    """
+
+    def __init__(self, field: str | tuple[str, ...], message: str):
+        self.field = field
+        self.message = message
+        super().__init__(f"{'.'.join(field) if isinstance(field, tuple) else field}: {message}")
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return self.field if isinstance(self.field, tuple) else tuple(self.field.split("."))
+
+
+class CamelModel(BaseModel):
+    """Base for every spec/config model: camelCase on the wire, unknown keys rejected.
+
+    Unknown keys are an error rather than ignored because a typo (``maxStep``) would
+    otherwise silently fall back to a default and waste a GPU-day.
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        validate_assignment=True,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The camelCase dict form, without unset optional fields."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# --------------------------------------------------------------------------- model
+
+ModelPresetName = Literal["tiny", "small", "gpt2-124m", "gpt2-350m"]
+
+
+class ModelShape(BaseModel):
+    """The dimensions of a decoder-only transformer."""
+
+    n_layer: int
+    n_head: int
+    n_embd: int
+    vocab_size: int
+    block_size: int
+
+    def approx_params(self) -> int:
+        """Parameter count, embeddings included (tied input/output embedding)."""
+        per_layer = 12 * self.n_embd * self.n_embd + 13 * self.n_embd
+        return (
+            self.vocab_size * self.n_embd
+            + self.block_size * self.n_embd
+            + self.n_layer * per_layer
+            + 2 * self.n_embd
+        )
+
+
+MODEL_PRESETS: dict[str, ModelShape] = {
+    # ~3.4 M parameters: fast enough for multi-process CPU tests.
+    "tiny": ModelShape(n_layer=4, n_head=4, n_embd=192, vocab_size=8192, block_size=256),
+    # ~20 M parameters: for benchmarks that need a non-trivial step time on CPU.
+    "small": ModelShape(n_layer=6, n_head=8, n_embd=384, vocab_size=16384, block_size=512),
+    "gpt2-124m": ModelShape(n_layer=12, n_head=12, n_embd=768, vocab_size=50304, block_size=1024),
+    "gpt2-350m": ModelShape(n_layer=24, n_head=16, n_embd=1024, vocab_size=50304, block_size=1024),
+}
+
+
+class ModelConfig(CamelModel):
+    preset: ModelPresetName = "tiny"
+    """Named model size. Default ``tiny`` (~3 M parameters, for CPU tests).
+    ``gpt2-124m`` and ``gpt2-350m`` match GPT-2's shapes (vocabulary padded to 50304)."""
+
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in the backward pass. Default off. Trades
+    about 30% more compute for much less activation memory on large models."""
+
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Compute dtype. Default ``auto``: bfloat16 on GPUs that support it, float32 on CPU
+    (CPU bf16 matmuls are slow and gloo reductions of bf16 lose precision)."""
+
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout probability, 0 <= p < 1. Default 0: pretraining rarely needs it, and 0
+    keeps runs bit-reproducible across restarts."""
+
+    def shape(self, seq_len: int) -> ModelShape:
+        base = MODEL_PRESETS[self.preset]
+        return base.model_copy(update={"block_size": seq_len})
+
+
+# ---------------------------------------------------------------------------- data
+
+
+class DataConfig(CamelModel):
+    source: Literal["synthetic", "shards"] = "synthetic"
+    """``synthetic``: deterministic pseudo-random tokens from ``seed`` (no files).
+    ``shards``: memory-mapped nanoGPT-style ``.bin`` files of uint16 tokens."""
+
+    path: str | None = None
+    """For ``shards``: a ``.bin`` file or a directory of them, read in sorted order.
+    Inside a pod this is usually a mounted volume. Required for ``shards``."""
+
+    seq_len: int = Field(128, ge=8, le=32768)
+    """Tokens per sample (the context length), 8..32768. Default 128. Must not exceed
+    the preset's block size (256 for ``tiny``, 1024 for GPT-2)."""
+
+    vocab_size: int | None = Field(None, ge=2, le=65536)
+    """For ``synthetic`` data: the token range. Default: the model's vocabulary.
+    uint16 shards cap it at 65536."""
+
+    @model_validator(mode="after")
+    def _path_for_shards(self) -> DataConfig:
+        if self.source == "shards" and not self.path:
+            raise FieldRuleError("path", "required when source is 'shards' (a .bin file or a directory of them)")
+        return self
+
+
+# ----------------------------------------------------------------------- optimizer
+
+
+class OptimizerConfig(CamelModel):
+    name: Literal["adamw", "sgd"] = "adamw"
+    """Optimizer. Default ``adamw``. Under DeepSpeed the same settings are passed into
+    its config unless ``deepspeedConfig.optimizer`` overrides them."""
+
+    lr: float = Field(3e-4, gt=0.0, le=1.0)
+    """Peak learning rate, 0 < lr <= 1. Default 3e-4."""
+
+    min_lr: float = Field(3e-5, ge=0.0)
+    """Floor of the cosine/linear decay. Default 3e-5. Must be <= ``lr``."""
+
+    weight_decay: float = Field(0.1, ge=0.0)
+    """Decoupled weight decay. Default 0.1 (GPT-2/3 practice)."""
+
+    beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    """Adam beta1. Default 0.9."""
+
+    beta2: float = Field(0.95, ge=0.0, lt=1.0)
+    """Adam beta2. Default 0.95 (more stable than 0.999 for LLMs)."""
+
+    warmup_steps: int = Field(10, ge=0)
+    """Linear warmup, in optimizer steps. Default 10."""
+
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """Decay after warmup, down to ``minLr`` at ``maxSteps``. Default ``cosine``."""
+
+    grad_clip: float = Field(1.0, ge=0.0)
+    """Global gradient-norm clip; 0 disables. Default 1.0."""
+
+    @model_validator(mode="after")
+    def _min_below_peak(self) -> OptimizerConfig:
+        if self.min_lr > self.lr:
+            raise FieldRuleError("minLr", f"must be <= lr ({self.min_lr} > {self.lr})")
+        return self
+
+
+# ------------------------------------------------------------------------ strategy
+
+
+class StrategyConfig(CamelModel):
+    kind: Literal["ddp", "deepspeed"] = "ddp"
+    """``ddp``: plain DistributedDataParallel. ``deepspeed``: DeepSpeed with ZeRO.
+    Default ``ddp``."""
+
+    zero_stage: int = Field(0, ge=0, le=3)
+    """DeepSpeed ZeRO stage 0..3 (``deepspeed`` only). Default 0. Stage 2 shards
+    optimizer state and gradients; 3 also shards parameters."""
+
+    deepspeed_config: dict[str, Any] | None = None
+    """A DeepSpeed config merged over the project's defaults (passthrough; see the
+    DeepSpeed docs). Batch sizes are always derived from ``globalBatchSize`` and
+    ``microBatchSize`` so they stay correct at every world size."""
+
+    @model_validator(mode="after")
+    def _deepspeed_only_fields(self) -> StrategyConfig:
+        if self.kind == "ddp" and (self.zero_stage or self.deepspeed_config):
+            field = "zeroStage" if self.zero_stage else "deepspeedConfig"
+            raise FieldRuleError(field, "needs kind 'deepspeed' (plain DDP has no ZeRO)")
+        for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+            if self.deepspeed_config and key in self.deepspeed_config:
+                raise FieldRuleError(
+                    f"deepspeedConfig.{key}", "is derived from globalBatchSize/microBatchSize; remove it"
+                )
+        return self
+
+
+# ---------------------------------------------------------------------- train spec
+
+
+class TrainSpec(CamelModel):
+    """What to train: the user-facing part, embedded in the API as ``trainer.builtin``."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The model preset and its options."""
+
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Where samples come from. Positions are global sample indices, so the data order
+    is the same at any world size."""
+
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    """Optimizer and learning-rate schedule."""
+
+    strategy: StrategyConfig = Field(default_factory=StrategyConfig)
+    """DDP or DeepSpeed."""
+
+    global_batch_size: int = Field(16, ge=1)
+    """Samples per optimizer step, fixed across world sizes. Default 16. Gradient
+    accumulation absorbs world-size changes, so it must be divisible by
+    ``microBatchSize x world size`` for every allowed world size."""
+
+    micro_batch_size: int = Field(4, ge=1)
+    """Samples per rank per forward/backward pass. Default 4."""
+
+    max_steps: int = Field(100, ge=1)
+    """Optimizer steps to train. Default 100. The job succeeds when it is reached."""
+
+    seed: int = Field(1234, ge=0)
+    """Seed for model init, data order and dropout. Default 1234."""
+
+    log_interval_steps: int = Field(10, ge=1)
+    """Print a progress line every N steps. Default 10."""
+
+    @model_validator(mode="after")
+    def _fit(self) -> TrainSpec:
+        shape = MODEL_PRESETS[self.model.preset]
+        if self.data.seq_len > shape.block_size:
+            raise FieldRuleError(
+                "data.seqLen",
+                f"{self.data.seq_len} exceeds the block size of model preset "
+                f"'{self.model.preset}' ({shape.block_size})",
+            )
+        if self.data.vocab_size and self.data.vocab_size > shape.vocab_size:
+            raise FieldRuleError(
+                "data.vocabSize",
+                f"{self.data.vocab_size} exceeds the vocabulary of model preset "
+                f"'{self.model.preset}' ({shape.vocab_size})",
+            )
+        if self.global_batch_size % self.micro_batch_size:
+            raise FieldRuleError(
+                "globalBatchSize",
+                f"must be a multiple of microBatchSize ({self.global_batch_size} % {self.micro_batch_size} != 0)",
+            )
+        return self
+
+    def grad_accum_steps(self, world_size: int) -> int:
+        """Gradient accumulation that keeps the global batch at ``world_size``.
+
+        Raises ``ValueError`` when the world size cannot keep it exactly.
+        """
+        per_step = self.micro_batch_size * world_size
+        if world_size < 1 or self.global_batch_size % per_step:
+            raise ValueError(
+                f"world size {world_size} cannot keep globalBatchSize={self.global_batch_size} "
+                f"with microBatchSize={self.micro_batch_size}: {self.global_batch_size} is not "
+                f"divisible by {per_step}; valid world sizes are "
+                f"{valid_world_sizes(self.global_batch_size, self.micro_batch_size)}"
+            )
+        return self.global_batch_size // per_step
+
+
+def valid_world_sizes(global_batch: int, micro_batch: int, limit: int = 4096) -> list[int]:
+    """World sizes that keep ``global_batch`` exactly, like DeepSpeed elasticity."""
+    if global_batch % micro_batch:
+        return []
+    micro_steps = global_batch // micro_batch
+    return [w for w in range(1, min(micro_steps, limit) + 1) if micro_steps % w == 0]
+
+
+# ---------------------------------------------------------------- runtime settings
+
+
+class CheckpointTierConfig(CamelModel):
+    """One checkpoint tier, as rendered for the trainer."""
+
+    name: Literal["local", "shared", "s3"]
+    uri: str
+    """A directory for ``local``/``shared``; ``s3://bucket/prefix`` for ``s3``."""
+    every_checkpoints: int = Field(1, ge=1)
+    """Persist every Nth checkpoint into this tier (tier 1 takes every one)."""
+    keep: int = Field(3, ge=1)
+    """How many committed checkpoints this tier keeps."""
+    endpoint: str | None = None
+    """S3 endpoint URL (S3-compatible stores); None means AWS."""
+    region: str | None = None
+
+
+class CheckpointRuntime(CamelModel):
+    interval_steps: int = Field(50, ge=1)
+    """Take a checkpoint every N steps (tier 1); other tiers persist a subset."""
+    tiers: list[CheckpointTierConfig] = Field(default_factory=list)
+    """Fastest first. Empty means checkpointing is off."""
+    allow_fresh_start: bool = False
+    """If every checkpoint is corrupt, start from step 0 instead of exiting with
+    CORRUPT_CHECKPOINT."""
+    sigterm_budget_seconds: float = Field(20.0, gt=0)
+    """Time allowed for the emergency checkpoint after SIGTERM."""
+
+
+class FaultToleranceRuntime(CamelModel):
+    hang_timeout_seconds: float = Field(300.0, gt=0)
+    """No step progress for this long: dump stacks and exit with HANG."""
+    collective_timeout_seconds: float = Field(120.0, gt=0)
+    """Timeout for every collective and for process-group init."""
+
+
+class MetricsRuntime(CamelModel):
+    enabled: bool = True
+    host: str = "0.0.0.0"
+    """Bind address; the operator renders the pod IP here."""
+    port: int = Field(9400, ge=0, le=65535)
+    """Local rank r serves on ``port + r``; 0 picks a free port (tests)."""
+
+
+class TrainerConfig(TrainSpec):
+    """The file the trainer reads (``--config``): the train spec plus runtime settings."""
+
+    job_name: str = "local"
+    run_dir: str = "/tmp/llmtrain"
+    """Scratch directory for per-rank status files (exit records, progress)."""
+    checkpoint: CheckpointRuntime = Field(default_factory=CheckpointRuntime)
+    fault_tolerance: FaultToleranceRuntime = Field(default_factory=FaultToleranceRuntime)
+    metrics: MetricsRuntime = Field(default_factory=MetricsRuntime)
+
+    def config_hash(self) -> str:
+        """Hash of what determines the training trajectory (not the runtime settings).
+
+        Stored in checkpoints: a checkpoint from a different model or data config is not
+        resumed into this run.
+        """
+        train_part = TrainSpec.model_validate(
+            self.model_dump(include=set(TrainSpec.model_fields), by_alias=False)
+        ).model_dump(mode="json", exclude={"log_interval_steps"})
+        # The trajectory does not depend on logging, nor on the strategy (DDP and
+        # DeepSpeed checkpoints are not interchangeable, but that is checked by format).
+        train_part.pop("strategy", None)
+        blob = json.dumps(train_part, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
