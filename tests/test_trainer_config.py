@@ -31,8 +31,10 @@ def test_config_hash_ignores_runtime_settings_but_not_the_model():
     a = TrainerConfig(job_name="a", run_dir="/tmp/a")
     b = TrainerConfig(job_name="b", run_dir="/tmp/b", log_interval_steps=3)
     c = TrainerConfig(model={"preset": "small"})
-    assert a.config_hash() == b.config_hash()
+    longer = TrainerConfig(max_steps=1000)
+    assert a.config_hash() == b.config_hash() == longer.config_hash()
     assert a.config_hash() != c.config_hash()
+    assert a.config_hash() != TrainerConfig(global_batch_size=32).config_hash()
 
 
 def test_config_round_trips_through_its_camel_case_wire_form():

@@ -123,7 +123,8 @@ class DataConfig(CamelModel):
 
     path: str | None = None
     """For ``shards``: a ``.bin`` file or a directory of them, read in sorted order.
-    Inside a pod this is usually a mounted volume. Required for ``shards``."""
+    Inside a pod this is usually a mounted volume. Required for ``shards``.
+    ``builtin:tiny`` selects the small byte-level shard shipped with the trainer."""
 
     seq_len: int = Field(128, ge=8, le=32768)
     """Tokens per sample (the context length), 8..32768. Default 128. Must not exceed
@@ -354,9 +355,10 @@ class TrainerConfig(TrainSpec):
         """
         train_part = TrainSpec.model_validate(
             self.model_dump(include=set(TrainSpec.model_fields), by_alias=False)
-        ).model_dump(mode="json", exclude={"log_interval_steps"})
-        # The trajectory does not depend on logging, nor on the strategy (DDP and
-        # DeepSpeed checkpoints are not interchangeable, but that is checked by format).
+        ).model_dump(mode="json", exclude={"log_interval_steps", "max_steps"})
+        # Not part of the identity: logging; maxSteps (extending a run is routine, and
+        # only the tail of the LR schedule changes); the strategy (DDP and DeepSpeed
+        # checkpoints are told apart by the manifest's own strategy field).
         train_part.pop("strategy", None)
         blob = json.dumps(train_part, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

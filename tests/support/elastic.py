@@ -1,0 +1,166 @@
+"""Run a real elastic job on this machine: a rendezvous store plus N "nodes", each a
+launcher -> torchrun -> trainer process tree with its own run dir and local tier.
+
+Used by the trainer suite (tests/trainer/). The command lines come from
+``llmtrain_trainer.command``, exactly as the operator renders them into pods.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from llmtrain_trainer.command import store_command, torchrun_args, trainer_program, worker_command
+
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_config(**overrides: Any) -> dict[str, Any]:
+    """A tiny, fast DDP config; tests override what they exercise."""
+    cfg: dict[str, Any] = {
+        "jobName": "test",
+        "maxSteps": 30,
+        "globalBatchSize": 8,
+        "microBatchSize": 2,
+        "logIntervalSteps": 5,
+        "data": {"seqLen": 32, "vocabSize": 256},
+        "model": {"preset": "tiny"},
+        "optimizer": {"lr": 0.002, "warmupSteps": 3},
+        "checkpoint": {"intervalSteps": 5},
+        "faultTolerance": {"hangTimeoutSeconds": 60, "collectiveTimeoutSeconds": 30},
+        "metrics": {"port": 0, "host": "127.0.0.1"},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+            cfg[key] = {**cfg[key], **value}
+        else:
+            cfg[key] = value
+    return cfg
+
+
+@dataclass
+class Node:
+    index: int
+    proc: subprocess.Popen
+    log: Path
+    run_dir: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@dataclass
+class ElasticJob:
+    """One job run. ``root`` holds node dirs and the shared tier; reuse the same root
+    for a second run to resume from the first run's checkpoints."""
+
+    root: Path
+    config: dict[str, Any]
+    nodes: int = 1
+    procs_per_node: int = 1
+    min_nodes: int | None = None
+    max_restarts: int = 0
+    shared_tier: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    running: list[Node] = field(default_factory=list)
+    store: subprocess.Popen | None = None
+
+    def node_dir(self, index: int) -> Path:
+        return self.root / f"node{index}"
+
+    def _node_config(self, index: int) -> Path:
+        cfg = json.loads(json.dumps(self.config))
+        ckpt = cfg.setdefault("checkpoint", {})
+        tiers = [{"name": "local", "uri": str(self.node_dir(index) / "ckpt"), "keep": 3}]
+        if self.shared_tier:
+            tiers.append({"name": "shared", "uri": str(self.root / "shared"), "keep": 3})
+        ckpt.setdefault("tiers", tiers)
+        cfg["runDir"] = str(self.node_dir(index) / "run")
+        path = self.node_dir(index) / "config.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    def start(self) -> "ElasticJob":
+        port = free_port()
+        self.store = subprocess.Popen(store_command(PY, port, "127.0.0.1"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env = {**os.environ, "LLMTRAIN_FAULT_STATE_DIR": str(self.root / "faults"), "LLMTRAIN_LOG_LEVEL": "WARNING", **self.env}
+        flags = torchrun_args(
+            nnodes_min=self.min_nodes or self.nodes, nnodes_max=self.nodes, nproc_per_node=self.procs_per_node,
+            rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id="test-job", max_restarts=self.max_restarts,
+            join_timeout_seconds=120, last_call_seconds=1,
+        )
+        for index in range(self.nodes):
+            cfg_path = self._node_config(index)
+            run_dir = self.node_dir(index) / "run"
+            log = self.node_dir(index) / "node.log"
+            cmd = worker_command(PY, str(run_dir), flags, trainer_program(str(cfg_path)), str(self.node_dir(index) / "termination-log"))
+            with log.open("w") as fh:
+                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            self.running.append(Node(index, proc, log, run_dir))
+        return self
+
+    def wait(self, timeout: float = 300) -> list[int]:
+        deadline = time.monotonic() + timeout
+        codes = []
+        try:
+            for node in self.running:
+                codes.append(node.proc.wait(timeout=max(1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError("job timed out:\n" + self.logs()) from None
+        finally:
+            self.stop_store()
+        return codes
+
+    def kill(self) -> None:
+        for node in self.running:
+            if node.proc.poll() is None:
+                os.killpg(node.proc.pid, signal.SIGKILL)
+                node.proc.wait()
+        self.stop_store()
+
+    def stop_store(self) -> None:
+        if self.store and self.store.poll() is None:
+            self.store.terminate()
+            self.store.wait(timeout=10)
+
+    def logs(self) -> str:
+        return "\n".join(f"----- node {n.index} -----\n{n.output()[-6000:]}" for n in self.running)
+
+    def steps(self) -> list[dict[str, Any]]:
+        """Every step record rank 0 wrote, in time order (rank 0 may move between nodes)."""
+        records = []
+        for path in self.root.glob("node*/run/steps.jsonl"):
+            records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return sorted(records, key=lambda r: r["time"])
+
+    def termination(self, index: int) -> dict[str, Any]:
+        return json.loads((self.node_dir(index) / "termination-log").read_text())
+
+
+def run_job(root: Path, config: dict[str, Any], timeout: float = 300, **kwargs: Any) -> tuple[ElasticJob, list[int]]:
+    job = ElasticJob(root, config, **kwargs).start()
+    return job, job.wait(timeout)
+
+
+def losses_by_step(records: list[dict[str, Any]]) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {}
+    for r in records:
+        out.setdefault(r["step"], []).append(r["loss"])
+    return out

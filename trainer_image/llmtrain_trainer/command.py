@@ -1,0 +1,56 @@
+"""Command lines for the rendezvous store, torchrun and the launcher.
+
+Pure functions, import-light: the operator renders pod commands with them, the local
+runner and the tests start processes with them, so all three agree on the flags.
+"""
+
+from __future__ import annotations
+
+DEFAULT_RDZV_PORT = 29400
+
+
+def store_command(python: str, port: int = DEFAULT_RDZV_PORT, host: str = "0.0.0.0") -> list[str]:
+    return [python, "-m", "llmtrain_trainer.rdzv_store", "--host", host, "--port", str(port)]
+
+
+def torchrun_args(
+    *,
+    nnodes_min: int,
+    nnodes_max: int,
+    nproc_per_node: int,
+    rdzv_endpoint: str,
+    rdzv_id: str,
+    max_restarts: int,
+    join_timeout_seconds: int = 600,
+    last_call_seconds: int = 2,
+    monitor_interval_seconds: float = 1.0,
+) -> list[str]:
+    """torchrun's flags for an elastic c10d rendezvous on an *external* store.
+
+    ``is_host=false``: no agent hosts the store, so any node, rank 0's included, can die
+    without taking the rendezvous down. ``last_call`` is short so that a shrunken group
+    restarts in seconds instead of waiting for stragglers.
+    """
+    nnodes = f"{nnodes_min}:{nnodes_max}" if nnodes_min != nnodes_max else str(nnodes_max)
+    return [
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rdzv_endpoint}",
+        f"--rdzv-id={rdzv_id}",
+        f"--rdzv-conf=is_host=false,join_timeout={join_timeout_seconds},last_call_timeout={last_call_seconds}",
+        f"--max-restarts={max_restarts}",
+        f"--monitor-interval={monitor_interval_seconds}",
+    ]
+
+
+def trainer_program(config_path: str) -> list[str]:
+    return ["-m", "llmtrain_trainer", "--config", config_path]
+
+
+def worker_command(python: str, run_dir: str, torchrun: list[str], program: list[str], termination_log: str | None = None) -> list[str]:
+    """The full worker command: launcher -> torchrun -> program."""
+    launcher = [python, "-m", "llmtrain_trainer.launcher", "--run-dir", run_dir]
+    if termination_log:
+        launcher += ["--termination-log", termination_log]
+    return [*launcher, "--", python, "-m", "torch.distributed.run", *torchrun, *program]

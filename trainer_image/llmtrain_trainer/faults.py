@@ -1,0 +1,98 @@
+"""Fault injection, FOR TESTS ONLY.
+
+Off unless the environment variable ``LLMTRAIN_FAULT_INJECT`` is set. Its value is a
+``;``-separated list of faults::
+
+    crash@step=25,rank=1          SIGKILL this process at the start of step 25 on rank 1
+    hang@step=30,rank=0           block forever (as a stuck collective would)
+    slow@step=10,rank=0,seconds=2 sleep 2 s in step 10
+    exit@step=5,rank=0,code=64    exit with a given code
+    sigterm@step=12,rank=0        send SIGTERM to this process (emergency checkpoint path)
+
+Each fault fires at most once per job: before firing, a marker is written into
+``LLMTRAIN_FAULT_STATE_DIR`` (default: the run dir), so a restarted worker that replays
+step 25 does not crash again. ``attempt=N`` restricts a fault to torchrun's Nth restart.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV = "LLMTRAIN_FAULT_INJECT"
+STATE_ENV = "LLMTRAIN_FAULT_STATE_DIR"
+KINDS = {"crash", "hang", "slow", "exit", "sigterm"}
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    step: int
+    rank: int | None = None
+    attempt: int | None = None
+    params: dict[str, str] = field(default_factory=dict)
+    index: int = 0
+
+
+def parse(text: str) -> list[Fault]:
+    faults = []
+    for index, item in enumerate(p.strip() for p in text.split(";") if p.strip()):
+        kind, _, rest = item.partition("@")
+        if kind not in KINDS:
+            raise ValueError(f"{ENV}: unknown fault kind {kind!r} in {item!r}; use one of {sorted(KINDS)}")
+        opts = dict(kv.split("=", 1) for kv in rest.split(",") if "=" in kv)
+        if "step" not in opts:
+            raise ValueError(f"{ENV}: fault {item!r} needs step=N")
+        faults.append(
+            Fault(
+                kind=kind,
+                step=int(opts.pop("step")),
+                rank=int(opts.pop("rank")) if "rank" in opts else None,
+                attempt=int(opts.pop("attempt")) if "attempt" in opts else None,
+                params=opts,
+                index=index,
+            )
+        )
+    return faults
+
+
+class FaultInjector:
+    def __init__(self, faults: list[Fault], rank: int, attempt: int, state_dir: Path):
+        self.faults = [f for f in faults if f.rank in (None, rank) and f.attempt in (None, attempt)]
+        self.rank = rank
+        self.state_dir = state_dir
+
+    @classmethod
+    def from_env(cls, rank: int, attempt: int, run_dir: Path) -> "FaultInjector":
+        text = os.environ.get(ENV, "")
+        state = Path(os.environ.get(STATE_ENV, str(run_dir)))
+        return cls(parse(text) if text else [], rank, attempt, state / "faults")
+
+    def at_step(self, step: int) -> None:
+        for fault in self.faults:
+            if fault.step != step:
+                continue
+            marker = self.state_dir / f"fault-{fault.index}-rank-{self.rank}.fired"
+            if marker.exists():
+                continue
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            marker.write_text(str(time.time()))
+            self._fire(fault)
+
+    def _fire(self, fault: Fault) -> None:
+        print(f"llmtrain: FAULT INJECTION (test only): {fault.kind} at step {fault.step} on rank {self.rank}", file=sys.stderr, flush=True)
+        if fault.kind == "crash":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.kind == "hang":
+            while True:
+                time.sleep(3600)
+        elif fault.kind == "slow":
+            time.sleep(float(fault.params.get("seconds", "1")))
+        elif fault.kind == "exit":
+            os._exit(int(fault.params.get("code", "1")))
+        elif fault.kind == "sigterm":
+            os.kill(os.getpid(), signal.SIGTERM)

@@ -1,0 +1,79 @@
+"""The worker pod's entry point: runs torchrun and reports *why* it stopped.
+
+``python -m llmtrain_trainer.launcher [--run-dir DIR] -- torchrun ...``
+
+torchrun exits 1 for any failed worker group, which would hide the trainer's documented
+exit codes (hang, preempted, config error ...). The launcher forwards SIGTERM/SIGINT to
+torchrun, and when it exits, picks the most significant exit record the ranks wrote in
+the latest attempt, exits with that code and writes it to the termination-message file
+(``/dev/termination-log`` in Kubernetes), where the operator reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import exitrecord
+from .exitcodes import classify_exit
+
+
+def decide(returncode: int, records: list[dict]) -> tuple[int, dict]:
+    """The pod's exit code and termination message from torchrun's code and the records."""
+    if returncode == 0:
+        return 0, {"code": 0, "reason": "Completed"}
+    best = exitrecord.most_significant(records)
+    if best is not None and best["code"] != 0:
+        code = int(best["code"])
+        return code, {"code": code, "reason": classify_exit(code).reason, "rank": best["rank"],
+                      "step": best.get("step"), "message": best.get("message", "")[:2000]}
+    code = 128 - returncode if returncode < 0 else returncode
+    return code, {"code": code, "reason": classify_exit(code).reason, "message": "torchrun exited without an exit record"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv:
+        print("usage: python -m llmtrain_trainer.launcher [--run-dir DIR] [--termination-log PATH] -- torchrun ...", file=sys.stderr)
+        return 64
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(prog="llmtrain_trainer.launcher")
+    parser.add_argument("--run-dir", default=os.environ.get("LLMTRAIN_RUN_DIR", "/tmp/llmtrain"))
+    parser.add_argument("--termination-log", default=os.environ.get("LLMTRAIN_TERMINATION_LOG", "/dev/termination-log"))
+    args = parser.parse_args(argv[:split])
+    command = argv[split + 1:]
+    run_dir = Path(args.run_dir)
+    started = time.time()
+
+    env = dict(os.environ)
+    # torch >= 2.4 lets the rank-0 *agent* host the workers' TCPStore and reuses it across
+    # restarts, so a restarted worker group can read the previous attempt's gloo
+    # addresses and fail with "connectFullMesh ... Connection refused". Without sharing,
+    # worker rank 0 hosts a fresh store per attempt. The rendezvous itself stays on the
+    # job's external store, so no node is a single point of failure either way.
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    child = subprocess.Popen(command, env=env)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _: child.send_signal(signum))
+    returncode = child.wait()
+
+    attempt = exitrecord.latest_attempt(run_dir)
+    records = [r for r in exitrecord.read_attempt(run_dir, attempt)] if attempt is not None else []
+    records = [r for r in records if r.get("time", 0) >= started]  # ignore an older container's
+    code, message = decide(returncode, records)
+    try:
+        Path(args.termination_log).write_text(json.dumps(message))
+    except OSError:
+        pass  # outside Kubernetes there may be no termination log; the exit code suffices
+    print(f"llmtrain launcher: torchrun exited {returncode}; pod exit code {code} ({message['reason']})", file=sys.stderr, flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

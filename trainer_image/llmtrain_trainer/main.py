@@ -1,0 +1,133 @@
+"""Entry point: ``python -m llmtrain_trainer --config FILE`` (run under torchrun).
+
+Build the config, train, close in a ``finally``. Every way out maps to a documented
+exit code (``exitcodes.py``) and leaves an exit record for the launcher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from .config import TrainerConfig
+from .exitcodes import ExitCode
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _attempt() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def load_config(path: str) -> TrainerConfig:
+    with open(path) as fh:
+        raw = yaml.safe_load(fh)
+    return TrainerConfig.model_validate(raw or {})
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(
+        level=os.environ.get("LLMTRAIN_LOG_LEVEL", "WARNING").upper(),
+        format=f"[rank {_rank()}] %(asctime)s %(name)s %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _fail(run_dir: Path, code: int, message: str, step: int | None = None) -> int:
+    from . import exitrecord  # noqa: PLC0415
+
+    print(f"llmtrain: {ExitCode(code).name} (exit {int(code)}): {message}", file=sys.stderr, flush=True)
+    try:
+        exitrecord.write(run_dir, _attempt(), _rank(), code, message, step)
+    except OSError as err:
+        print(f"llmtrain: could not write the exit record: {err}", file=sys.stderr)
+    return int(code)
+
+
+def _is_collective_failure(err: BaseException) -> bool:
+    import torch.distributed as dist  # noqa: PLC0415
+
+    if isinstance(err, getattr(dist, "DistError", ())):
+        return True
+    text = str(err).lower()
+    return isinstance(err, RuntimeError) and any(
+        s in text for s in ("timed out", "timeout", "connection closed by peer", "connection reset", "gloo")
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="llmtrain_trainer")
+    parser.add_argument("--config", required=True, help="trainer config (YAML/JSON) rendered by the operator")
+    args = parser.parse_args(argv)
+    _configure_logging()
+    fallback_dir = Path(os.environ.get("LLMTRAIN_RUN_DIR", "/tmp/llmtrain"))
+    try:
+        cfg = load_config(args.config)
+    except OSError as err:
+        return _fail(fallback_dir, ExitCode.CONFIG_ERROR, f"cannot read config {args.config}: {err.strerror}")
+    except (yaml.YAMLError, ValidationError) as err:
+        return _fail(fallback_dir, ExitCode.CONFIG_ERROR, f"invalid config {args.config}: {err}")
+
+    import torch  # noqa: PLC0415 - after the config: a bad config fails fast without torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed on CPU (gloo)
+    return run(cfg)
+
+
+def run(cfg: TrainerConfig) -> int:
+    from . import dist as distmod  # noqa: PLC0415
+    from .checkpoint.restore import NoLoadableCheckpoint  # noqa: PLC0415
+    from .data import DataError  # noqa: PLC0415
+    from .metrics import NullMetrics, TrainerMetrics  # noqa: PLC0415
+    from .trainer import Trainer  # noqa: PLC0415
+
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    trainer = None
+    try:
+        info = distmod.init(cfg.fault_tolerance.collective_timeout_seconds)
+        metrics = (
+            TrainerMetrics(info.rank, cfg.strategy.kind, cfg.config_hash(), cfg.job_name)
+            if cfg.metrics.enabled else NullMetrics()
+        )
+        port = cfg.metrics.port + info.local_rank if cfg.metrics.port else 0
+        metrics.serve(cfg.metrics.host, port, run_dir, info.rank)
+        from . import exitrecord  # noqa: PLC0415
+
+        metrics.started(info.world_size, info.restart_count, exitrecord.count_code(run_dir, ExitCode.HANG))
+        try:
+            trainer = Trainer(cfg, info, metrics, run_dir)
+        except ValueError as err:
+            if "world size" in str(err):
+                return _fail(run_dir, ExitCode.WORLD_SIZE_INVALID, str(err))
+            raise
+        code = trainer.run()
+        from . import exitrecord as er  # noqa: PLC0415
+
+        er.write(run_dir, info.restart_count, info.rank, code, ExitCode(code).name.lower(), trainer.step)
+        if code == ExitCode.SUCCESS:
+            distmod.shutdown()
+        return int(code)
+    except DataError as err:
+        return _fail(run_dir, ExitCode.DATA_ERROR, str(err))
+    except NoLoadableCheckpoint as err:
+        return _fail(run_dir, ExitCode.CORRUPT_CHECKPOINT, str(err))
+    except Exception as err:  # noqa: BLE001 - every exit must be classified
+        step = trainer.step if trainer else None
+        if _is_collective_failure(err):
+            return _fail(run_dir, ExitCode.COLLECTIVE_TIMEOUT, f"{type(err).__name__}: {err}", step)
+        traceback.print_exc()
+        from . import exitrecord  # noqa: PLC0415
+
+        exitrecord.write(run_dir, _attempt(), _rank(), 1, f"{type(err).__name__}: {err}", step)
+        return 1

@@ -1,0 +1,91 @@
+"""The trainer's Prometheus endpoint (one per rank, on ``port + local_rank``).
+
+The operator scrapes local rank 0 of each pod for ``step`` and the last committed
+checkpoint, so the trainer needs no Kubernetes credentials. When metrics are off, a
+no-op twin with the same methods takes its place (checked once, not on every step).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger("llmtrain.metrics")
+
+PREFIX = "llmtrain_trainer"
+STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+CKPT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
+
+
+class TrainerMetrics:
+    def __init__(self, rank: int, strategy: str, config_hash: str, job: str):
+        r = self.registry = CollectorRegistry()
+        labels = {"rank": str(rank)}
+        self._step = Gauge(f"{PREFIX}_step", "Newest completed optimizer step", registry=r)
+        self._samples = Gauge(f"{PREFIX}_samples_consumed", "Global samples consumed so far", registry=r)
+        self._loss = Gauge(f"{PREFIX}_loss", "Training loss of the last step (mean over the global batch)", registry=r)
+        self._tps = Gauge(f"{PREFIX}_tokens_per_second", "Global tokens per second over the last step", registry=r)
+        self._step_seconds = Histogram(f"{PREFIX}_step_seconds", "Wall time of one optimizer step", buckets=STEP_BUCKETS, registry=r)
+        self._world = Gauge(f"{PREFIX}_world_size", "Ranks in the current rendezvous round", registry=r)
+        self._restarts = Gauge(f"{PREFIX}_restarts", "Worker-group restarts torchrun made in this pod", registry=r)
+        self._hangs = Gauge(f"{PREFIX}_hangs_detected", "Attempts in this pod that ended with a detected hang", registry=r)
+        self._last_step_ts = Gauge(f"{PREFIX}_last_step_timestamp_seconds", "Unix time of the newest step", registry=r)
+        self._stall = Histogram(f"{PREFIX}_checkpoint_stall_seconds", "Seconds the training loop was blocked by one checkpoint", buckets=CKPT_BUCKETS, registry=r)
+        self._save = Histogram(f"{PREFIX}_checkpoint_save_seconds", "Seconds to persist and commit a checkpoint, per tier", ["tier"], buckets=CKPT_BUCKETS, registry=r)
+        self._restore = Histogram(f"{PREFIX}_checkpoint_restore_seconds", "Seconds to restore, per tier", ["tier"], buckets=CKPT_BUCKETS, registry=r)
+        self._last_ckpt = Gauge(f"{PREFIX}_checkpoint_last_step", "Newest committed checkpoint step, per tier", ["tier"], registry=r)
+        self._last_ckpt_ts = Gauge(f"{PREFIX}_checkpoint_last_timestamp_seconds", "Unix time of the newest commit, per tier", ["tier"], registry=r)
+        self._ckpt_fail = Counter(f"{PREFIX}_checkpoint_failures", "Checkpoint writes that failed, per tier", ["tier"], registry=r)
+        info = Gauge(f"{PREFIX}_info", "Static facts about this trainer", ["job", "strategy", "config_hash", "rank"], registry=r)
+        info.labels(job=job, strategy=strategy, config_hash=config_hash, **labels).set(1)
+
+    def serve(self, host: str, port: int, run_dir: Path, rank: int) -> int:
+        """Start the HTTP endpoint; returns the bound port (``port=0`` picks a free one)
+        and records it in ``<run_dir>/metrics-rank-<r>.json`` for local tooling."""
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        bound = server.server_port
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / f"metrics-rank-{rank}.json").write_text(json.dumps({"host": host, "port": bound}))
+        return bound
+
+    def started(self, world_size: int, restarts: int, hangs: int) -> None:
+        self._world.set(world_size)
+        self._restarts.set(restarts)
+        self._hangs.set(hangs)
+
+    def step(self, step: int, samples: int, loss: float, seconds: float, tokens: int) -> None:
+        self._step.set(step)
+        self._samples.set(samples)
+        self._loss.set(loss)
+        self._step_seconds.observe(seconds)
+        self._tps.set(tokens / seconds if seconds > 0 else 0.0)
+        self._last_step_ts.set(time.time())
+
+    def checkpoint_stall(self, seconds: float) -> None:
+        self._stall.observe(seconds)
+
+    def checkpoint_committed(self, tier: str, step: int, seconds: float) -> None:
+        self._save.labels(tier=tier).observe(seconds)
+        self._last_ckpt.labels(tier=tier).set(step)
+        self._last_ckpt_ts.labels(tier=tier).set(time.time())
+
+    def checkpoint_failed(self, tier: str) -> None:
+        self._ckpt_fail.labels(tier=tier).inc()
+
+    def restored(self, tier: str, step: int, seconds: float) -> None:
+        self._restore.labels(tier=tier).observe(seconds)
+        self._last_ckpt.labels(tier=tier).set(step)
+
+
+class NullMetrics:
+    """Metrics off: same interface, no work."""
+
+    def serve(self, host: str, port: int, run_dir: Path, rank: int) -> int:
+        return 0
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None

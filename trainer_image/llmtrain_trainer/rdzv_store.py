@@ -1,0 +1,40 @@
+"""The per-job rendezvous store: ``python -m llmtrain_trainer.rdzv_store --port 29400``.
+
+A c10d TCPStore that lives in its own pod (or process), apart from every worker.
+torchrun agents join it with ``--rdzv-backend c10d --rdzv-conf is_host=false``, so no
+worker hosts the rendezvous and losing any worker, rank 0 included, is survivable.
+(Kubeflow's PyTorchJob hosts it in worker 0: a single point of failure.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import signal
+import sys
+import threading
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="llmtrain_trainer.rdzv_store")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=29400)
+    args = parser.parse_args(argv)
+
+    from torch.distributed import TCPStore  # noqa: PLC0415
+
+    store = TCPStore(
+        args.host, args.port, is_master=True, wait_for_workers=False,
+        timeout=datetime.timedelta(hours=24), use_libuv=True,
+    )
+    print(f"rendezvous store listening on {args.host}:{store.port}", flush=True)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    del store
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
