@@ -1,0 +1,69 @@
+"""A corrupt checkpoint is never loaded: restore falls back to an older step or a slower
+tier; when nothing verifies, the trainer refuses to silently start over."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmtrain_trainer.exitcodes import ExitCode
+from support.elastic import base_config, run_job
+
+CFG = base_config(maxSteps=15, checkpoint={"intervalSteps": 5})
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_step(tmp_path):
+    job, codes = run_job(tmp_path, CFG)
+    assert codes == [0], job.logs()
+    _flip_a_byte(tmp_path / "node0" / "ckpt" / "step-00000015" / "state.pt")
+    job2, codes = run_job(tmp_path, dict(CFG, maxSteps=17))
+    assert codes == [0], job2.logs()
+    assert "resumed from step 10 " in job2.logs()
+
+
+def test_a_corrupt_local_copy_falls_back_to_the_shared_tier(tmp_path):
+    job, codes = run_job(tmp_path, CFG, shared_tier=True)
+    assert codes == [0], job.logs()
+    assert (tmp_path / "shared" / "step-00000015" / "COMMITTED").exists()
+    _flip_a_byte(tmp_path / "node0" / "ckpt" / "step-00000015" / "state.pt")
+    job2, codes = run_job(tmp_path, dict(CFG, maxSteps=17), shared_tier=True)
+    assert codes == [0], job2.logs()
+    assert "resumed from step 15 (shared tier" in job2.logs()
+
+
+def test_when_nothing_verifies_the_trainer_exits_corrupt_checkpoint_and_keeps_the_files(tmp_path):
+    job, codes = run_job(tmp_path, CFG)
+    assert codes == [0], job.logs()
+    saved = sorted((tmp_path / "node0" / "ckpt").glob("step-*"))
+    for folder in saved:
+        _flip_a_byte(folder / "state.pt")
+    job2, codes = run_job(tmp_path, dict(CFG, maxSteps=20))
+    assert codes == [ExitCode.CORRUPT_CHECKPOINT], job2.logs()
+    assert "fails its sha256 check" in job2.logs()
+    assert sorted((tmp_path / "node0" / "ckpt").glob("step-*")) == saved, "nothing committed is deleted"
+
+
+def test_allow_fresh_start_restarts_from_step_zero_instead(tmp_path):
+    job, codes = run_job(tmp_path, CFG)
+    assert codes == [0], job.logs()
+    for folder in (tmp_path / "node0" / "ckpt").glob("step-*"):
+        _flip_a_byte(folder / "state.pt")
+    cfg = dict(CFG, maxSteps=3, checkpoint={"intervalSteps": 5, "allowFreshStart": True})
+    job2, codes = run_job(tmp_path, cfg)
+    assert codes == [0], job2.logs()
+    assert "starting from step 0 because checkpoint.allowFreshStart is set" in job2.logs()
+    assert [r["step"] for r in job2.steps()][-3:] == [1, 2, 3]
+
+
+def test_a_checkpoint_of_another_model_config_is_not_resumed(tmp_path):
+    job, codes = run_job(tmp_path, CFG)
+    assert codes == [0], job.logs()
+    other = dict(CFG, seed=999)
+    job2, codes = run_job(tmp_path, other)
+    assert codes == [ExitCode.CORRUPT_CHECKPOINT], job2.logs()
+    assert "was written by another config" in job2.logs()

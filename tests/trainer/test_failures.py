@@ -1,0 +1,106 @@
+"""Hangs, SIGTERM and bad input: each ends with its documented exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from llmtrain_trainer.exitcodes import ExitCode
+from support.elastic import ElasticJob, base_config, run_job
+
+HANG_TIMEOUT = 8
+
+
+def test_injected_hang_is_detected_within_timeout_plus_5s(tmp_path):
+    cfg = base_config(maxSteps=40, faultTolerance={"hangTimeoutSeconds": HANG_TIMEOUT, "collectiveTimeoutSeconds": 60})
+    job, codes = run_job(tmp_path, cfg, nodes=1, procs_per_node=2, env={"LLMTRAIN_FAULT_INJECT": "hang@step=6,rank=1"})
+    assert codes == [ExitCode.HANG], job.logs()
+    fired = float((tmp_path / "faults" / "faults" / "fault-0-rank-1.fired").read_text())
+    record = json.loads((tmp_path / "node0" / "run" / "exit" / "attempt-0" / "rank-1.json").read_text())
+    assert record["code"] == ExitCode.HANG
+    detected_after = record["time"] - fired
+    assert HANG_TIMEOUT <= detected_after <= HANG_TIMEOUT + 5, detected_after
+    logs = job.logs()
+    assert "HANG: no step progress" in logs
+    assert "Thread 0x" in logs and "in _fire" in logs, "the stacks of all threads are dumped"
+    assert job.termination(0)["reason"] == "Hang"
+
+
+def test_sigterm_writes_an_emergency_checkpoint_and_the_next_run_loses_at_most_one_step(tmp_path):
+    # No regular checkpoint before the signal: whatever resumes came from the emergency save.
+    cfg = base_config(maxSteps=400, checkpoint={"intervalSteps": 1000, "sigtermBudgetSeconds": 20})
+    job = ElasticJob(tmp_path, cfg, nodes=1, procs_per_node=2).start()
+    steps_file = tmp_path / "node0" / "run" / "steps.jsonl"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        lines = steps_file.read_text().splitlines() if steps_file.exists() else []
+        if len(lines) >= 8:
+            break
+        time.sleep(0.2)
+    else:
+        job.kill()
+        raise AssertionError("no progress:\n" + job.logs())
+    last_before = json.loads(steps_file.read_text().splitlines()[-1])["step"]
+    os.kill(job.running[0].proc.pid, signal.SIGTERM)  # the launcher, as the kubelet would
+    codes = job.wait(timeout=120)
+    assert codes == [ExitCode.PREEMPTED], job.logs()
+    assert job.termination(0)["reason"] == "Preempted"
+    saved = sorted((tmp_path / "node0" / "ckpt").glob("step-*"))
+    assert len(saved) == 1 and (saved[0] / "COMMITTED").exists()
+    saved_step = int(saved[0].name.split("-")[1])
+    assert saved_step >= last_before, (saved_step, last_before)
+
+    job2, codes = run_job(tmp_path, dict(cfg, maxSteps=saved_step + 3), nodes=1, procs_per_node=2)
+    assert codes == [0], job2.logs()
+    assert f"resumed from step {saved_step} " in job2.logs()
+    assert [r["step"] for r in job2.steps()][-3:] == [saved_step + 1, saved_step + 2, saved_step + 3]
+
+
+def _trainer(config: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "LLMTRAIN_RUN_DIR": str(tmp_path / "run")}
+    return subprocess.run(
+        [sys.executable, "-m", "llmtrain_trainer", "--config", str(config)],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+
+
+def test_an_invalid_config_exits_with_the_permanent_config_code_naming_the_field(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump(base_config(maxSteps=-3)))
+    result = _trainer(config, tmp_path)
+    assert result.returncode == ExitCode.CONFIG_ERROR
+    assert "maxSteps" in result.stderr and "greater than or equal to 1" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_missing_config_file_is_a_config_error(tmp_path):
+    result = _trainer(tmp_path / "nope.yaml", tmp_path)
+    assert result.returncode == ExitCode.CONFIG_ERROR
+    assert "cannot read config" in result.stderr and "nope.yaml" in result.stderr
+
+
+def test_a_missing_data_file_exits_with_the_data_code_naming_the_path(tmp_path):
+    cfg = base_config(data={"source": "shards", "path": str(tmp_path / "missing-shards"), "seqLen": 32})
+    job, codes = run_job(tmp_path, cfg, nodes=1, procs_per_node=1)
+    assert codes == [ExitCode.DATA_ERROR], job.logs()
+    assert f"data path {tmp_path / 'missing-shards'} does not exist" in job.logs()
+    assert job.termination(0)["reason"] == "DataError"
+
+
+def test_a_world_size_that_breaks_the_global_batch_is_a_clear_permanent_error(tmp_path):
+    job, codes = run_job(tmp_path, base_config(globalBatchSize=8, microBatchSize=2), nodes=1, procs_per_node=3)
+    assert codes == [ExitCode.WORLD_SIZE_INVALID], job.logs()
+    assert "world size 3 cannot keep globalBatchSize=8" in job.logs()
+
+
+def test_the_builtin_shard_trains(tmp_path):
+    cfg = base_config(maxSteps=6, data={"source": "shards", "path": "builtin:tiny", "seqLen": 32})
+    job, codes = run_job(tmp_path, cfg, nodes=1, procs_per_node=1)
+    assert codes == [0], job.logs()
+    assert [r["step"] for r in job.steps()] == list(range(1, 7))
