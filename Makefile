@@ -10,8 +10,13 @@ BIN   := $(VENV)/bin
 setup:
 	@bash hack/setup.sh
 
+# The main job: example 01 elastic on 2 local "nodes" (torchrun, CPU, gloo). A rank is
+# SIGKILLed at step 15 (torchrun restarts it in place) and node 1 loses every process at
+# step 35 (the planner replaces it); training resumes from checkpoints both times.
 demo: setup
 	$(BIN)/llmtrain validate examples/*.yaml
+	$(BIN)/llmtrain run examples/01-tiny-elastic-cpu.yaml --fresh \
+		--inject "crash@step=15,rank=1" --kill-node 1@35 --timeout 900
 
 test: setup
 	$(BIN)/pytest

@@ -65,7 +65,7 @@ def full_trainer(cfg, steps: int, workdir: Path) -> float:
     run.checkpoint.tiers = [run.checkpoint.tiers[0].model_copy(update={"uri": str(workdir / "ckpt")})]
     info = distmod.init(run.fault_tolerance.collective_timeout_seconds)
     metrics = TrainerMetrics(0, "ddp", run.config_hash(), "bench")
-    metrics.serve("127.0.0.1", 0, Path(run.run_dir), 0)
+    metrics.serve("127.0.0.1", 0, Path(run.run_dir), local_rank=0)
     Path(run.run_dir).mkdir(parents=True, exist_ok=True)
     trainer = Trainer(run, info, metrics, Path(run.run_dir))
     assert trainer.run() == 0

@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("exit-codes", help="print the exit-code table")
     p.set_defaults(func=cmd_exit_codes)
 
+    from .localrun.cli import add_run_parser  # noqa: PLC0415
+
+    add_run_parser(sub)
     return parser
 
 

@@ -332,7 +332,8 @@ class FaultToleranceRuntime(CamelModel):
 class MetricsRuntime(CamelModel):
     enabled: bool = True
     host: str = "0.0.0.0"
-    """Bind address; the operator renders the pod IP here."""
+    """Bind address. Environment variables are expanded (the operator renders
+    ``$POD_IP``); an unset variable falls back to all interfaces."""
     port: int = Field(9400, ge=0, le=65535)
     """Local rank r serves on ``port + r``; 0 picks a free port (tests)."""
 

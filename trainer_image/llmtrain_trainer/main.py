@@ -101,7 +101,9 @@ def run(cfg: TrainerConfig) -> int:
             if cfg.metrics.enabled else NullMetrics()
         )
         port = cfg.metrics.port + info.local_rank if cfg.metrics.port else 0
-        metrics.serve(cfg.metrics.host, port, run_dir, info.rank)
+        # The operator renders "$POD_IP": bind to the pod's address, not every interface.
+        host = os.path.expandvars(cfg.metrics.host)
+        metrics.serve(host if host and not host.startswith("$") else "0.0.0.0", port, run_dir, info.local_rank)
         from . import exitrecord  # noqa: PLC0415
 
         metrics.started(info.world_size, info.restart_count, exitrecord.count_code(run_dir, ExitCode.HANG))

@@ -43,13 +43,17 @@ class TrainerMetrics:
         info = Gauge(f"{PREFIX}_info", "Static facts about this trainer", ["job", "strategy", "config_hash", "rank"], registry=r)
         info.labels(job=job, strategy=strategy, config_hash=config_hash, **labels).set(1)
 
-    def serve(self, host: str, port: int, run_dir: Path, rank: int) -> int:
+    def serve(self, host: str, port: int, run_dir: Path, local_rank: int) -> int:
         """Start the HTTP endpoint; returns the bound port (``port=0`` picks a free one)
-        and records it in ``<run_dir>/metrics-rank-<r>.json`` for local tooling."""
+        and records it in ``<run_dir>/metrics-local-rank-<r>.json`` for local tooling
+        (the local runner finds each node's endpoint there)."""
         server, _ = start_http_server(port, addr=host, registry=self.registry)
         bound = server.server_port
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / f"metrics-rank-{rank}.json").write_text(json.dumps({"host": host, "port": bound}))
+        path = run_dir / f"metrics-local-rank-{local_rank}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"host": host, "port": bound}))
+        tmp.replace(path)
         return bound
 
     def started(self, world_size: int, restarts: int, hangs: int) -> None:
@@ -84,7 +88,7 @@ class TrainerMetrics:
 class NullMetrics:
     """Metrics off: same interface, no work."""
 
-    def serve(self, host: str, port: int, run_dir: Path, rank: int) -> int:
+    def serve(self, host: str, port: int, run_dir: Path, local_rank: int) -> int:
         return 0
 
     def __getattr__(self, name: str):

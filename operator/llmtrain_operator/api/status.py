@@ -113,4 +113,19 @@ class LLMTrainJobStatus(CamelModel):
     active_seconds: float = 0.0
     """Seconds spent not suspended, for ``activeDeadlineSeconds``."""
     goodput: float | None = None
-    """Effective training time ratio so far: productive seconds / wall seconds."""
+    """Effective training time ratio so far: productive seconds / active seconds."""
+    productive_seconds: float = 0.0
+    """Seconds spent Running (training at or above ``replicas.min``)."""
+    last_reconcile_time: str | None = None
+    """When the operator last accounted time (RFC 3339)."""
+    counted_failures: list[str] = Field(default_factory=list)
+    """``pod@creationTimestamp`` of recent pod failures already counted, so that a retried
+    pass never counts one twice (bounded)."""
+    not_ready_since: str | None = None
+    """When the ready workers first dropped below ``replicas.min`` without a detected
+    failure (RFC 3339); the phase leaves Running only after a short grace."""
+    torchrun_restarts: dict[str, int] = Field(default_factory=dict)
+    """``pod@creationTimestamp`` -> the torchrun restart count that worker last reported."""
+    expected_in_place: int = 0
+    """In-place restarts the survivors will make because of failures already counted
+    (their worker groups fail once when a peer vanishes); they are not counted again."""

@@ -1,0 +1,174 @@
+"""What the operator observed in one pass: pods, nodes, children, trainer probes.
+
+Plain frozen dataclasses, built from raw Kubernetes objects by pure ``from_object``
+functions. The k8s layer lists the objects; the planner only ever sees these views, so
+its table tests need no cluster and no client library.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+LABEL_JOB = "llmtrain.io/job"
+LABEL_ROLE = "llmtrain.io/role"
+LABEL_SLOT = "llmtrain.io/slot"
+LABEL_GENERATION = "llmtrain.io/generation"
+ROLE_WORKER = "worker"
+ROLE_STORE = "rendezvous"
+
+
+def parse_time(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    text = str(value).replace("Z", "+00:00")
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+def format_time(value: datetime) -> str:
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    role: str
+    slot: int | None
+    generation: int
+    phase: str
+    """Pending | Running | Succeeded | Failed | Unknown."""
+    node: str | None = None
+    ready: bool = False
+    deleting: bool = False
+    created: datetime | None = None
+    started: datetime | None = None
+    exit_code: int | None = None
+    """The trainer container's exit code once it terminated."""
+    reason: str | None = None
+    """``state.terminated.reason`` (OOMKilled, Error ...) or the pod's status reason (Evicted)."""
+    message: str | None = None
+    termination: dict[str, Any] = field(default_factory=dict)
+    """The launcher's termination message (code, reason, rank, step), when present."""
+    disruption: bool = False
+    """A ``DisruptionTarget`` condition or an eviction: the pod was taken away."""
+    unschedulable: bool = False
+    ip: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return not self.deleting and self.phase in ("Pending", "Running", "Unknown")
+
+    @property
+    def terminated(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+def _container_state(pod: dict[str, Any]) -> dict[str, Any]:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == "trainer" or len((pod.get("status") or {}).get("containerStatuses") or []) == 1:
+            return status
+    return {}
+
+
+def pod_view(pod: dict[str, Any]) -> PodView:
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    status = pod.get("status") or {}
+    cstatus = _container_state(pod)
+    terminated = (cstatus.get("state") or {}).get("terminated") or (cstatus.get("lastState") or {}).get("terminated")
+    if status.get("phase") not in ("Succeeded", "Failed"):
+        terminated = (cstatus.get("state") or {}).get("terminated")
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    termination: dict[str, Any] = {}
+    if terminated and terminated.get("message"):
+        try:
+            parsed = json.loads(terminated["message"])
+            termination = parsed if isinstance(parsed, dict) else {}
+        except ValueError:
+            termination = {}
+    sched = conditions.get("PodScheduled") or {}
+    slot = labels.get(LABEL_SLOT)
+    return PodView(
+        name=meta.get("name", ""),
+        role=labels.get(LABEL_ROLE, ""),
+        slot=int(slot) if slot is not None and str(slot).isdigit() else None,
+        generation=int(labels.get(LABEL_GENERATION, "0") or 0),
+        phase=status.get("phase") or "Pending",
+        node=(pod.get("spec") or {}).get("nodeName"),
+        ready=(conditions.get("Ready") or {}).get("status") == "True",
+        deleting=meta.get("deletionTimestamp") is not None,
+        created=parse_time(meta.get("creationTimestamp")),
+        started=parse_time(status.get("startTime")),
+        exit_code=terminated.get("exitCode") if terminated else None,
+        reason=(terminated or {}).get("reason") or status.get("reason"),
+        message=status.get("message"),
+        termination=termination,
+        disruption=(conditions.get("DisruptionTarget") or {}).get("status") == "True" or status.get("reason") == "Evicted",
+        unschedulable=sched.get("status") == "False" and sched.get("reason") == "Unschedulable",
+        ip=status.get("podIP"),
+    )
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    ready: str
+    """The Ready condition's status: True | False | Unknown."""
+    since: datetime | None
+    """When the Ready condition last changed."""
+    unreachable: bool = False
+    """Tainted ``node.kubernetes.io/unreachable`` (or ``not-ready``) by the node controller."""
+
+    @property
+    def failed(self) -> bool:
+        return self.ready != "True" or self.unreachable
+
+
+def node_view(node: dict[str, Any]) -> NodeView:
+    conds = {c.get("type"): c for c in (node.get("status") or {}).get("conditions") or []}
+    ready = conds.get("Ready") or {}
+    taints = (node.get("spec") or {}).get("taints") or []
+    bad = {"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"}
+    return NodeView(
+        name=(node.get("metadata") or {}).get("name", ""),
+        ready=ready.get("status", "Unknown"),
+        since=parse_time(ready.get("lastTransitionTime")),
+        unreachable=any(t.get("key") in bad and t.get("effect") in ("NoExecute", "NoSchedule") for t in taints),
+    )
+
+
+@dataclass(frozen=True)
+class TrainerProbe:
+    """What one worker's trainer reported on its metrics endpoint."""
+
+    step: int | None = None
+    world_size: int | None = None
+    restarts: int | None = None
+    last_checkpoint: dict[str, int] = field(default_factory=dict)
+    """tier -> newest committed step."""
+
+
+@dataclass(frozen=True)
+class Observed:
+    pods: tuple[PodView, ...] = ()
+    nodes: dict[str, NodeView] = field(default_factory=dict)
+    services: frozenset[str] = frozenset()
+    configmaps: dict[str, str] = field(default_factory=dict)
+    """ConfigMap name -> the hash annotation of its content."""
+    probes: dict[str, TrainerProbe] = field(default_factory=dict)
+    """Pod name -> probe."""
+    missing: tuple[str, ...] = ()
+    """Referenced objects that do not exist, e.g. ``Secret s3-creds``, ``PersistentVolumeClaim ckpt``."""
+
+    def workers(self) -> list[PodView]:
+        return [p for p in self.pods if p.role == ROLE_WORKER]
+
+    def store(self) -> PodView | None:
+        return next((p for p in self.pods if p.role == ROLE_STORE and not p.deleting), None)

@@ -1,0 +1,146 @@
+"""``llmtrain run FILE``: run a job on this machine, no cluster needed."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..api.job import SpecInvalid, parse_job
+from .cluster import LocalCluster
+from .runner import LocalRun, NodeKill, write_events
+
+
+def add_run_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run a job locally with torchrun (CPU/gloo or local GPUs), no cluster")
+    p.add_argument("file", help="a YAML file holding one LLMTrainJob")
+    p.add_argument("--workdir", help="where nodes, checkpoints and logs go (default: runs/<job name>)")
+    p.add_argument("--fresh", action="store_true", help="delete the workdir first (otherwise resume from its checkpoints)")
+    p.add_argument("--inject", metavar="FAULTS", help="TEST ONLY: trainer faults, e.g. 'crash@step=20,rank=1' (see llmtrain_trainer.faults)")
+    p.add_argument("--kill-node", metavar="SLOT@STEP", action="append", default=[],
+                   help="TEST ONLY: SIGKILL every process of node SLOT once the job reaches STEP (repeatable)")
+    p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+    p.add_argument("--no-progress", action="store_true", help="plain event lines instead of a progress bar")
+    p.set_defaults(func=cmd_run)
+
+
+def _load(path: str) -> dict[str, Any]:
+    with open(path) as fh:
+        docs = [d for d in yaml.safe_load_all(fh) if isinstance(d, dict)]
+    jobs = [d for d in docs if d.get("kind") == "LLMTrainJob"]
+    if len(jobs) != 1:
+        raise ValueError(f"{path} must hold exactly one LLMTrainJob (found {len(jobs)})")
+    return jobs[0]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        raw = _load(args.file)
+        job = parse_job(raw)
+    except (OSError, ValueError, yaml.YAMLError) as err:
+        print(f"llmtrain run: {err}", file=sys.stderr)
+        return 1
+    except SpecInvalid as err:
+        print(f"llmtrain run: {args.file} is invalid:", file=sys.stderr)
+        for field_error in err.errors:
+            print(f"  {field_error}", file=sys.stderr)
+        return 1
+    if importlib.util.find_spec("torch") is None:
+        print("llmtrain run: the trainer is not installed here (pip install 'llmtrain-operator[trainer]')", file=sys.stderr)
+        return 1
+    raw = {**raw, "metadata": {**raw["metadata"], "namespace": raw["metadata"].get("namespace", "default"),
+                               "uid": f"local-{job.metadata.name}", "generation": 1}}
+    workdir = Path(args.workdir or Path("runs") / job.metadata.name)
+    if args.fresh and workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    for warning in _local_limits(job):
+        print(f"llmtrain run: note: {warning}", file=sys.stderr)
+
+    env = {"LLMTRAIN_FAULT_INJECT": args.inject} if args.inject else {}
+    cluster = LocalCluster(job, workdir.resolve(), env=env)
+    max_steps = job.spec.trainer.builtin.max_steps if job.spec.trainer.builtin else None
+    reporter = _Reporter(max_steps, plain=args.no_progress)
+    run = LocalRun(raw, job, cluster, kills=[NodeKill.parse(k) for k in args.kill_node],
+                   on_event=reporter.event, on_status=reporter.status)
+    started = time.time()
+    print(f"llmtrain run: {job.metadata.name}: {job.spec.replicas.min}..{job.spec.replicas.max} nodes x "
+          f"{job.spec.procs_per_node} procs; workdir {workdir}", flush=True)
+    try:
+        status = run.run(timeout=args.timeout)
+    except KeyboardInterrupt:
+        reporter.close()
+        print("llmtrain run: interrupted; processes stopped, checkpoints kept", file=sys.stderr)
+        return 130
+    reporter.close()
+    write_events(workdir / "events.jsonl", run.events)
+    _summary(status, time.time() - started, workdir)
+    if job.spec.trainer.builtin is not None:
+        from .plot import plot_run  # noqa: PLC0415
+
+        png = plot_run(run.steps(), run.events, workdir / "loss.png", f"{job.metadata.name}: loss and world size")
+        print(f"  plot:        {png}")
+    return 0 if status.get("phase") == "Succeeded" else 1
+
+
+def _local_limits(job) -> list[str]:
+    notes = []
+    if job.spec.checkpoint.s3 is not None:
+        notes.append("the S3 tier is not used in local runs (local and shared tiers are)")
+    if any(v.value_from for v in job.spec.env or []):
+        notes.append("env entries with valueFrom are skipped in local runs")
+    if job.spec.resources and job.spec.resources.limits and "nvidia.com/gpu" in job.spec.resources.limits:
+        notes.append("resources are not enforced locally; procsPerNode ranks share this machine")
+    return notes
+
+
+def _summary(status: dict[str, Any], seconds: float, workdir: Path) -> None:
+    ckpt = (status.get("lastCheckpoint") or {}).get("summary", "-")
+    reasons = ", ".join(f"{k}={v}" for k, v in sorted((status.get("restartsByReason") or {}).items())) or "none"
+    print(f"\n{status.get('phase')}: step {status.get('step')} in {seconds:.0f}s")
+    print(f"  restarts:    {status.get('restarts', 0)} ({reasons}); disruptions: {status.get('disruptions', 0)}")
+    print(f"  checkpoint:  {ckpt}")
+    if status.get("goodput") is not None:
+        print(f"  goodput:     {status['goodput']:.1%} of active time spent training")
+    failure = status.get("lastFailure")
+    if failure:
+        print(f"  last failure: {failure.get('kind')} / {failure.get('reason')} ({failure.get('pod') or '-'})")
+    print(f"  logs:        {workdir}/*.log, events: {workdir}/events.jsonl, status: {workdir}/status.json")
+
+
+class _Reporter:
+    """A progress bar over optimizer steps, with events printed above it."""
+
+    def __init__(self, max_steps: int | None, plain: bool):
+        self.plain = plain or not sys.stderr.isatty()
+        self.bar = None
+        self.last_phase = None
+        if not self.plain:
+            from tqdm import tqdm  # noqa: PLC0415
+
+            self.bar = tqdm(total=max_steps, unit="step", dynamic_ncols=True)
+
+    def event(self, when: float, event) -> None:
+        line = f"{time.strftime('%H:%M:%S', time.localtime(when))} {event.type:<7} {event.reason:<18} {event.message}"
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            print(line, flush=True)
+
+    def status(self, status: dict[str, Any]) -> None:
+        ckpt = (status.get("lastCheckpoint") or {}).get("summary", "-")
+        if self.bar is not None:
+            self.bar.n = status.get("step", 0)
+            self.bar.set_postfix_str(
+                f"{status.get('phase')} world={status.get('worldSize', 0)} workers={status.get('workers')} "
+                f"restarts={status.get('restarts', 0)} ckpt={ckpt}", refresh=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,259 @@
+"""A one-job stand-in for the cluster: worker "pods" are local process trees.
+
+The planner's actions are applied to processes: creating a worker pod starts
+``launcher -> torchrun -> trainer`` for that slot; deleting it sends SIGTERM (or
+SIGKILL when forced) to its process group. Observations are built back from the
+processes (exit codes, the launcher's termination message) and the trainers' metrics
+endpoints, as the operator builds them from the API.
+
+Each slot is its own "node": its own run dir and node-local checkpoint tier, so a
+replacement starts with an empty local disk exactly like a new pod on a new node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from llmtrain_trainer.command import store_command, torchrun_args, trainer_program, worker_command
+
+from ..api.job import LLMTrainJob
+from ..api.observed import LABEL_SLOT, NodeView, Observed, PodView, TrainerProbe
+from ..planner import CreateObject, DeleteJob, DeletePod, ReplaceObject
+from ..planner.manifests import TORCHRUN_MAX_RESTARTS
+from ..planner.render import config_text, trainer_config
+from ..probe import scrape
+
+PY = sys.executable
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc), deepest first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out: list[int] = []
+    stack = list(children.get(pid, []))
+    while stack:
+        child = stack.pop()
+        out.append(child)
+        stack.extend(children.get(child, []))
+    return out[::-1]
+
+
+def _free_port() -> int:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LocalPod:
+    name: str
+    role: str
+    slot: int | None
+    generation: int
+    proc: subprocess.Popen
+    created: datetime
+    folder: Path
+    deleting: bool = False
+    kill_at: float | None = None
+
+    def view(self) -> PodView:
+        code = self.proc.poll()
+        termination: dict[str, Any] = {}
+        term = self.folder / "termination-log"
+        if code is not None and term.exists():
+            try:
+                termination = json.loads(term.read_text())
+            except ValueError:
+                termination = {}
+        exit_code = None if code is None else (128 - code if code < 0 else code)
+        phase = "Running" if code is None else ("Succeeded" if code == 0 else "Failed")
+        return PodView(
+            name=self.name, role=self.role, slot=self.slot, generation=self.generation, phase=phase,
+            node=f"local-{self.slot}" if self.slot is not None else "local", ready=False, deleting=self.deleting,
+            created=self.created, exit_code=exit_code, reason="Error" if code else None, termination=termination,
+        )
+
+
+@dataclass
+class LocalCluster:
+    job: LLMTrainJob
+    workdir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    pods: dict[str, LocalPod] = field(default_factory=dict)
+    objects: set[str] = field(default_factory=set)
+    store_port: int | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    # ------------------------------------------------------------------ paths
+
+    def slot_dir(self, slot: int) -> Path:
+        return self.workdir / f"node-{slot}"
+
+    def _tier_paths(self, slot: int) -> dict[str, str]:
+        paths = {"local": str(self.slot_dir(slot) / "ckpt")}
+        if self.job.spec.checkpoint.shared is not None:
+            paths["shared"] = str(self.workdir / "shared")
+        if self.job.spec.checkpoint.s3 is not None:
+            paths["s3"] = "s3://unsupported-in-local-runs"
+        return paths
+
+    # ------------------------------------------------------------------ apply
+
+    def apply(self, actions: list[Any]) -> None:
+        for action in actions:
+            if isinstance(action, CreateObject):
+                manifest = action.manifest
+                if manifest["kind"] != "Pod":
+                    self.objects.add(f"{manifest['kind']}/{manifest['metadata']['name']}")
+                elif manifest["metadata"]["labels"].get("llmtrain.io/role") == "rendezvous":
+                    self._start_store(manifest["metadata"]["name"])
+                else:
+                    labels = manifest["metadata"]["labels"]
+                    self._start_worker(manifest["metadata"]["name"], int(labels[LABEL_SLOT]), int(labels["llmtrain.io/generation"]))
+            elif isinstance(action, DeletePod):
+                self.delete(action.name, force=action.force)
+            elif isinstance(action, (ReplaceObject, DeleteJob)):
+                pass  # configs are rendered per process start; the job itself lives in memory
+
+    def _spawn(self, name: str, role: str, slot: int | None, generation: int, cmd: list[str], env: dict[str, str]) -> None:
+        folder = self.slot_dir(slot) if slot is not None else self.workdir / "store"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "termination-log").unlink(missing_ok=True)
+        log = (self.workdir / f"{name}.log").open("a")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True)
+        log.close()
+        self.pods[name] = LocalPod(name, role, slot, generation, proc, datetime.now(timezone.utc), folder)
+
+    def _start_store(self, name: str) -> None:
+        self.store_port = _free_port()
+        self._spawn(name, "rendezvous", None, 0, store_command(PY, self.store_port, "127.0.0.1"), {})
+
+    def _start_worker(self, name: str, slot: int, generation: int) -> None:
+        spec = self.job.spec
+        folder = self.slot_dir(slot)
+        run_dir = folder / "run"
+        for stale in run_dir.glob("metrics-local-rank-*.json"):
+            stale.unlink()  # a previous process's port must not make the new one look ready
+        flags = torchrun_args(
+            nnodes_min=spec.replicas.min, nnodes_max=spec.replicas.max, nproc_per_node=spec.procs_per_node,
+            rdzv_endpoint=f"127.0.0.1:{self.store_port}", rdzv_id=self.job.metadata.name,
+            max_restarts=TORCHRUN_MAX_RESTARTS, join_timeout_seconds=300, last_call_seconds=1,
+        )
+        if spec.trainer.builtin is not None:
+            cfg = trainer_config(self.job, self._tier_paths(slot), run_dir=str(run_dir), metrics_host="127.0.0.1")
+            cfg.metrics.port = 0  # every local "node" shares one host: pick free ports
+            config = folder / "config.yaml"
+            folder.mkdir(parents=True, exist_ok=True)
+            config.write_text(config_text(cfg))
+            program = trainer_program(str(config))
+        else:
+            program = [*(spec.trainer.command or []), *(spec.trainer.args or [])]
+        env = {
+            "POD_NAME": name, "POD_NAMESPACE": self.job.metadata.namespace or "default", "POD_IP": "127.0.0.1",
+            "LLMTRAIN_JOB": self.job.metadata.name, "LLMTRAIN_RUN_DIR": str(run_dir),
+            "LLMTRAIN_CHECKPOINT_DIR": self._tier_paths(slot)["local"],
+            "LLMTRAIN_HANG_TIMEOUT_SECONDS": str(spec.fault_tolerance.hang_timeout_seconds),
+            "LLMTRAIN_COLLECTIVE_TIMEOUT_SECONDS": str(spec.fault_tolerance.collective_timeout_seconds),
+            "LLMTRAIN_FAULT_STATE_DIR": str(self.workdir / "faults"),
+            **{v.name: v.value for v in spec.env or [] if v.value is not None},
+            **self.env,
+        }
+        cmd = worker_command(PY, str(run_dir), flags, program, str(folder / "termination-log"))
+        self._spawn(name, "worker", slot, generation, cmd, env)
+
+    def delete(self, name: str, force: bool = False) -> None:
+        pod = self.pods.get(name)
+        if pod is None or pod.deleting:
+            return
+        pod.deleting = True
+        if pod.proc.poll() is None:
+            self._signal(pod, signal.SIGKILL if force else signal.SIGTERM)
+            grace = 0 if force else self.job.spec.checkpoint.sigterm_budget_seconds + 15
+            pod.kill_at = time.monotonic() + grace
+
+    def kill_node(self, slot: int) -> str | None:
+        """Fault injection: the node dies with everything on it (SIGKILL, no grace)."""
+        for pod in self.pods.values():
+            if pod.slot == slot and pod.proc.poll() is None and not pod.deleting:
+                self._signal(pod, signal.SIGKILL)
+                return pod.name
+        return None
+
+    @staticmethod
+    def _signal(pod: LocalPod, sig: int) -> None:
+        """SIGTERM goes to the pod's first process only (the launcher forwards it, as
+        PID 1 of a container would). SIGKILL takes the whole tree: torchrun starts its
+        workers in sessions of their own, so a process-group kill would miss them."""
+        targets = [pod.proc.pid] if sig != signal.SIGKILL else [*descendants(pod.proc.pid), pod.proc.pid]
+        for pid in targets:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    # ------------------------------------------------------------------ observe
+
+    def observe(self) -> Observed:
+        for name, pod in list(self.pods.items()):
+            if pod.deleting:
+                if pod.proc.poll() is None and pod.kill_at is not None and time.monotonic() > pod.kill_at:
+                    self._signal(pod, signal.SIGKILL)
+                if pod.proc.poll() is not None:
+                    del self.pods[name]  # the pod object is gone once its processes are
+        views, probes = [], {}
+        for pod in self.pods.values():
+            view = pod.view()
+            if pod.role == "worker" and view.phase == "Running":
+                probe = self._probe(pod)
+                if probe is not None:
+                    probes[pod.name] = probe
+                    view = PodView(**{**view.__dict__, "ready": True})
+            views.append(view)
+        nodes = {f"local-{s}": NodeView(f"local-{s}", "True", None) for s in range(self.job.spec.replicas.max)}
+        services = frozenset(o.split("/", 1)[1] for o in self.objects if o.startswith("Service/"))
+        configmaps = {o.split("/", 1)[1]: self._config_hash() for o in self.objects if o.startswith("ConfigMap/")}
+        return Observed(pods=tuple(views), nodes=nodes, services=services, configmaps=configmaps, probes=probes)
+
+    def _config_hash(self) -> str:
+        from ..planner.manifests import CONFIG_HASH_ANNOTATION, config_map  # noqa: PLC0415
+
+        cm = config_map(self.job)
+        return cm["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] if cm else ""
+
+    def _probe(self, pod: LocalPod) -> TrainerProbe | None:
+        info = pod.folder / "run" / "metrics-local-rank-0.json"
+        try:
+            endpoint = json.loads(info.read_text())
+        except (OSError, ValueError):
+            return None
+        return scrape(f"http://{endpoint['host']}:{endpoint['port']}/metrics", timeout=1.0)
+
+    def shutdown(self) -> None:
+        for pod in self.pods.values():
+            if pod.proc.poll() is None:
+                self._signal(pod, signal.SIGKILL)
+        for pod in self.pods.values():
+            try:
+                pod.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass

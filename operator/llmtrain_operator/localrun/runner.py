@@ -1,0 +1,98 @@
+"""``llmtrain run``: the operator's control loop against local processes.
+
+Every second: observe the local "cluster", ask the same pure planner the operator uses
+for a plan, apply it, and report. Failures are detected, classified, counted and
+recovered exactly as in Kubernetes; only the I/O differs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from ..api.job import LLMTrainJob
+from ..planner import Event, plan
+from .cluster import LocalCluster
+
+TERMINAL = ("Succeeded", "Failed", "Invalid")
+
+
+@dataclass
+class NodeKill:
+    """Fault injection: SIGKILL every process of a slot's "node" once ``step`` is reached."""
+
+    slot: int
+    step: int
+    fired: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> "NodeKill":
+        slot, _, step = text.partition("@")
+        return cls(int(slot), int(step.removeprefix("step=")))
+
+
+@dataclass
+class LocalRun:
+    raw: dict[str, Any]
+    job: LLMTrainJob
+    cluster: LocalCluster
+    kills: list[NodeKill] = field(default_factory=list)
+    on_event: Callable[[float, Event], None] = lambda t, e: None
+    on_status: Callable[[dict[str, Any]], None] = lambda s: None
+    interval: float = 1.0
+    events: list[tuple[float, int, Event]] = field(default_factory=list)
+
+    def run(self, timeout: float | None = None) -> dict[str, Any]:
+        started = time.monotonic()
+        status: dict[str, Any] = {}
+        try:
+            while True:
+                observed = self.cluster.observe()
+                result = plan({**self.raw, "status": status}, observed, datetime.now(timezone.utc))
+                status = result.status
+                self.cluster.apply(result.actions)
+                for event in result.events:
+                    self.events.append((time.time(), status.get("step", 0), event))
+                    self.on_event(time.time(), event)
+                self.on_status(status)
+                self._persist(status)
+                self._inject(status)
+                if status.get("phase") in TERMINAL and not any(p.proc.poll() is None for p in self.cluster.pods.values() if p.role == "worker"):
+                    return status
+                if timeout is not None and time.monotonic() - started > timeout:
+                    status["phase"] = "Failed"
+                    self.on_event(time.time(), Event("Warning", "LocalTimeout", f"no result within {timeout:.0f}s"))
+                    return status
+                time.sleep(self.interval)
+        finally:
+            self.cluster.shutdown()
+
+    def _inject(self, status: dict[str, Any]) -> None:
+        for kill in self.kills:
+            if not kill.fired and status.get("step", 0) >= kill.step:
+                pod = self.cluster.kill_node(kill.slot)
+                if pod is not None:
+                    kill.fired = True
+                    event = Event("Warning", "InjectedNodeLoss", f"fault injection: killed every process of node local-{kill.slot} ({pod}) at step {status.get('step')}")
+                    self.events.append((time.time(), status.get("step", 0), event))
+                    self.on_event(time.time(), event)
+
+    def _persist(self, status: dict[str, Any]) -> None:
+        (self.cluster.workdir / "status.json").write_text(json.dumps(status, indent=1))
+
+    def steps(self) -> list[dict[str, Any]]:
+        """Every step record any node's rank 0 wrote, in time order."""
+        records = []
+        for path in self.cluster.workdir.glob("node-*/run/steps.jsonl"):
+            records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return sorted(records, key=lambda r: r["time"])
+
+
+def write_events(path: Path, events: list[tuple[float, int, Event]]) -> None:
+    with path.open("w") as fh:
+        for when, step, event in events:
+            fh.write(json.dumps({"time": when, "step": step, "type": event.type, "reason": event.reason, "message": event.message}) + "\n")

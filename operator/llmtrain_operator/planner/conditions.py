@@ -1,0 +1,28 @@
+"""Kubernetes-style conditions: change ``lastTransitionTime`` only when the status flips."""
+
+from __future__ import annotations
+
+from ..api.status import CONDITION_TYPES, Condition
+
+
+def set_condition(
+    conditions: list[Condition], type_: str, status: bool, reason: str, message: str, now: str, generation: int | None
+) -> bool:
+    """Upsert a condition in place. Returns True when its status changed."""
+    value = "True" if status else "False"
+    for i, cond in enumerate(conditions):
+        if cond.type == type_:
+            changed = cond.status != value
+            conditions[i] = Condition(
+                type=type_, status=value, reason=reason, message=message[:32000],
+                last_transition_time=now if changed else cond.last_transition_time, observed_generation=generation,
+            )
+            return changed
+    conditions.append(Condition(type=type_, status=value, reason=reason, message=message[:32000],
+                                last_transition_time=now, observed_generation=generation))
+    conditions.sort(key=lambda c: CONDITION_TYPES.index(c.type))
+    return True
+
+
+def is_true(conditions: list[Condition], type_: str) -> bool:
+    return any(c.type == type_ and c.status == "True" for c in conditions)

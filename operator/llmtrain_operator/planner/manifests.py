@@ -1,0 +1,293 @@
+"""Manifest builders: pure functions from a job to the dicts of its children."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from llmtrain_trainer.command import store_command, torchrun_args, trainer_program, worker_command
+
+from ..api.job import API_VERSION, KIND, LLMTrainJob
+from . import names
+from .render import config_text, content_hash, tier_paths, trainer_config
+
+GPU_RESOURCE = "nvidia.com/gpu"
+CONFIG_HASH_ANNOTATION = "llmtrain.io/config-hash"
+TORCHRUN_MAX_RESTARTS = 1_000_000
+"""torchrun restarts its worker group on every membership change and after a survivor's
+collective fails; the *job-wide* budget is enforced by the operator, not by torchrun."""
+
+
+def owner_reference(job: LLMTrainJob) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": job.metadata.name,
+        "uid": job.metadata.uid or "",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(job: LLMTrainJob, name: str, labels: dict[str, str], annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": job.metadata.namespace or "default",
+        "labels": labels,
+        "ownerReferences": [owner_reference(job)],
+    }
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
+
+
+def headless_service(job: LLMTrainJob, name: str, selector: dict[str, str], ports: list[tuple[str, int]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, name, names.job_labels(job.metadata.name)),
+        "spec": {
+            "clusterIP": "None",
+            # Workers must resolve each other while still starting (before Ready).
+            "publishNotReadyAddresses": True,
+            "selector": selector,
+            "ports": [{"name": n, "port": p, "targetPort": p} for n, p in ports],
+        },
+    }
+
+
+def workers_service(job: LLMTrainJob) -> dict[str, Any]:
+    selector = {**names.job_labels(job.metadata.name), "llmtrain.io/role": "worker"}
+    return headless_service(job, names.workers_service(job.metadata.name), selector, [("metrics", job.spec.metrics.port)])
+
+
+def store_service(job: LLMTrainJob) -> dict[str, Any]:
+    return headless_service(job, names.store_service(job.metadata.name), names.store_labels(job.metadata.name), [("rdzv", names.RDZV_PORT)])
+
+
+def config_map(job: LLMTrainJob) -> dict[str, Any] | None:
+    """The rendered trainer config; None for a user script (it has no config file)."""
+    if job.spec.trainer.builtin is None:
+        return None
+    text = config_text(trainer_config(job))
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(job, names.config_map(job.metadata.name), names.job_labels(job.metadata.name),
+                          {CONFIG_HASH_ANNOTATION: content_hash(text)}),
+        "data": {names.CONFIG_FILE: text},
+    }
+
+
+def store_pod(job: LLMTrainJob) -> dict[str, Any]:
+    job_name = job.metadata.name
+    pod: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _meta(job, names.store_pod(job_name), names.store_labels(job_name)),
+        "spec": {
+            "restartPolicy": "Always",
+            "containers": [{
+                "name": "rendezvous",
+                "image": job.spec.image,
+                "imagePullPolicy": job.spec.image_pull_policy,
+                "command": store_command(names.PYTHON, names.RDZV_PORT),
+                "ports": [{"name": "rdzv", "containerPort": names.RDZV_PORT}],
+                "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+            }],
+        },
+    }
+    sched = job.spec.scheduling
+    if sched is not None:
+        if sched.tolerations:
+            pod["spec"]["tolerations"] = [t.to_wire() for t in sched.tolerations]
+        if sched.priority_class_name:
+            pod["spec"]["priorityClassName"] = sched.priority_class_name
+    return pod
+
+
+def _env(job: LLMTrainJob) -> list[dict[str, Any]]:
+    spec = job.spec
+    field = lambda path: {"valueFrom": {"fieldRef": {"fieldPath": path}}}  # noqa: E731
+    env: list[dict[str, Any]] = [
+        {"name": "POD_NAME", **field("metadata.name")},
+        {"name": "POD_NAMESPACE", **field("metadata.namespace")},
+        {"name": "POD_IP", **field("status.podIP")},
+        {"name": "LLMTRAIN_JOB", "value": job.metadata.name},
+        {"name": "LLMTRAIN_RUN_DIR", "value": names.RUN_DIR},
+        {"name": "LLMTRAIN_HANG_TIMEOUT_SECONDS", "value": str(spec.fault_tolerance.hang_timeout_seconds)},
+        {"name": "LLMTRAIN_COLLECTIVE_TIMEOUT_SECONDS", "value": str(spec.fault_tolerance.collective_timeout_seconds)},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    paths = tier_paths(job)
+    if spec.checkpoint.enabled:
+        env.append({"name": "LLMTRAIN_CHECKPOINT_DIR", "value": paths["local"]})
+        if "shared" in paths:
+            env.append({"name": "LLMTRAIN_SHARED_CHECKPOINT_DIR", "value": paths["shared"]})
+    s3 = spec.checkpoint.s3
+    if s3 is not None:
+        ref = s3.credentials_secret
+        env += [
+            {"name": "AWS_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.access_key_id_key}}},
+            {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.secret_access_key_key}}},
+            {"name": "LLMTRAIN_S3_URI", "value": paths["s3"]},
+        ]
+        if s3.endpoint:
+            env.append({"name": "AWS_ENDPOINT_URL", "value": s3.endpoint})
+    for var in spec.env or []:
+        env.append(var.to_wire())
+    return env
+
+
+def _resources(job: LLMTrainJob) -> dict[str, Any]:
+    res = job.spec.resources
+    if res is None:
+        return {}
+    out: dict[str, Any] = {}
+    if res.requests:
+        out["requests"] = {k: str(v) for k, v in res.requests.items()}
+    if res.limits:
+        out["limits"] = {k: str(v) for k, v in res.limits.items()}
+        # Extended resources must be requested too; copy the GPU limit if it is not.
+        if GPU_RESOURCE in res.limits:
+            out.setdefault("requests", {}).setdefault(GPU_RESOURCE, str(res.limits[GPU_RESOURCE]))
+    return out
+
+
+def _volumes(job: LLMTrainJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    spec = job.spec
+    volumes: list[dict[str, Any]] = [
+        {"name": "run", "emptyDir": {}},
+        # PyTorch workers exchange tensors through /dev/shm; the runtime default is 64 MiB.
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+    ]
+    mounts: list[dict[str, Any]] = [{"name": "run", "mountPath": names.RUN_DIR}, {"name": "dshm", "mountPath": "/dev/shm"}]
+    if spec.trainer.builtin is not None:
+        volumes.append({"name": "config", "configMap": {"name": names.config_map(job.metadata.name)}})
+        mounts.append({"name": "config", "mountPath": names.CONFIG_MOUNT, "readOnly": True})
+    ckpt = spec.checkpoint
+    if ckpt.enabled:
+        ns = job.metadata.namespace or "default"
+        if ckpt.local.host_path:
+            local = {"hostPath": {"path": f"{ckpt.local.host_path.rstrip('/')}/{ns}/{job.metadata.name}", "type": "DirectoryOrCreate"}}
+        else:
+            local = {"emptyDir": {"sizeLimit": str(ckpt.local.size_limit)} if ckpt.local.size_limit else {}}
+        volumes.append({"name": "ckpt-local", **local})
+        mounts.append({"name": "ckpt-local", "mountPath": names.LOCAL_TIER_MOUNT})
+        if ckpt.shared is not None:
+            volumes.append({"name": "ckpt-shared", "persistentVolumeClaim": {"claimName": ckpt.shared.claim_name}})
+            mounts.append({"name": "ckpt-shared", "mountPath": names.SHARED_TIER_MOUNT,
+                           "subPath": ckpt.shared.sub_path or f"{ns}/{job.metadata.name}"})
+    return volumes, mounts
+
+
+def _command(job: LLMTrainJob) -> list[str]:
+    spec = job.spec
+    ns = job.metadata.namespace or "default"
+    flags = torchrun_args(
+        nnodes_min=spec.replicas.min, nnodes_max=spec.replicas.max, nproc_per_node=spec.procs_per_node,
+        rdzv_endpoint=names.rdzv_endpoint(job.metadata.name, ns), rdzv_id=job.metadata.uid or job.metadata.name,
+        max_restarts=TORCHRUN_MAX_RESTARTS,
+    )
+    flags.append("--local-addr=$(POD_IP)")  # peers reach rank 0's store at the pod IP
+    if spec.trainer.builtin is not None:
+        program = trainer_program(f"{names.CONFIG_MOUNT}/{names.CONFIG_FILE}")
+    else:
+        program = [*(spec.trainer.command or []), *(spec.trainer.args or [])]
+    return worker_command(names.PYTHON, names.RUN_DIR, flags, program, names.TERMINATION_LOG)
+
+
+def deep_merge(base: Any, override: Any) -> Any:
+    """Maps merge recursively, ``containers`` merge by name, other lists are replaced."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for key, value in override.items():
+            if key in ("containers", "initContainers") and isinstance(value, list) and isinstance(out.get(key), list):
+                merged = {c.get("name"): c for c in out[key]}
+                order = [c.get("name") for c in out[key]]
+                for container in value:
+                    name = container.get("name")
+                    merged[name] = deep_merge(merged.get(name, {}), container)
+                    if name not in order:
+                        order.append(name)
+                out[key] = [merged[n] for n in order]
+            else:
+                out[key] = deep_merge(out.get(key), value)
+        return out
+    return copy.deepcopy(override)
+
+
+def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: list[str] = ()) -> dict[str, Any]:
+    spec = job.spec
+    job_name = job.metadata.name
+    volumes, mounts = _volumes(job)
+    ports = [{"name": f"metrics-{r}" if r else "metrics", "containerPort": spec.metrics.port + r} for r in range(spec.procs_per_node)]
+    container = {
+        "name": "trainer",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": _command(job),
+        "env": _env(job),
+        "ports": ports,
+        "volumeMounts": mounts,
+        "resources": _resources(job),
+        "terminationMessagePath": names.TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
+        # Ready once the trainer joined the group and serves metrics.
+        "readinessProbe": {"httpGet": {"path": "/metrics", "port": spec.metrics.port}, "periodSeconds": 5},
+    }
+    annotations: dict[str, str] = {}
+    labels = names.worker_labels(job_name, slot, generation)
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",  # the operator (and torchrun inside) decide restarts
+        "hostname": names.worker_pod(job_name, slot),
+        "subdomain": names.workers_service(job_name),
+        "terminationGracePeriodSeconds": spec.checkpoint.sigterm_budget_seconds + 15,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    sched = spec.scheduling
+    affinity: dict[str, Any] = copy.deepcopy(sched.affinity) if sched and sched.affinity else {}
+    if sched is not None:
+        if sched.node_selector:
+            pod_spec["nodeSelector"] = dict(sched.node_selector)
+        if sched.tolerations:
+            pod_spec["tolerations"] = [t.to_wire() for t in sched.tolerations]
+        if sched.priority_class_name:
+            pod_spec["priorityClassName"] = sched.priority_class_name
+        if sched.scheduler_name:
+            pod_spec["schedulerName"] = sched.scheduler_name
+        if sched.gang is not None:
+            # Hints understood by Volcano and by scheduler-plugins' coscheduling.
+            annotations["scheduling.k8s.io/group-name"] = job_name
+            labels["scheduling.x-k8s.io/pod-group"] = job_name
+            annotations["llmtrain.io/gang-min-available"] = str(sched.gang.min_available)
+    if avoid_nodes:
+        term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": sorted(avoid_nodes)}]}
+        required = affinity.setdefault("nodeAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+        terms = required.setdefault("nodeSelectorTerms", [])
+        if terms:
+            for existing in terms:
+                existing.setdefault("matchExpressions", []).extend(copy.deepcopy(term["matchExpressions"]))
+        else:
+            terms.append(term)
+    if affinity:
+        pod_spec["affinity"] = affinity
+    pod: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _meta(job, names.worker_pod(job_name, slot), labels, annotations or None),
+        "spec": pod_spec,
+    }
+    if spec.pod_template:
+        owned = copy.deepcopy(pod)
+        pod = deep_merge(pod, spec.pod_template)
+        # Operator-owned fields win over the template.
+        pod["metadata"]["name"] = owned["metadata"]["name"]
+        pod["metadata"]["labels"] = {**pod["metadata"].get("labels", {}), **owned["metadata"]["labels"]}
+        pod["metadata"]["ownerReferences"] = owned["metadata"]["ownerReferences"]
+        trainer = next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
+        trainer["command"] = container["command"]
+        trainer["env"] = container["env"] + [e for e in trainer.get("env", []) if e not in container["env"]]
+        pod["spec"]["restartPolicy"] = "Never"
+    return pod

@@ -1,0 +1,54 @@
+"""Names, labels and paths of a job's children. Pure and stable: a restarted operator
+derives the same names, so it adopts what it created before."""
+
+from __future__ import annotations
+
+from ..api.observed import LABEL_GENERATION, LABEL_JOB, LABEL_ROLE, LABEL_SLOT, ROLE_STORE, ROLE_WORKER
+
+RDZV_PORT = 29400
+CONFIG_MOUNT = "/etc/llmtrain"
+CONFIG_FILE = "config.yaml"
+RUN_DIR = "/run/llmtrain"
+LOCAL_TIER_MOUNT = "/ckpt/local"
+SHARED_TIER_MOUNT = "/ckpt/shared"
+TERMINATION_LOG = "/dev/termination-log"
+PYTHON = "python"
+"""The interpreter inside the trainer image (the image puts the venv first on PATH)."""
+
+
+def worker_pod(job: str, slot: int) -> str:
+    return f"{job}-worker-{slot}"
+
+
+def workers_service(job: str) -> str:
+    """Headless Service: gives each worker a DNS name ``<pod>.<job>-workers``."""
+    return f"{job}-workers"
+
+
+def store_pod(job: str) -> str:
+    return f"{job}-rdzv"
+
+
+def store_service(job: str) -> str:
+    """Headless too: resolves straight to the store pod, no kube-proxy needed."""
+    return f"{job}-rdzv"
+
+
+def config_map(job: str) -> str:
+    return f"{job}-config"
+
+
+def rdzv_endpoint(job: str, namespace: str) -> str:
+    return f"{store_service(job)}.{namespace}.svc:{RDZV_PORT}"
+
+
+def job_labels(job: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "llmtrain", "app.kubernetes.io/managed-by": "llmtrain-operator", LABEL_JOB: job}
+
+
+def worker_labels(job: str, slot: int, generation: int) -> dict[str, str]:
+    return {**job_labels(job), LABEL_ROLE: ROLE_WORKER, LABEL_SLOT: str(slot), LABEL_GENERATION: str(generation)}
+
+
+def store_labels(job: str) -> dict[str, str]:
+    return {**job_labels(job), LABEL_ROLE: ROLE_STORE}

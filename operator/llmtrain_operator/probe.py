@@ -1,0 +1,44 @@
+"""Read a trainer's progress from its Prometheus endpoint.
+
+The trainer needs no Kubernetes credentials: the operator (and the local runner)
+scrape local rank 0 of each worker for the step, world size, torchrun restarts and the
+newest committed checkpoint per tier.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from .api.observed import TrainerProbe
+
+PREFIX = "llmtrain_trainer_"
+
+
+def parse(text: str) -> TrainerProbe:
+    values: dict[str, float] = {}
+    checkpoints: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == PREFIX + "checkpoint_last_step":
+                checkpoints[sample.labels.get("tier", "local")] = int(sample.value)
+            elif sample.name in (PREFIX + "step", PREFIX + "world_size", PREFIX + "restarts"):
+                values[sample.name] = sample.value
+    as_int = lambda key: int(values[key]) if key in values else None  # noqa: E731
+    return TrainerProbe(
+        step=as_int(PREFIX + "step"),
+        world_size=as_int(PREFIX + "world_size"),
+        restarts=as_int(PREFIX + "restarts"),
+        last_checkpoint=checkpoints,
+    )
+
+
+def scrape(url: str, timeout: float = 2.0) -> TrainerProbe | None:
+    """None when the endpoint is not up (yet): a probe never raises."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - cluster-internal URL
+            return parse(response.read().decode("utf-8", errors="replace"))
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
