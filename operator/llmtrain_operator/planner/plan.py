@@ -13,7 +13,7 @@ from ..api.job import LLMTrainJob, SpecInvalid, parse_job
 from ..api.observed import Observed
 from ..api.status import LLMTrainJobStatus
 from . import children, failures, lifecycle, summary
-from .context import Pass, Plan
+from .context import DeletePod, Pass, Plan
 
 
 def _status(raw: Any) -> LLMTrainJobStatus:
@@ -99,4 +99,20 @@ def _succeeded(ctx: Pass) -> bool:
 
 def _done(ctx: Pass) -> Plan:
     requeue = min(ctx.timers) if ctx.timers else None
-    return Plan(ctx.actions, ctx.events, ctx.status.to_wire(), requeue)
+    return Plan(_dedupe(ctx.actions), ctx.events, ctx.status.to_wire(), requeue)
+
+
+def _dedupe(actions: list) -> list:
+    """Several concerns may ask to delete the same pod; one request each (a forced one
+    wins, since it is what a dead node needs)."""
+    out: list = []
+    deletes: dict[str, int] = {}
+    for action in actions:
+        if isinstance(action, DeletePod):
+            if action.name in deletes:
+                if action.force:
+                    out[deletes[action.name]] = action
+                continue
+            deletes[action.name] = len(out)
+        out.append(action)
+    return out

@@ -1,0 +1,353 @@
+"""The pure planner, table by table: every row of DESIGN §4's failure taxonomy, elastic
+scaling, the restart budget, and the job lifecycle."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from llmtrain_operator.api.observed import TrainerProbe
+from llmtrain_operator.planner import plan
+from support.planning import NOW, ago, job, node, observed, running_status, summary, worker
+
+W0, W1 = "tiny-elastic-worker-0", "tiny-elastic-worker-1"
+
+
+def run(raw, obs, now=NOW):
+    result = plan(raw, obs, now)
+    return result, result.status, summary(result.actions), [e.reason for e in result.events]
+
+
+# ---------------------------------------------------------------- creation
+
+
+def test_a_new_job_creates_services_config_store_and_one_pod_per_slot():
+    raw = job()
+    result, status, actions, events = run(raw, observed(raw, [], with_store=False, services=frozenset(), configmaps={}))
+    assert actions == [
+        "create Service/tiny-elastic-workers", "create Service/tiny-elastic-rdzv", "create ConfigMap/tiny-elastic-config",
+        "create Pod/tiny-elastic-rdzv", f"create Pod/{W0}", f"create Pod/{W1}",
+    ]
+    assert status["phase"] == "Created" and status["workers"] == "0/2"
+    assert "Created" in events and "CreatedWorkers" in events
+    assert result.requeue_after is not None
+
+
+def test_nothing_changed_means_no_actions_and_no_events():
+    raw = job(status=running_status(step=20))
+    obs = observed(raw, [worker(0), worker(1)], probes={W0: TrainerProbe(step=20, world_size=2, restarts=0)})
+    first = plan(raw, obs, NOW)
+    again = plan({**raw, "status": first.status}, obs, NOW + timedelta(seconds=1))
+    assert summary(again.actions) == [] and again.events == []
+
+
+def test_running_status_reads_step_world_and_checkpoint_from_the_trainer():
+    raw = job(status=running_status(step=10))
+    probes = {W0: TrainerProbe(step=42, world_size=2, restarts=0, last_checkpoint={"local": 40, "shared": 40})}
+    _, status, actions, _ = run(raw, observed(raw, [worker(0), worker(1)], probes=probes))
+    assert actions == []
+    assert (status["phase"], status["step"], status["worldSize"], status["workers"]) == ("Running", 42, 2, "2/2")
+    assert status["lastCheckpoint"]["summary"] == "40@shared"  # the most durable tier holding the newest step
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Running"] == "True"
+
+
+# ---------------------------------------------------------------- taxonomy: exits
+
+EXIT_TABLE = [
+    # (exit code, kubelet reason, termination message, expected class, reason, counts a restart)
+    (0, "Completed", {}, "success", "Completed", False),
+    (137, "Error", {}, "retry", "Signal9", True),
+    (137, "OOMKilled", {}, "retry", "OOMKilled", True),
+    (80, "Error", {"code": 80, "reason": "Hang", "message": "no step progress for 300s"}, "retry", "Hang", True),
+    (83, "Error", {"code": 83, "reason": "CollectiveTimeout"}, "retry", "CollectiveTimeout", True),
+    (1, "Error", {}, "retry", "Crash", True),
+    (64, "Error", {"code": 64, "reason": "ConfigError", "message": "bad config"}, "fail", "ConfigError", False),
+    (65, "Error", {"code": 65, "reason": "DataError"}, "fail", "DataError", False),
+    (82, "Error", {"code": 82, "reason": "CorruptCheckpoint"}, "fail", "CorruptCheckpoint", False),
+    (81, "Error", {"code": 81, "reason": "Preempted"}, "disruption", "Preempted", False),
+]
+
+
+@pytest.mark.parametrize(("code", "reason", "term", "klass", "why", "counts"), EXIT_TABLE, ids=[f"exit-{r[0]}-{r[1]}" for r in EXIT_TABLE])
+def test_worker_exit_is_classified(code, reason, term, klass, why, counts):
+    raw = job(status=running_status())
+    phase = "Succeeded" if code == 0 else "Failed"
+    pods = [worker(0, phase=phase, exit_code=code, reason=reason, termination=term),
+            worker(1, phase=phase if code == 0 else "Running", exit_code=code if code == 0 else None)]
+    _, status, actions, events = run(raw, observed(raw, pods))
+    if klass == "success":
+        assert status["phase"] == "Succeeded" and status["completionTime"]
+        assert "Completed" in events
+    elif klass == "fail":
+        assert status["phase"] == "Failed" and status["lastFailure"]["reason"] == why
+        assert f"delete {W1}" in actions  # the survivor is stopped
+        failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+        assert failed["status"] == "True" and failed["reason"] == why
+    elif klass == "disruption":
+        assert (status["disruptions"], status["restarts"]) == (1, 0)
+        assert actions == [f"delete {W0}"]
+    else:
+        assert status["restarts"] == 1 and status["restartsByReason"] == {why: 1}
+        assert actions == [f"delete {W0}"] and status["nextRestartTime"]
+        assert status["lastFailure"]["kind"] == ("Hang" if why == "Hang" else "ProcessCrash")
+    assert ("PodFailed" in events) == counts
+
+
+def test_an_eviction_is_a_disruption_not_a_crash():
+    raw = job(status=running_status())
+    pods = [worker(0, phase="Failed", exit_code=143, reason="Evicted", disruption=True), worker(1)]
+    _, status, actions, events = run(raw, observed(raw, pods))
+    assert (status["disruptions"], status["restarts"]) == (1, 0)
+    assert actions == [f"delete {W0}"] and "PodDisrupted" in events
+    assert status["lastFailure"]["kind"] == "Eviction"
+
+
+def test_a_failed_pod_is_counted_once_even_if_its_deletion_is_slow():
+    raw = job(status=running_status())
+    pods = [worker(0, phase="Failed", exit_code=137), worker(1)]
+    first = plan(raw, observed(raw, pods), NOW)
+    second = plan({**raw, "status": first.status}, observed(raw, pods), NOW + timedelta(seconds=2))
+    assert second.status["restarts"] == 1
+
+
+# ---------------------------------------------------------------- backoff and budget
+
+
+def test_replacement_waits_for_the_backoff_then_is_created():
+    raw = job(status=running_status(restarts=3, nextRestartTime=ago(-3)))
+    obs = observed(raw, [worker(1)])
+    result, _, actions, _ = run(raw, obs)
+    assert actions == [] and 1 <= result.requeue_after <= 3
+    _, _, actions, _ = run(raw, obs, NOW + timedelta(seconds=4))
+    assert actions == [f"create Pod/{W0}"]
+
+
+def test_backoff_grows_exponentially_and_is_capped():
+    raw = job({"spec.faultTolerance.backoff": {"initialSeconds": 2, "factor": 3, "maxSeconds": 50}}, status=running_status(restarts=3))
+    _, status, _, _ = run(raw, observed(raw, [worker(0, phase="Failed", exit_code=137), worker(1)]))
+    assert status["nextRestartTime"] == ago(-50)  # 2 * 3**3 = 54, capped at 50
+    raw = job({"spec.faultTolerance.backoff": {"initialSeconds": 2, "factor": 3, "maxSeconds": 50}}, status=running_status(restarts=1))
+    _, status, _, _ = run(raw, observed(raw, [worker(0, phase="Failed", exit_code=137), worker(1)]))
+    assert status["nextRestartTime"] == ago(-6)  # 2 * 3**1
+
+
+def test_the_budget_running_out_fails_the_job_with_backoff_limit_exceeded():
+    raw = job(status=running_status(restarts=5))  # example 01: maxRestarts 5
+    _, status, actions, events = run(raw, observed(raw, [worker(0, phase="Failed", exit_code=137), worker(1)]))
+    assert status["phase"] == "Failed" and status["restarts"] == 6
+    assert next(c for c in status["conditions"] if c["type"] == "Failed")["reason"] == "BackoffLimitExceeded"
+    assert "BackoffLimitExceeded" in events and f"delete {W1}" in actions
+
+
+def test_restarts_are_never_reset_when_children_are_recreated():
+    raw = job(status=running_status(restarts=4, disruptions=2, restartGeneration=3))
+    _, status, actions, _ = run(raw, observed(raw, [], with_store=False))
+    assert (status["restarts"], status["disruptions"], status["restartGeneration"]) == (4, 2, 3)
+    assert f"create Pod/{W0}" in actions
+
+
+def test_an_unreadable_status_keeps_the_counters_it_can_find():
+    raw = job(status={"restarts": 4, "phase": "NotAPhase", "restartGeneration": 2})
+    _, status, _, _ = run(raw, observed(raw, []))
+    assert (status["restarts"], status["restartGeneration"]) == (4, 2)
+
+
+# ---------------------------------------------------------------- restart policy
+
+
+def test_restart_all_bumps_the_generation_and_replaces_every_worker():
+    raw = job({"spec.faultTolerance.restartPolicy": "RestartAll"}, status=running_status())
+    _, status, actions, events = run(raw, observed(raw, [worker(0, phase="Failed", exit_code=137), worker(1)]))
+    assert status["restartGeneration"] == 1 and status["restarts"] == 1
+    assert sorted(actions) == [f"delete {W0}", f"delete {W1}"]
+    assert "RestartAll" in events
+
+
+def test_pods_of_an_older_generation_are_replaced():
+    raw = job(status=running_status(restartGeneration=2))
+    _, _, actions, _ = run(raw, observed(raw, [worker(0, generation=2), worker(1, generation=1)]))
+    assert actions == [f"delete {W1}"]
+
+
+# ---------------------------------------------------------------- nodes
+
+
+def test_a_failed_node_within_its_grace_is_only_watched():
+    raw = job(status=running_status())  # example 01: nodeFailureGraceSeconds 10
+    nodes = [node("node-0"), node("node-1", ready="Unknown", since_seconds=4)]
+    result, status, actions, _ = run(raw, observed(raw, [worker(0), worker(1)], nodes=nodes))
+    assert actions == [] and status["restarts"] == 0
+    assert 5 <= result.requeue_after <= 6
+
+
+def test_after_the_grace_pods_on_a_failed_node_are_force_deleted_and_the_node_quarantined():
+    raw = job(status=running_status())
+    nodes = [node("node-0"), node("node-1", ready="Unknown", since_seconds=30, unreachable=True)]
+    _, status, actions, events = run(raw, observed(raw, [worker(0), worker(1, deleting=True)], nodes=nodes))
+    assert actions == [f"force-delete {W1}"]
+    assert status["restartsByReason"] == {"NodeFailure": 1}
+    assert status["lastFailure"]["kind"] == "NodeFailure" and status["lastFailure"]["node"] == "node-1"
+    assert [q["node"] for q in status["quarantinedNodes"]] == ["node-1"]
+    assert "NodeFailure" in events
+
+
+def test_a_pod_whose_node_object_vanished_is_treated_as_on_a_failed_node():
+    raw = job(status=running_status())
+    _, _, actions, _ = run(raw, observed(raw, [worker(0), worker(1, node="gone")], nodes=[node("node-0")]))
+    assert actions == [f"force-delete {W1}"]
+
+
+def test_replacements_avoid_quarantined_nodes():
+    raw = job(status=running_status(quarantinedNodes=[{"node": "node-1", "until": ago(-300)}]))
+    result = plan(raw, observed(raw, [worker(0)]), NOW)
+    pod = next(a.manifest for a in result.actions if getattr(a, "kind", "") == "Pod")
+    expr = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][0]
+    assert expr == {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["node-1"]}
+
+
+def test_an_expired_quarantine_is_dropped():
+    raw = job(status=running_status(quarantinedNodes=[{"node": "node-1", "until": ago(5)}]))
+    result = plan(raw, observed(raw, [worker(0)]), NOW)
+    assert result.status["quarantinedNodes"] == []
+    pod = next(a.manifest for a in result.actions if getattr(a, "kind", "") == "Pod")
+    assert "affinity" not in pod["spec"]
+
+
+# ---------------------------------------------------------------- hangs and wedges
+
+
+def test_a_wedged_job_is_restarted_all_at_once():
+    raw = job(status=running_status(lastProgressTime=ago(130)))  # progressTimeoutSeconds 120
+    probes = {W0: TrainerProbe(step=20, world_size=2, restarts=0)}
+    _, status, actions, events = run(raw, observed(raw, [worker(0), worker(1)], probes=probes))
+    assert status["restartsByReason"] == {"Wedged": 1} and status["restartGeneration"] == 1
+    assert sorted(actions) == [f"delete {W0}", f"delete {W1}"]
+    assert "RestartAll" in events and status["lastFailure"]["kind"] == "Wedged"
+
+
+def test_progress_resets_the_wedge_timer():
+    raw = job(status=running_status(lastProgressTime=ago(130), step=20))
+    probes = {W0: TrainerProbe(step=21, world_size=2, restarts=0)}
+    _, status, actions, _ = run(raw, observed(raw, [worker(0), worker(1)], probes=probes))
+    assert actions == [] and status["lastProgressTime"] == ago(0)
+
+
+def test_in_place_restarts_count_once_per_failure_not_once_per_pod():
+    raw = job(status=running_status())
+    probes = {W0: TrainerProbe(step=20, restarts=1), W1: TrainerProbe(step=20, restarts=1)}
+    _, status, _, events = run(raw, observed(raw, [worker(0), worker(1)], probes=probes))
+    assert status["restartsByReason"] == {"RestartedInPlace": 1} and "RestartedInPlace" in events
+
+
+def test_a_survivors_in_place_restart_after_a_replaced_pod_is_not_counted_twice():
+    raw = job(status=running_status())
+    first = plan(raw, observed(raw, [worker(0, phase="Failed", exit_code=137), worker(1)]), NOW)
+    later = {**raw, "status": first.status}
+    probes = {W1: TrainerProbe(step=20, restarts=1)}
+    result = plan(later, observed(later, [worker(1)], probes=probes), NOW + timedelta(seconds=30))
+    assert result.status["restarts"] == 1
+
+
+# ---------------------------------------------------------------- elastic scaling
+
+
+def test_training_goes_on_degraded_while_at_least_min_nodes_are_ready():
+    raw = job(status=running_status())  # min 1, max 2
+    _, status, _, _ = run(raw, observed(raw, [worker(0), worker(1, phase="Pending", ready=False)]))
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert status["phase"] == "Running" and status["workers"] == "1/2"
+    assert conditions["Degraded"] == ("True", "ReducedWorldSize")
+
+
+def test_below_min_nodes_the_job_is_restarting_after_a_short_readiness_grace():
+    pods = [worker(0), worker(1, phase="Pending", ready=False)]
+    raw = job({"spec.replicas": {"min": 2, "max": 2}}, status=running_status())
+    _, status, _, _ = run(raw, observed(raw, pods))
+    assert status["phase"] == "Running" and status["notReadySince"] == ago(0)  # one missed probe is not a failure
+    raw = job({"spec.replicas": {"min": 2, "max": 2}}, status=running_status(notReadySince=ago(30)))
+    _, status, _, _ = run(raw, observed(raw, pods))
+    assert status["phase"] == "Restarting"
+
+
+def test_scale_down_deletes_the_highest_slots_gracefully():
+    raw = job({"spec.replicas": {"min": 1, "max": 1}}, status=running_status())
+    _, _, actions, events = run(raw, observed(raw, [worker(0), worker(1)]))
+    assert actions == [f"delete {W1}"] and "ScaledDown" in events
+
+
+def test_scale_up_creates_the_new_slots():
+    raw = job({"spec.replicas": {"min": 1, "max": 4}, "spec.trainer.builtin.globalBatchSize": 24}, status=running_status())
+    _, _, actions, _ = run(raw, observed(raw, [worker(0), worker(1)]))
+    assert actions == ["create Pod/tiny-elastic-worker-2", "create Pod/tiny-elastic-worker-3"]
+
+
+# ---------------------------------------------------------------- lifecycle
+
+
+def test_suspend_deletes_pods_and_keeps_status():
+    raw = job({"spec.suspend": True}, status=running_status(restarts=2))
+    _, status, actions, events = run(raw, observed(raw, [worker(0), worker(1)]))
+    assert sorted(actions) == sorted([f"delete {W0}", f"delete {W1}", "delete tiny-elastic-rdzv"])
+    assert status["phase"] == "Suspended" and status["restarts"] == 2 and "Suspended" in events
+
+
+def test_resume_recreates_pods_without_counting_a_restart():
+    raw = job(status={**running_status(restarts=2), "phase": "Suspended",
+                      "conditions": [{"type": "Suspended", "status": "True", "reason": "JobSuspended", "message": "", "lastTransitionTime": ago(60)}]})
+    _, status, actions, events = run(raw, observed(raw, [], with_store=False))
+    assert "Resumed" in events and status["restarts"] == 2
+    assert f"create Pod/{W0}" in actions and "create Pod/tiny-elastic-rdzv" in actions
+    assert next(c for c in status["conditions"] if c["type"] == "Suspended")["status"] == "False"
+
+
+def test_suspended_time_does_not_count_toward_the_deadline():
+    raw = job({"spec.suspend": True, "spec.activeDeadlineSeconds": 100}, status={**running_status(activeSeconds=90), "phase": "Suspended"})
+    _, status, _, _ = run(raw, observed(raw, []), NOW + timedelta(seconds=500))
+    assert status["activeSeconds"] == 90 and status["phase"] == "Suspended"
+
+
+def test_the_active_deadline_fails_the_job():
+    raw = job({"spec.activeDeadlineSeconds": 100}, status=running_status(activeSeconds=98))
+    _, status, actions, events = run(raw, observed(raw, [worker(0), worker(1)]))
+    assert status["phase"] == "Failed" and "DeadlineExceeded" in events
+    assert sorted(actions) == ["delete tiny-elastic-rdzv", f"delete {W0}", f"delete {W1}"]
+
+
+def test_ttl_after_finished_deletes_the_job():
+    done = {"phase": "Succeeded", "completionTime": ago(120)}
+    raw = job({"spec.ttlSecondsAfterFinished": 60}, status=done)
+    _, _, actions, events = run(raw, observed(raw, [worker(0, phase="Succeeded", exit_code=0)]))
+    assert actions == ["delete tiny-elastic-rdzv", "delete-job"] and "TTLExpired" in events
+    raw = job({"spec.ttlSecondsAfterFinished": 600}, status=done)
+    result, _, actions, _ = run(raw, observed(raw, [], with_store=False))
+    assert actions == [] and 479 <= result.requeue_after <= 481
+
+
+def test_an_invalid_spec_is_reported_with_the_field_and_nothing_is_created():
+    raw = job({"spec.replicas": {"min": 3, "max": 2}})
+    _, status, actions, events = run(raw, observed(raw, []))
+    assert actions == [] and status["phase"] == "Invalid"
+    invalid = next(c for c in status["conditions"] if c["type"] == "Invalid")
+    assert invalid["status"] == "True" and "spec.replicas.min" in invalid["message"]
+    assert events == ["InvalidSpec"]
+
+
+def test_a_missing_secret_is_reported_by_name():
+    raw = job()
+    _, status, actions, _ = run(raw, observed(raw, [], missing=("Secret s3-credentials",)))
+    assert actions == [] and status["phase"] == "Invalid"
+    assert "Secret s3-credentials" in next(c for c in status["conditions"] if c["type"] == "Invalid")["message"]
+
+
+def test_goodput_counts_running_time_over_active_time():
+    raw = job(status=running_status(activeSeconds=100, productiveSeconds=90, lastReconcileTime=ago(10)))
+    _, status, _, _ = run(raw, observed(raw, [worker(0), worker(1)]))
+    assert (status["activeSeconds"], status["productiveSeconds"]) == (110, 100)
+    assert status["goodput"] == round(100 / 110, 4)
+
+
+def test_a_job_being_deleted_is_left_alone():
+    raw = job(status=running_status())
+    raw["metadata"]["deletionTimestamp"] = ago(1)
+    result = plan(raw, observed(raw, [worker(0, phase="Failed", exit_code=137)]), NOW)
+    assert result.actions == [] and result.events == []
