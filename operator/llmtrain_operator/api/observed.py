@@ -51,6 +51,8 @@ class PodView:
     started: datetime | None = None
     exit_code: int | None = None
     """The trainer container's exit code once it terminated."""
+    finished: datetime | None = None
+    """When the container terminated."""
     reason: str | None = None
     """``state.terminated.reason`` (OOMKilled, Error ...) or the pod's status reason (Evicted)."""
     message: str | None = None
@@ -107,6 +109,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         created=parse_time(meta.get("creationTimestamp")),
         started=parse_time(status.get("startTime")),
         exit_code=terminated.get("exitCode") if terminated else None,
+        finished=parse_time(terminated.get("finishedAt")) if terminated else None,
         reason=(terminated or {}).get("reason") or status.get("reason"),
         message=status.get("message"),
         termination=termination,

@@ -60,6 +60,8 @@ class FailureRecord(CamelModel):
     message: str | None = None
     time: str
     """RFC 3339 time it was detected."""
+    detect_seconds: float | None = None
+    """From the failure itself (container exit, node NotReady) to its detection."""
 
 
 class CheckpointRecord(CamelModel):
@@ -121,6 +123,8 @@ class LLMTrainJobStatus(CamelModel):
     counted_failures: list[str] = Field(default_factory=list)
     """``pod@creationTimestamp`` of recent pod failures already counted, so that a retried
     pass never counts one twice (bounded)."""
+    last_recovery_seconds: float | None = None
+    """From the last detected failure to Running again."""
     not_ready_since: str | None = None
     """When the ready workers first dropped below ``replicas.min`` without a detected
     failure (RFC 3339); the phase leaves Running only after a short grace."""

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from llmtrain_trainer.exitcodes import Classification, FailureClass, classify_exit
 
 from ..api.observed import PodView
@@ -29,10 +31,13 @@ def backoff_seconds(ctx: Pass, restarts: int) -> float:
 
 
 def record_failure(ctx: Pass, kind: str, reason: str, pod: PodView | None = None, node: str | None = None,
-                   exit_code: int | None = None, message: str | None = None) -> None:
+                   exit_code: int | None = None, message: str | None = None, since: datetime | None = None) -> None:
+    """``since``: when the failure happened (default: the pod's exit), for time-to-detect."""
+    happened = since or (pod.finished if pod else None)
     ctx.status.last_failure = FailureRecord(
         kind=kind, reason=reason, pod=pod.name if pod else None, node=node or (pod.node if pod else None),
         exit_code=exit_code, message=(message or "")[:2000] or None, time=ctx.stamp,
+        detect_seconds=round((ctx.now - happened).total_seconds(), 3) if happened else None,
     )
 
 
@@ -82,7 +87,10 @@ def classify_pod(pod: PodView) -> Classification:
 def handle_pod_failures(ctx: Pass) -> bool:
     """Returns True when the job reached a terminal phase."""
     for pod in ctx.observed.workers():
-        if pod.phase != "Failed" or pod.deleting or _already_counted(ctx, pod):
+        if pod.phase != "Failed" or pod.deleting:
+            continue
+        if _already_counted(ctx, pod):
+            ctx.actions.append(DeletePod(pod.name))  # an earlier delete did not go through
             continue
         verdict = classify_pod(pod)
         code = pod.termination.get("code", pod.exit_code)
@@ -137,8 +145,10 @@ def handle_node_failures(ctx: Pass) -> bool:
         quarantine(ctx, node_name)
         if all(p.deleting for p in pods) and _already_counted_node(ctx, node_name):
             continue
+        node_view = ctx.observed.nodes.get(node_name)
         record_failure(ctx, "NodeFailure", "NodeNotReady", pods[0], node=node_name,
-                       message=f"node {node_name} failed for more than {grace}s")
+                       message=f"node {node_name} failed for more than {grace}s",
+                       since=node_view.since if node_view is not None else None)
         ctx.event("NodeFailure", f"node {node_name} is NotReady/unreachable for more than {grace}s: force-deleting {names} and keeping this job off the node", warning=True)
         if not count_restart(ctx, "NodeFailure"):
             return True

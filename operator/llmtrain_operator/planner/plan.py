@@ -32,15 +32,17 @@ def _status(raw: Any) -> LLMTrainJobStatus:
 
 def plan(raw: dict[str, Any], observed: Observed, now: datetime) -> Plan:
     status = _status(raw.get("status"))
-    meta = raw.get("metadata") or {}
+    meta = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
     if meta.get("deletionTimestamp"):
         return Plan([], [], status.to_wire(), None)
     try:
         job = parse_job({**raw, "status": None})
     except SpecInvalid as err:
         ctx = Pass(job=None, observed=observed, now=now, status=status)  # type: ignore[arg-type]
-        ctx.status.observed_generation = meta.get("generation")
-        _invalid(ctx, "InvalidSpec", "; ".join(str(e) for e in err.errors), meta.get("generation"))
+        # Even metadata may be garbage here; only a real integer is echoed back.
+        generation = meta.get("generation") if type(meta.get("generation")) is int else None
+        ctx.status.observed_generation = generation
+        _invalid(ctx, "InvalidSpec", "; ".join(str(e) for e in err.errors), generation)
         return _done(ctx)
     ctx = Pass(job=job, observed=observed, now=now, status=status)
     _run(ctx)

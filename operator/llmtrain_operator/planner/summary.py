@@ -85,6 +85,8 @@ def summarise(ctx: Pass) -> None:
     ctx.condition("Degraded", degraded, "ReducedWorldSize" if degraded else "FullSize",
                   f"training with {ready} of {spec.replicas.max} nodes" if degraded else "")
     ctx.condition("Invalid", False, "SpecValid", "")
+    if phase == "Running" and previous == "Restarting" and status.last_failure is not None:
+        status.last_recovery_seconds = ctx.seconds_since(status.last_failure.time)
     if phase != previous:
         ctx.event(phase, f"{previous} -> {phase}: {running_msg}", warning=phase == "Restarting")
     if phase in ("Running", "Restarting", "Created"):

@@ -1,0 +1,153 @@
+"""One reconcile pass: observe -> plan (pure) -> apply -> one status write -> events.
+
+Used by the kopf daemon (observations from kopf's in-memory indexes, fed by watches)
+and by API-contract tests and the scale benchmark (observations from list calls).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+from .. import metrics
+from ..api.observed import LABEL_JOB, Observed, node_view, pod_view
+from ..api.spec import LLMTrainJobSpec
+from ..k8s.client import K8s, TransientApiError
+from ..planner import CreateObject, DeleteJob, DeletePod, Plan, ReplaceObject, plan
+from ..probe import scrape
+from ..settings import OperatorSettings
+
+VOLATILE = ("lastReconcileTime", "activeSeconds", "productiveSeconds", "goodput")
+"""Status fields that change on every pass; alone they do not justify a write."""
+
+
+@dataclass
+class Children:
+    pods: list[dict[str, Any]]
+    nodes: list[dict[str, Any]]
+    services: frozenset[str]
+    configmaps: dict[str, str]
+
+
+class ChildSource(Protocol):
+    async def __call__(self, namespace: str, name: str) -> Children: ...
+
+
+def listing_source(k8s: K8s) -> ChildSource:
+    """Observe with list calls (no watches): tests and benchmarks."""
+
+    async def source(namespace: str, name: str) -> Children:
+        selector = f"{LABEL_JOB}={name}"
+        pods, nodes, services, cms = await asyncio.gather(
+            asyncio.to_thread(k8s.list_pods, namespace, selector),
+            asyncio.to_thread(k8s.list_nodes),
+            asyncio.to_thread(k8s.list_services, namespace, selector),
+            asyncio.to_thread(k8s.list_configmaps, namespace, selector),
+        )
+        return Children(
+            pods=pods, nodes=nodes,
+            services=frozenset(s["metadata"]["name"] for s in services),
+            configmaps={c["metadata"]["name"]: (c["metadata"].get("annotations") or {}).get("llmtrain.io/config-hash", "") for c in cms},
+        )
+
+    return source
+
+
+def _needs_dependency_check(body: dict[str, Any]) -> bool:
+    """Secrets and PVCs are read only before pods exist or after a spec change; a
+    steady job costs no reads."""
+    status = body.get("status") or {}
+    generation = (body.get("metadata") or {}).get("generation")
+    return status.get("phase") in (None, "Pending", "Invalid") or status.get("observedGeneration") != generation
+
+
+async def missing_dependencies(k8s: K8s, body: dict[str, Any]) -> tuple[str, ...]:
+    try:
+        spec = LLMTrainJobSpec.model_validate(body.get("spec") or {})
+    except ValueError:
+        return ()  # the planner reports the invalid spec itself
+    ns = (body.get("metadata") or {}).get("namespace", "default")
+    wanted = []
+    if spec.checkpoint.s3 is not None:
+        wanted.append(("Secret", spec.checkpoint.s3.credentials_secret.name))
+    if spec.checkpoint.shared is not None:
+        wanted.append(("PersistentVolumeClaim", spec.checkpoint.shared.claim_name))
+    found = await asyncio.gather(*(asyncio.to_thread(k8s.exists, kind, ns, name) for kind, name in wanted))
+    return tuple(f"{kind} {name}" for (kind, name), ok in zip(wanted, found) if not ok)
+
+
+async def probe_workers(pods: list[Any], port: int, timeout: float) -> dict[str, Any]:
+    targets = [p for p in pods if p.role == "worker" and p.phase == "Running" and p.ip]
+    results = await asyncio.gather(*(asyncio.to_thread(scrape, f"http://{p.ip}:{port}/metrics", timeout) for p in targets))
+    return {p.name: r for p, r in zip(targets, results) if r is not None}
+
+
+def status_changed(old: dict[str, Any], new: dict[str, Any], flush_seconds: float, now: datetime) -> bool:
+    strip = lambda s: {k: v for k, v in s.items() if k not in VOLATILE}  # noqa: E731
+    if strip(old) != strip(new):
+        return True
+    from ..api.observed import parse_time  # noqa: PLC0415
+
+    last = parse_time(old.get("lastReconcileTime"))
+    return last is None or (now - last).total_seconds() >= flush_seconds
+
+
+async def apply(k8s: K8s, body: dict[str, Any], result: Plan) -> None:
+    """Apply the actions in order; the first transient error stops the rest (the next
+    pass re-plans them) and is raised after the status is written."""
+    meta = body["metadata"]
+    ns = meta.get("namespace", "default")
+    for action in result.actions:
+        if isinstance(action, CreateObject):
+            await asyncio.to_thread(k8s.create, action.manifest)
+        elif isinstance(action, ReplaceObject):
+            await asyncio.to_thread(k8s.replace, action.manifest)
+        elif isinstance(action, DeletePod):
+            await asyncio.to_thread(k8s.delete_pod, ns, action.name, action.grace_seconds, action.force)
+        elif isinstance(action, DeleteJob):
+            await asyncio.to_thread(k8s.delete_job, ns, meta["name"])
+
+
+@dataclass
+class PassResult:
+    plan: Plan
+    written: str | None
+    """The ``lastReconcileTime`` written into status, or None when nothing was written.
+    The daemon waits until its watch shows it before the next pass (read-your-writes),
+    so a pass never plans from a status older than the previous pass's decisions."""
+
+
+async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, settings: OperatorSettings,
+                    now: datetime | None = None) -> PassResult:
+    started = time.perf_counter()
+    now = now or datetime.now(timezone.utc)
+    meta = body["metadata"]
+    ns, name = meta.get("namespace", "default"), meta["name"]
+    children = await source(ns, name)
+    pods = tuple(pod_view(p) for p in children.pods)
+    nodes = {n.name: n for n in map(node_view, children.nodes)}
+    missing = await missing_dependencies(k8s, body) if _needs_dependency_check(body) else ()
+    port = ((body.get("spec") or {}).get("metrics") or {}).get("port", 9400)
+    probes = await probe_workers(list(pods), port, settings.probe_timeout_seconds) if settings.probes_enabled else {}
+    observed = Observed(pods=pods, nodes=nodes, services=children.services, configmaps=children.configmaps,
+                        probes=probes, missing=missing)
+    result = plan(body, observed, now)
+    old_status = body.get("status") or {}
+    failure: TransientApiError | None = None
+    try:
+        await apply(k8s, body, result)
+    except TransientApiError as err:
+        failure = err
+    written = None
+    if status_changed(old_status, result.status, settings.status_flush_seconds, now):
+        await asyncio.to_thread(k8s.patch_status, ns, name, result.status)
+        written = result.status.get("lastReconcileTime")
+    for event in result.events:
+        await asyncio.to_thread(k8s.post_event, body, event.type, event.reason, event.message)
+    metrics.record_pass(ns, name, old_status, result.status, time.perf_counter() - started)
+    if failure is not None:
+        raise failure
+    return PassResult(result, written)

@@ -1,0 +1,203 @@
+"""Kubernetes I/O: the few calls the operator makes, with their errors given a meaning.
+
+| response                         | meaning                                        |
+|----------------------------------|------------------------------------------------|
+| 409 on create                    | it exists already (idempotent)                 |
+| 404 on delete                    | it is gone already (idempotent)                |
+| 409 on a status patch            | someone wrote first: retry with a fresh read   |
+| 410, 429, 5xx, timeouts, resets  | transient: retry the pass after a delay        |
+| 400, 403, 422                    | permanent for this object: reported, not retried in a tight loop |
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from ..api.job import GROUP, PLURAL, VERSION
+
+log = logging.getLogger("llmtrain.k8s")
+
+TIMEOUT = (5, 20)
+"""(connect, read) seconds for every call: a hung API server must not hang a pass."""
+
+
+class TransientApiError(Exception):
+    """Retry later (the pass is repeated after ``delay`` seconds)."""
+
+    def __init__(self, message: str, delay: float = 5.0):
+        super().__init__(message)
+        self.delay = delay
+
+
+class PermanentApiError(Exception):
+    """The API refused the request for a reason a retry cannot fix."""
+
+
+def _classify(err: Exception, what: str) -> Exception:
+    if isinstance(err, ApiException):
+        if err.status in (410, 429) or (err.status or 0) >= 500 or err.status == 409:
+            return TransientApiError(f"{what}: HTTP {err.status} {err.reason}", delay=2.0 if err.status == 409 else 5.0)
+        return PermanentApiError(f"{what}: HTTP {err.status} {err.reason}: {(err.body or '')[:500]}")
+    return TransientApiError(f"{what}: {type(err).__name__}: {err}")
+
+
+NETWORK_ERRORS = (urllib3.exceptions.HTTPError, OSError, TimeoutError)
+
+
+class K8s:
+    def __init__(self, api_client: client.ApiClient, timeout: tuple[float, float] = TIMEOUT):
+        self.api = api_client
+        self.timeout = timeout
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    @classmethod
+    def from_environment(cls) -> "K8s":
+        """In-cluster credentials if present, else the kubeconfig (``$KUBECONFIG``)."""
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            # Read $KUBECONFIG now: the client library reads it once, at import time.
+            path = (os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep)[0]
+            config.load_kube_config(config_file=os.path.expanduser(path))
+        return cls(client.ApiClient())
+
+    @classmethod
+    def for_url(cls, url: str, timeout: tuple[float, float] = TIMEOUT) -> "K8s":
+        """An unauthenticated client for a URL (API-contract tests against kmock)."""
+        cfg = client.Configuration()
+        cfg.host = url
+        cfg.retries = 0
+        return cls(client.ApiClient(cfg), timeout)
+
+    # ------------------------------------------------------------------ writes
+
+    def create(self, manifest: dict[str, Any]) -> bool:
+        """Create an object; False if it already existed."""
+        kind, meta = manifest["kind"], manifest["metadata"]
+        ns = meta.get("namespace", "default")
+        calls = {
+            "Pod": self.core.create_namespaced_pod,
+            "Service": self.core.create_namespaced_service,
+            "ConfigMap": self.core.create_namespaced_config_map,
+        }
+        try:
+            calls[kind](ns, manifest, _request_timeout=self.timeout, _preload_content=False)
+            return True
+        except ApiException as err:
+            if err.status == 409:
+                return False
+            raise _classify(err, f"create {kind} {ns}/{meta['name']}") from err
+        except NETWORK_ERRORS as err:
+            raise _classify(err, f"create {kind} {ns}/{meta['name']}") from err
+
+    def replace(self, manifest: dict[str, Any]) -> None:
+        meta = manifest["metadata"]
+        ns = meta.get("namespace", "default")
+        try:
+            self.core.replace_namespaced_config_map(meta["name"], ns, manifest, _request_timeout=self.timeout, _preload_content=False)
+        except (ApiException, *NETWORK_ERRORS) as err:
+            raise _classify(err, f"replace ConfigMap {ns}/{meta['name']}") from err
+
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None, force: bool = False) -> bool:
+        """Delete a pod; ``force`` skips the kubelet's confirmation (a dead node)."""
+        body = client.V1DeleteOptions(grace_period_seconds=0 if force else grace_seconds, propagation_policy="Background")
+        try:
+            self.core.delete_namespaced_pod(name, namespace, body=body, _request_timeout=self.timeout, _preload_content=False)
+            return True
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise _classify(err, f"delete Pod {namespace}/{name}") from err
+        except NETWORK_ERRORS as err:
+            raise _classify(err, f"delete Pod {namespace}/{name}") from err
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background",
+                                                        _request_timeout=self.timeout, _preload_content=False)
+        except ApiException as err:
+            if err.status != 404:
+                raise _classify(err, f"delete LLMTrainJob {namespace}/{name}") from err
+        except NETWORK_ERRORS as err:
+            raise _classify(err, f"delete LLMTrainJob {namespace}/{name}") from err
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """One merge patch of the whole status subresource per pass."""
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=self.timeout, _preload_content=False)
+        except (ApiException, *NETWORK_ERRORS) as err:
+            raise _classify(err, f"patch status of LLMTrainJob {namespace}/{name}") from err
+
+    def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """Events are best effort: a failure is logged, never fatal to the pass."""
+        meta = job["metadata"]
+        now = datetime.now(timezone.utc)
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            # Named like the kubelet names events (object name + a hex timestamp).
+            "metadata": {"name": f"{meta['name']}.{time.time_ns():x}", "namespace": meta.get("namespace", "default")},
+            "involvedObject": {"apiVersion": job.get("apiVersion"), "kind": job.get("kind"), "name": meta["name"],
+                               "namespace": meta.get("namespace", "default"), "uid": meta.get("uid")},
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": "llmtrain-operator"},
+            "reportingComponent": "llmtrain.io/operator",
+            "reportingInstance": "llmtrain-operator",
+            "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(meta.get("namespace", "default"), event, _request_timeout=self.timeout, _preload_content=False)
+        except (ApiException, *NETWORK_ERRORS) as err:
+            log.warning("could not post event %s for %s: %s", reason, meta["name"], err)
+
+    # ------------------------------------------------------------------ reads
+
+    def exists(self, kind: str, namespace: str, name: str) -> bool:
+        reads = {"Secret": self.core.read_namespaced_secret, "PersistentVolumeClaim": self.core.read_namespaced_persistent_volume_claim}
+        try:
+            reads[kind](name, namespace, _request_timeout=self.timeout, _preload_content=False)
+            return True
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise _classify(err, f"read {kind} {namespace}/{name}") from err
+        except NETWORK_ERRORS as err:
+            raise _classify(err, f"read {kind} {namespace}/{name}") from err
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return self._list(lambda: self.core.list_namespaced_pod(namespace, label_selector=selector, _request_timeout=self.timeout, _preload_content=False), "pods")
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return self._list(lambda: self.core.list_node(_request_timeout=self.timeout, _preload_content=False), "nodes")
+
+    def list_services(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return self._list(lambda: self.core.list_namespaced_service(namespace, label_selector=selector, _request_timeout=self.timeout, _preload_content=False), "services")
+
+    def list_configmaps(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return self._list(lambda: self.core.list_namespaced_config_map(namespace, label_selector=selector, _request_timeout=self.timeout, _preload_content=False), "configmaps")
+
+    def _list(self, call, what: str) -> list[dict[str, Any]]:
+        """Lists are read as raw JSON: no model round-trip (faster, and tolerant of
+        fields newer than this client)."""
+        try:
+            response = call()
+            return json.loads(response.data)["items"] or []
+        except (ApiException, *NETWORK_ERRORS) as err:
+            raise _classify(err, f"list {what}") from err
+        except (ValueError, KeyError) as err:
+            raise TransientApiError(f"list {what}: unreadable response: {err}") from err

@@ -1,0 +1,82 @@
+"""The operator's own Prometheus metrics.
+
+Names follow Kubeflow's ``training_operator_jobs_*_total`` family, so dashboards port
+over: ``llmtrain_operator_jobs_created_total`` and friends, labelled by namespace.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+REGISTRY = CollectorRegistry()
+NS = ("job_namespace",)
+
+JOBS_CREATED = Counter("llmtrain_operator_jobs_created_total", "Jobs the operator started", NS, registry=REGISTRY)
+JOBS_SUCCESSFUL = Counter("llmtrain_operator_jobs_successful_total", "Jobs that Succeeded", NS, registry=REGISTRY)
+JOBS_FAILED = Counter("llmtrain_operator_jobs_failed_total", "Jobs that Failed", NS, registry=REGISTRY)
+JOBS_RESTARTED = Counter("llmtrain_operator_jobs_restarted_total", "Job restarts (any reason)", NS, registry=REGISTRY)
+JOBS_BY_PHASE = Gauge("llmtrain_operator_jobs", "Jobs by phase", ["phase"], registry=REGISTRY)
+RESTARTS = Counter("llmtrain_operator_restarts_total", "Restarts counted against budgets, by reason", ["reason"], registry=REGISTRY)
+FAILURES = Counter("llmtrain_operator_failures_detected_total", "Failures detected, by kind", ["kind"], registry=REGISTRY)
+DETECT = Histogram("llmtrain_operator_time_to_detect_seconds", "From a failure to the operator acting on it",
+                   buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300), registry=REGISTRY)
+RECOVER = Histogram("llmtrain_operator_time_to_recover_seconds", "From a detected failure to Running again",
+                    buckets=(1, 2, 5, 10, 15, 30, 60, 120, 300, 600), registry=REGISTRY)
+RECONCILE = Histogram("llmtrain_operator_reconcile_duration_seconds", "One reconcile pass (observe, plan, apply)",
+                      buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5), registry=REGISTRY)
+GOODPUT = Gauge("llmtrain_operator_job_goodput", "Effective training time ratio of a job so far", ["job_namespace", "job"], registry=REGISTRY)
+
+_PHASES: dict[tuple[str, str], str] = {}
+
+
+def serve(port: int) -> None:
+    if port:
+        start_http_server(port, registry=REGISTRY)
+
+
+def record_pass(namespace: str, name: str, old: dict[str, Any], new: dict[str, Any], seconds: float) -> None:
+    """Turn one pass's status transition into metrics (old -> new status)."""
+    RECONCILE.observe(seconds)
+    phase_old, phase_new = old.get("phase"), new.get("phase")
+    if not old.get("startTime") and new.get("startTime"):
+        JOBS_CREATED.labels(namespace).inc()
+    if phase_new != phase_old:
+        if phase_new == "Succeeded":
+            JOBS_SUCCESSFUL.labels(namespace).inc()
+        elif phase_new == "Failed":
+            JOBS_FAILED.labels(namespace).inc()
+        if phase_new == "Running" and phase_old == "Restarting" and new.get("lastRecoverySeconds") is not None:
+            RECOVER.observe(new["lastRecoverySeconds"])
+    for reason, count in (new.get("restartsByReason") or {}).items():
+        delta = count - (old.get("restartsByReason") or {}).get(reason, 0)
+        if delta > 0:
+            RESTARTS.labels(reason).inc(delta)
+            JOBS_RESTARTED.labels(namespace).inc(delta)
+    failure_old, failure_new = old.get("lastFailure") or {}, new.get("lastFailure") or {}
+    if failure_new and failure_new != failure_old:
+        FAILURES.labels(failure_new.get("kind", "Unknown")).inc()
+        if failure_new.get("detectSeconds") is not None:
+            DETECT.observe(failure_new["detectSeconds"])
+    if new.get("goodput") is not None:
+        GOODPUT.labels(namespace, name).set(new["goodput"])
+    _PHASES[(namespace, name)] = phase_new or "Pending"
+    _refresh_phases()
+
+
+def forget(namespace: str, name: str) -> None:
+    _PHASES.pop((namespace, name), None)
+    try:
+        GOODPUT.remove(namespace, name)
+    except KeyError:
+        pass
+    _refresh_phases()
+
+
+def _refresh_phases() -> None:
+    counts: dict[str, int] = {}
+    for phase in _PHASES.values():
+        counts[phase] = counts.get(phase, 0) + 1
+    for phase in ("Pending", "Created", "Running", "Restarting", "Degraded", "Suspended", "Succeeded", "Failed", "Invalid"):
+        JOBS_BY_PHASE.labels(phase).set(counts.get(phase, 0))

@@ -1,0 +1,87 @@
+"""Operator configuration from ``LLMTRAIN_OPERATOR_*`` environment variables.
+
+One frozen dataclass; every field documents its variable, unit, default and why. A bad
+value raises :class:`ConfigError` naming the variable, before the operator starts.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+PREFIX = "LLMTRAIN_OPERATOR_"
+
+
+class ConfigError(ValueError):
+    """A misconfigured environment variable (the message names it)."""
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    namespace: str = ""
+    """``LLMTRAIN_OPERATOR_NAMESPACE``: watch only this namespace. Default "": cluster-wide."""
+
+    peering_name: str = "llmtrain-operator"
+    """``LLMTRAIN_OPERATOR_PEERING_NAME``: kopf peering object shared by the HA replicas;
+    exactly one of them is active. Default ``llmtrain-operator``."""
+
+    standalone: bool = False
+    """``LLMTRAIN_OPERATOR_STANDALONE``: run without peering (a single replica, or tests).
+    Default false."""
+
+    priority: int = 0
+    """``LLMTRAIN_OPERATOR_PRIORITY``: peering priority; the highest active replica works,
+    the others pause. Default 0 (the chart sets a random one per pod)."""
+
+    resync_seconds: float = 10.0
+    """``LLMTRAIN_OPERATOR_RESYNC_SECONDS``: a job is re-planned at least this often even
+    without events (timers, probes). Seconds. Default 10."""
+
+    probe_timeout_seconds: float = 1.0
+    """``LLMTRAIN_OPERATOR_PROBE_TIMEOUT_SECONDS``: timeout of one trainer-metrics scrape.
+    Seconds. Default 1: a slow trainer must not slow every job's pass."""
+
+    probes_enabled: bool = True
+    """``LLMTRAIN_OPERATOR_PROBES``: scrape trainers for step/checkpoint progress.
+    Default true. Off in API-contract tests, where pods have no IPs."""
+
+    metrics_port: int = 8080
+    """``LLMTRAIN_OPERATOR_METRICS_PORT``: the operator's own Prometheus endpoint; 0 off.
+    Default 8080."""
+
+    status_flush_seconds: float = 60.0
+    """``LLMTRAIN_OPERATOR_STATUS_FLUSH_SECONDS``: when only time accounting changed, the
+    status is written at most this often. Seconds. Default 60: an idle job costs no
+    writes, and goodput stays at most a minute stale."""
+
+
+def _parse(name: str, raw: str, kind: type) -> object:
+    var = PREFIX + name.upper()
+    try:
+        if kind is bool:
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        value = kind(raw)
+    except ValueError:
+        raise ConfigError(f"{var}={raw!r} is not a valid {kind.__name__}") from None
+    if kind in (int, float) and value < 0:
+        raise ConfigError(f"{var}={raw!r} must not be negative")
+    return value
+
+
+def from_env(env: dict[str, str] | None = None) -> OperatorSettings:
+    env = dict(os.environ if env is None else env)
+    known = {PREFIX + f.name.upper() for f in fields(OperatorSettings)} | {PREFIX + "PROBES"}
+    unknown = sorted(k for k in env if k.startswith(PREFIX) and k not in known)
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    values = {}
+    for f in fields(OperatorSettings):
+        var = "PROBES" if f.name == "probes_enabled" else f.name.upper()
+        if PREFIX + var in env:
+            kind = type(f.default)
+            values[f.name] = _parse(var, env[PREFIX + var], kind)
+    return OperatorSettings(**values)

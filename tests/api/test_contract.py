@@ -1,0 +1,260 @@
+"""The exact requests a reconcile pass makes, and how it survives API errors.
+
+The pass under test is the operator's real one (observe -> plan -> apply -> status ->
+events) with the real Kubernetes client, against kmock's stateful emulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from datetime import timedelta
+from typing import Any
+
+import kmock
+import pytest
+from llmtrain_operator.handlers.reconcile import Children, listing_source, reconcile
+from llmtrain_operator.k8s.client import PermanentApiError, TransientApiError
+from llmtrain_operator.settings import OperatorSettings
+from support.planning import NOW, ago, job
+
+from .conftest import JOBS
+
+SETTINGS = OperatorSettings(probes_enabled=False)
+NS, NAME = "ml", "tiny-elastic"
+
+
+def stored_job(api) -> dict[str, Any]:
+    return copy.deepcopy(api.objects[JOBS, NS, NAME].raw)
+
+
+def put_job(api, raw: dict[str, Any]) -> None:
+    api.objects[JOBS, NS, NAME] = raw
+
+
+def requests_since(api, start: int) -> list[tuple[str, str]]:
+    return [(str(r.method).split(".")[-1], r.url.path) for r in list(api)[start:]]
+
+
+def writes(calls: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [c for c in calls if c[0] != "GET"]
+
+
+async def one_pass(api, k8s, now=NOW, source=None, settings=SETTINGS):
+    return await reconcile(k8s, stored_job(api), source or listing_source(k8s), settings, now=now)
+
+
+def pod(name: str, slot: int, phase: str = "Running", node: str = "node-0", ready: bool = True,
+        terminated: dict[str, Any] | None = None) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase, "podIP": None,
+                              "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    if terminated:
+        status["containerStatuses"] = [{"name": "trainer", "state": {"terminated": terminated}}]
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "creationTimestamp": ago(300),
+                     "labels": {"llmtrain.io/job": NAME, "llmtrain.io/role": "worker", "llmtrain.io/slot": str(slot),
+                                "llmtrain.io/generation": "0"}},
+        "spec": {"nodeName": node}, "status": status,
+    }
+
+
+def node(name: str, ready: str = "True", since: float = 3600, unreachable: bool = False) -> dict[str, Any]:
+    taints = [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}] if unreachable else []
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {"taints": taints},
+            "status": {"conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": ago(since)}]}}
+
+
+async def started_job(api, k8s, status_extra: dict[str, Any] | None = None) -> None:
+    """A job after its first pass, with both workers running on healthy nodes."""
+    put_job(api, job())
+    await one_pass(api, k8s, now=NOW - timedelta(seconds=60))
+    for name in ("tiny-elastic-worker-0", "tiny-elastic-worker-1"):
+        api.objects["v1/pods", NS, name] = pod(name, int(name[-1]), node=f"node-{name[-1]}")
+    for i in range(2):
+        api.objects["v1/nodes", None, f"node-{i}"] = node(f"node-{i}")
+    raw = stored_job(api)
+    raw["status"] = {**raw["status"], "phase": "Running", "step": 20, "lastProgressTime": ago(5), **(status_extra or {})}
+    put_job(api, raw)
+
+
+# ---------------------------------------------------------------- exact requests
+
+
+async def test_a_new_job_creates_exactly_its_children_writes_status_once_and_posts_events(api, k8s):
+    put_job(api, job())
+    before = len(api)
+    await one_pass(api, k8s)
+    calls = writes(requests_since(api, before))
+    assert calls[:6] == [
+        ("POST", "/api/v1/namespaces/ml/services"),
+        ("POST", "/api/v1/namespaces/ml/services"),
+        ("POST", "/api/v1/namespaces/ml/configmaps"),
+        ("POST", "/api/v1/namespaces/ml/pods"),
+        ("POST", "/api/v1/namespaces/ml/pods"),
+        ("POST", "/api/v1/namespaces/ml/pods"),
+    ]
+    assert calls[6] == ("PATCH", "/apis/llmtrain.io/v1alpha1/namespaces/ml/llmtrainjobs/tiny-elastic/status")
+    assert set(calls[7:]) == {("POST", "/api/v1/namespaces/ml/events")}
+    worker = api.objects["v1/pods", NS, "tiny-elastic-worker-1"].raw
+    assert worker["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert worker["metadata"]["labels"]["llmtrain.io/slot"] == "1"
+    assert stored_job(api)["status"]["phase"] == "Created"
+
+
+async def test_a_pod_failure_deletes_the_pod_counts_a_restart_and_recreates_it_after_the_backoff(api, k8s):
+    await started_job(api, k8s)
+    api.objects["v1/pods", NS, "tiny-elastic-worker-0"] = pod(
+        "tiny-elastic-worker-0", 0, phase="Failed", ready=False,
+        terminated={"exitCode": 137, "reason": "Error", "finishedAt": ago(1)})
+    before = len(api)
+    await one_pass(api, k8s)
+    assert writes(requests_since(api, before)) == [
+        ("DELETE", "/api/v1/namespaces/ml/pods/tiny-elastic-worker-0"),
+        ("PATCH", "/apis/llmtrain.io/v1alpha1/namespaces/ml/llmtrainjobs/tiny-elastic/status"),
+        ("POST", "/api/v1/namespaces/ml/events"),
+    ]
+    status = stored_job(api)["status"]
+    assert status["restarts"] == 1 and status["lastFailure"]["reason"] == "Signal9"
+    assert status["lastFailure"]["detectSeconds"] == 1.0
+    before = len(api)
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=5))  # the deleted pod is gone, backoff (1s) over
+    calls = writes(requests_since(api, before))
+    assert calls[0] == ("POST", "/api/v1/namespaces/ml/pods")
+    assert api.objects["v1/pods", NS, "tiny-elastic-worker-0"].raw["spec"]["containers"][0]["name"] == "trainer"
+
+
+async def test_a_failed_node_gets_its_pods_force_deleted(api, k8s):
+    await started_job(api, k8s)
+    api.objects["v1/nodes", None, "node-1"] = node("node-1", ready="Unknown", since=30, unreachable=True)
+    before = len(api)
+    await one_pass(api, k8s)
+    calls = list(api)[before:]
+    deletes = [r for r in calls if str(r.method).endswith("DELETE")]
+    assert [r.url.path for r in deletes] == ["/api/v1/namespaces/ml/pods/tiny-elastic-worker-1"]
+    assert deletes[0].data.get("gracePeriodSeconds") == 0
+    status = stored_job(api)["status"]
+    assert status["restartsByReason"] == {"NodeFailure": 1}
+    assert status["quarantinedNodes"][0]["node"] == "node-1"
+
+
+async def test_suspend_deletes_every_pod_and_resume_recreates_them(api, k8s):
+    await started_job(api, k8s)
+    api.objects["v1/pods", NS, "tiny-elastic-rdzv"] = {
+        **pod("tiny-elastic-rdzv", 0), "metadata": {"name": "tiny-elastic-rdzv", "namespace": NS,
+                                                    "labels": {"llmtrain.io/job": NAME, "llmtrain.io/role": "rendezvous"}}}
+    raw = stored_job(api)
+    raw["spec"]["suspend"] = True
+    put_job(api, raw)
+    before = len(api)
+    await one_pass(api, k8s)
+    deleted = sorted(p for m, p in writes(requests_since(api, before)) if m == "DELETE")
+    assert deleted == [f"/api/v1/namespaces/ml/pods/{n}" for n in ("tiny-elastic-rdzv", "tiny-elastic-worker-0", "tiny-elastic-worker-1")]
+    assert stored_job(api)["status"]["phase"] == "Suspended"
+
+    raw = stored_job(api)
+    raw["spec"]["suspend"] = False
+    put_job(api, raw)
+    before = len(api)
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=10))
+    created = [p for m, p in writes(requests_since(api, before)) if m == "POST" and p.endswith("/pods")]
+    assert len(created) == 3
+    assert stored_job(api)["status"]["restarts"] == 0
+
+
+async def test_no_api_calls_at_all_when_nothing_changed(api, k8s):
+    await started_job(api, k8s)
+    await one_pass(api, k8s)  # settles status after the simulated start
+    snapshot = await listing_source(k8s)(NS, NAME)
+
+    async def cached(ns: str, name: str) -> Children:  # what kopf's watch-fed indexes provide
+        return snapshot
+
+    before = len(api)
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=2), source=cached)
+    assert requests_since(api, before) == []
+
+
+# ---------------------------------------------------------------- API errors
+
+
+async def test_409_conflict_on_create_is_taken_as_already_there(api, k8s):
+    put_job(api, job())
+    api["post /api/v1/namespaces/ml/pods"] << 409
+    result = await one_pass(api, k8s)
+    assert result.plan.status["phase"] == "Created"
+    assert stored_job(api)["status"]["phase"] == "Created"
+
+
+async def test_410_gone_on_a_list_is_a_transient_error_and_nothing_is_written(api, k8s):
+    put_job(api, job())
+    api["get /api/v1/namespaces/ml/pods"] << 410
+    before = len(api)
+    with pytest.raises(TransientApiError, match="HTTP 410"):
+        await one_pass(api, k8s)
+    assert writes(requests_since(api, before)) == []
+
+
+async def test_500_on_a_create_stops_the_pass_but_still_records_the_status(api, k8s):
+    put_job(api, job())
+    api["post /api/v1/namespaces/ml/configmaps"] << 500
+    with pytest.raises(TransientApiError, match="HTTP 500"):
+        await one_pass(api, k8s)
+    assert stored_job(api)["status"]["phase"] == "Created"
+    assert not [c for c in writes(requests_since(api, 0)) if c[1].endswith("/pods")], "the pass stopped at the error"
+    # The retried pass creates what is still missing, nothing twice (kmock kept the
+    # ConfigMap the failed request carried, as a server that failed late might).
+    before = len(api)
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=5))
+    created = [p for m, p in writes(requests_since(api, before)) if m == "POST" and not p.endswith("/events")]
+    assert created == ["/api/v1/namespaces/ml/pods"] * 3
+
+
+async def test_500_on_the_status_patch_is_transient_and_the_next_pass_recovers(api, k8s):
+    await started_job(api, k8s)
+    api.objects["v1/pods", NS, "tiny-elastic-worker-0"] = pod(
+        "tiny-elastic-worker-0", 0, phase="Failed", ready=False, terminated={"exitCode": 137, "reason": "Error"})
+    failures = iter([kmock.Response(status=500)])
+    api["patch /apis/llmtrain.io/v1alpha1/namespaces/ml/llmtrainjobs/tiny-elastic/status"] << (lambda: next(failures, None))
+    with pytest.raises(TransientApiError, match="HTTP 500"):
+        await one_pass(api, k8s)
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=1))
+    assert stored_job(api)["status"]["restarts"] == 1
+
+
+async def test_a_hanging_api_server_times_out_as_a_transient_error(api, k8s):
+    put_job(api, job())
+    api["get /api/v1/nodes"] << (lambda: asyncio.sleep(4))
+    with pytest.raises(TransientApiError, match="Timeout|timed out"):
+        await one_pass(api, k8s)
+
+
+async def test_403_forbidden_is_permanent(api, k8s):
+    put_job(api, job())
+    api["post /api/v1/namespaces/ml/services"] << 403
+    with pytest.raises(PermanentApiError, match="HTTP 403"):
+        await one_pass(api, k8s)
+
+
+async def test_an_invalid_object_is_reported_not_crashed_on(api, k8s):
+    raw = job({"spec.replicas": {"min": 3, "max": 2}, "spec.faultTolerance.restartPolicy": "Sometimes"})
+    put_job(api, raw)
+    before = len(api)
+    await one_pass(api, k8s)
+    assert writes(requests_since(api, before)) == [
+        ("PATCH", "/apis/llmtrain.io/v1alpha1/namespaces/ml/llmtrainjobs/tiny-elastic/status"),
+        ("POST", "/api/v1/namespaces/ml/events"),
+    ]
+    invalid = next(c for c in stored_job(api)["status"]["conditions"] if c["type"] == "Invalid")
+    assert "spec.replicas.min" in invalid["message"] and "spec.faultTolerance.restartPolicy" in invalid["message"]
+
+
+async def test_a_missing_secret_is_read_once_and_reported(api, k8s):
+    raw = job({"spec.checkpoint.s3": {"bucket": "ckpts", "credentialsSecret": {"name": "s3-creds"}}})
+    put_job(api, raw)
+    before = len(api)
+    await one_pass(api, k8s)
+    calls = requests_since(api, before)
+    assert ("GET", "/api/v1/namespaces/ml/secrets/s3-creds") in calls
+    assert not [c for c in calls if c[0] == "POST" and c[1].endswith("/pods")]
+    assert "Secret s3-creds" in next(c for c in stored_job(api)["status"]["conditions"] if c["type"] == "Invalid")["message"]
