@@ -1,0 +1,48 @@
+"""The first process of a "container": run as
+``ip netns exec <pod-netns> unshare --mount --uts --propagation private python container_init.py SPEC``.
+
+Inside the pod's private mount and UTS namespaces (the agent put it in the container's
+cgroup already) it sets the pod hostname, bind-mounts the volumes at their mount paths, and execs the command,
+so the command's PID is what the agent signals (like PID 1 of a real container).
+
+Mount points that do not exist on the host are created as empty directories (or files)
+there: only the bind mounts are private, directories are not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+
+def main(spec_path: str) -> None:
+    with open(spec_path) as fh:
+        spec = json.load(fh)
+    if spec.get("hostname"):
+        socket.sethostname(spec["hostname"])
+    for mount in spec.get("mounts", []):
+        src, dst = mount["source"], mount["target"]
+        if os.path.isdir(src):
+            os.makedirs(dst, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            if not os.path.exists(dst):
+                open(dst, "a").close()
+        subprocess.run(["mount", "--bind", src, dst], check=True)
+        if mount.get("readOnly"):
+            subprocess.run(["mount", "-o", "remount,bind,ro", dst], check=True)
+    os.chdir(spec.get("workingDir") or "/")
+    argv = spec["argv"]
+    try:
+        os.execvpe(argv[0], argv, spec["env"])
+    except OSError as err:
+        # Like a runtime's "executable file not found": exit 127 with the reason.
+        print(f"localcluster: cannot exec {argv[0]!r}: {err.strerror}", file=sys.stderr, flush=True)
+        os._exit(127)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,54 @@
+"""A dynamic provisioner for PersistentVolumeClaims: each pending claim gets a hostPath
+PersistentVolume under ``<state>/pvs/`` that every simulated node can see (the shared
+checkpoint tier is a ReadWriteMany claim). The real PV controller then binds them."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger("localcluster.provisioner")
+
+
+def provision_once(core: client.CoreV1Api, root: Path) -> int:
+    created = 0
+    for pvc in core.list_persistent_volume_claim_for_all_namespaces().items:
+        if pvc.status.phase != "Pending" or pvc.spec.volume_name:
+            continue
+        name = f"pv-{pvc.metadata.namespace}-{pvc.metadata.name}"[:63]
+        path = root / name
+        path.mkdir(parents=True, exist_ok=True)
+        size = (pvc.spec.resources.requests or {}).get("storage", "1Gi")
+        body = {
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": name, "labels": {"localcluster.io/provisioned": "true"}},
+            "spec": {
+                "capacity": {"storage": size},
+                "accessModes": pvc.spec.access_modes or ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Delete",
+                "storageClassName": pvc.spec.storage_class_name or "",
+                "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
+                "claimRef": {"namespace": pvc.metadata.namespace, "name": pvc.metadata.name, "uid": pvc.metadata.uid},
+            },
+        }
+        try:
+            core.create_persistent_volume(body)
+            created += 1
+        except ApiException as err:
+            if err.status != 409:
+                log.warning("provisioning %s: %s", name, err.reason)
+    return created
+
+
+def loop(core: client.CoreV1Api, root: Path, stop: threading.Event) -> None:
+    while not stop.wait(1.0):
+        try:
+            provision_once(core, root)
+        except Exception as err:  # noqa: BLE001 - the API server may be restarting
+            log.debug("provisioner: %s", err)
+            time.sleep(1)

@@ -1,0 +1,176 @@
+"""The local cluster behaves like a cluster: pods run and report, restart policies hold,
+Services resolve, failed nodes are handled by the real node-lifecycle controller, and
+the CRD's schema and CEL rules are enforced by the real API server."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+import yaml
+from support.specs import ROOT, invalid_cases
+
+from .helpers import apply, phase, pod, wait_for
+
+NS = "bed"
+
+
+@pytest.fixture(scope="module")
+def bed(local_cluster):
+    local_cluster.kubectl("create", "namespace", NS, check=False)
+    return local_cluster
+
+
+def test_a_plain_pod_succeeds_with_its_exit_code_and_env(bed):
+    apply(bed, textwrap.dedent("""
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: hello}
+        spec:
+          restartPolicy: Never
+          containers:
+          - name: main
+            image: unused
+            command: ["python", "-c", "import os, socket; print(socket.gethostname(), os.environ['MY_IP'], os.environ['MY_NS'])"]
+            env:
+            - {name: MY_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
+            - {name: MY_NS, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
+    """), NS)
+    wait_for(lambda: phase(bed, "hello", NS) == "Succeeded", 60, what="hello Succeeded")
+    status = pod(bed, "hello", NS)["status"]
+    assert status["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+    assert bed.pod_log(NS, "hello").split() == ["hello", status["podIP"], NS]
+
+
+def test_a_failing_pod_with_on_failure_is_restarted_and_its_restart_count_rises(bed):
+    apply(bed, textwrap.dedent("""
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: flaky}
+        spec:
+          restartPolicy: OnFailure
+          containers:
+          - name: main
+            image: unused
+            command: ["python", "-c", "raise SystemExit(7)"]
+    """), NS)
+
+    def restarts():
+        statuses = (pod(bed, "flaky", NS).get("status") or {}).get("containerStatuses") or []
+        return statuses and statuses[0]["restartCount"] >= 2 and statuses[0]
+
+    status = wait_for(restarts, 60, what="two restarts")
+    assert status["lastState"]["terminated"]["exitCode"] == 7
+    assert phase(bed, "flaky", NS) == "Running"  # OnFailure keeps trying
+
+
+def test_a_service_name_resolves_in_a_pod_and_one_pod_reaches_another(bed):
+    apply(bed, textwrap.dedent("""
+        apiVersion: v1
+        kind: Service
+        metadata: {name: web}
+        spec:
+          clusterIP: None
+          selector: {app: web}
+          ports: [{port: 8080}]
+        ---
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: web, labels: {app: web}}
+        spec:
+          containers:
+          - name: main
+            image: unused
+            command: ["python", "-m", "http.server", "8080"]
+            readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}
+        ---
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: client}
+        spec:
+          restartPolicy: OnFailure
+          containers:
+          - name: main
+            image: unused
+            command:
+            - python
+            - -c
+            - |
+              import socket, urllib.request
+              ip = socket.gethostbyname("web")  # search path -> web.bed.svc.cluster.local
+              body = urllib.request.urlopen("http://web.bed.svc:8080/", timeout=5).read()
+              print(ip, len(body) > 0)
+    """), NS)
+    wait_for(lambda: phase(bed, "client", NS) == "Succeeded", 90, what="client Succeeded")
+    web_ip = pod(bed, "web", NS)["status"]["podIP"]
+    assert bed.pod_log(NS, "client").split()[-2:] == [web_ip, "True"]
+
+
+def test_a_failed_node_goes_not_ready_is_tainted_unreachable_and_its_pods_are_marked(bed):
+    apply(bed, textwrap.dedent("""
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: doomed}
+        spec:
+          nodeName: node-2
+          containers:
+          - {name: main, image: unused, command: ["sleep", "3600"]}
+    """), NS)
+    wait_for(lambda: phase(bed, "doomed", NS) == "Running", 60, what="doomed Running")
+    bed.fail_node("node-2")
+
+    def unhealthy():
+        node = bed.get("node", "node-2")
+        ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+        taints = {t["key"] for t in node["spec"].get("taints", [])}
+        return ready["status"] == "Unknown" and "node.kubernetes.io/unreachable" in taints and node
+
+    wait_for(unhealthy, 90, what="node-2 NotReady/Unknown and tainted")
+    # As in a real cluster, the pod's Ready condition turns False; it stays bound to the
+    # node until evicted (tolerationSeconds) or force-deleted.
+    wait_for(lambda: next(c for c in pod(bed, "doomed", NS)["status"]["conditions"] if c["type"] == "Ready")["status"] == "False",
+             60, what="doomed not Ready")
+    bed.kubectl("delete", "pod", "doomed", "-n", NS, "--grace-period=0", "--force", check=False)
+    bed.heal_node("node-2")
+
+
+def test_the_crd_applies_and_the_examples_are_accepted(bed):
+    bed.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "llmtrain.io_llmtrainjobs.yaml"))
+    wait_for(lambda: bed.kubectl("get", "crd", "llmtrainjobs.llmtrain.io", "-o", "jsonpath={.status.conditions[?(@.type=='Established')].status}").stdout == "True",
+             30, what="CRD established")
+    for example in sorted((ROOT / "examples").glob("*.yaml")):
+        docs = [d for d in yaml.safe_load_all(example.read_text()) if d and d["kind"] == "LLMTrainJob"]
+        for doc in docs:
+            out = bed.kubectl("apply", "--dry-run=server", "-n", NS, "-f", "-", input=yaml.safe_dump(doc), check=False)
+            assert out.returncode == 0, out.stderr
+    assert "ltj" in bed.kubectl("api-resources", "--api-group=llmtrain.io").stdout
+
+
+@pytest.mark.parametrize("case", [c for c in invalid_cases() if c.server], ids=lambda c: c.name)
+def test_invalid_specs_are_rejected_by_the_api_servers_schema_and_cel(bed, case):
+    bed.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "llmtrain.io_llmtrainjobs.yaml"))
+    out = bed.kubectl("apply", "--dry-run=server", "-n", NS, "-f", "-", input=yaml.safe_dump(case.job), check=False)
+    assert out.returncode != 0, f"{case.name} was accepted"
+    assert case.server in out.stderr, out.stderr
+
+
+def test_operator_only_rules_are_accepted_by_the_server_and_left_to_the_operator(bed):
+    cases = [c for c in invalid_cases() if c.server is None]
+    assert cases
+    for case in cases:
+        out = bed.kubectl("apply", "--dry-run=server", "-n", NS, "-f", "-", input=yaml.safe_dump(case.job), check=False)
+        assert out.returncode == 0, f"{case.name}: {out.stderr}"
+
+
+def test_immutable_fields_are_enforced_on_update(bed):
+    job = yaml.safe_load(json.dumps(next(d for d in yaml.safe_load_all((ROOT / "examples" / "01-tiny-elastic-cpu.yaml").read_text()) if d)))
+    job["metadata"]["name"] = "immutable"
+    job["spec"]["suspend"] = True
+    bed.kubectl("apply", "-n", NS, "-f", "-", input=yaml.safe_dump(job))
+    job["spec"]["procsPerNode"] = 2
+    job["spec"]["trainer"]["builtin"]["globalBatchSize"] = 16
+    out = bed.kubectl("apply", "-n", NS, "-f", "-", input=yaml.safe_dump(job), check=False)
+    assert out.returncode != 0
+    assert "procsPerNode is immutable" in out.stderr and "trainer is immutable" in out.stderr
+    bed.kubectl("delete", "ltj", "immutable", "-n", NS)

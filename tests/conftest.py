@@ -1,0 +1,26 @@
+"""Session-wide fixtures shared by the suites."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def local_cluster():
+    """The local Kubernetes test bed (hack/localcluster), up for the whole session.
+
+    Needs root (network namespaces, bind mounts, cgroups). ``.ci/run`` runs as root; on a
+    machine where that is impossible the suites marked ``cluster``/``e2e`` fail loudly
+    rather than skip.
+    """
+    from localcluster.cluster import LocalCluster
+
+    if os.geteuid() != 0:
+        pytest.fail("the local cluster needs root (network namespaces, mounts, cgroups)")
+    bed = LocalCluster.default().up()
+    try:
+        yield bed
+    finally:
+        bed.down()
