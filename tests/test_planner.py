@@ -351,3 +351,36 @@ def test_a_job_being_deleted_is_left_alone():
     raw["metadata"]["deletionTimestamp"] = ago(1)
     result = plan(raw, observed(raw, [worker(0, phase="Failed", exit_code=137)]), NOW)
     assert result.actions == [] and result.events == []
+
+
+def test_an_eviction_in_progress_is_counted_once_as_a_disruption():
+    raw = job(status=running_status())
+    pods = [worker(0, deleting=True, disruption=True), worker(1)]
+    first = plan(raw, observed(raw, pods), NOW)
+    assert (first.status["disruptions"], first.status["restarts"]) == (1, 0)
+    assert summary(first.actions) == []  # the API server is already deleting it
+    again = plan({**raw, "status": first.status}, observed(raw, pods), NOW + timedelta(seconds=1))
+    assert again.status["disruptions"] == 1
+
+
+def test_the_rendezvous_store_on_a_failed_node_is_force_deleted_to_be_recreated():
+    from llmtrain_operator.api.observed import PodView
+
+    raw = job(status=running_status())
+    store = PodView(name="tiny-elastic-rdzv", role="rendezvous", slot=None, generation=0, phase="Running", node="node-3", ready=True)
+    obs = observed(raw, [worker(0), worker(1)], nodes=[node("node-0"), node("node-1"), node("node-3", ready="Unknown", since_seconds=60)],
+                   with_store=False)
+    obs = type(obs)(**{**obs.__dict__, "pods": obs.pods + (store,)})
+    _, _, actions, events = run(raw, obs)
+    assert actions == ["force-delete tiny-elastic-rdzv"] and "StoreRestarted" in events
+
+
+def test_recovery_ends_with_the_first_step_the_trainer_finishes_after_the_failure():
+    failure = {"kind": "ProcessCrash", "reason": "Signal9", "time": ago(10)}
+    raw = job(status=running_status(lastFailure=failure, phase="Restarting"))
+    before = {W0: TrainerProbe(step=20, last_step_time=(NOW - timedelta(seconds=12)).timestamp())}
+    _, status, _, _ = run(raw, observed(raw, [worker(0), worker(1)], probes=before))
+    assert status.get("lastRecoverySeconds") is None  # that step predates the failure
+    after = {W0: TrainerProbe(step=21, last_step_time=(NOW - timedelta(seconds=2)).timestamp())}
+    _, status, _, _ = run(raw, observed(raw, [worker(0), worker(1)], probes=after))
+    assert status["lastRecoverySeconds"] == 8.0

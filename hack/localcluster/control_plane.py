@@ -17,7 +17,9 @@ import yaml
 from . import pki
 from .network import GATEWAY, POD_CIDR, SERVICE_CIDR
 
-API_PORT = 6443
+API_PORT = 443
+"""443, as the `kubernetes` Service exposes it: in-cluster clients (kopf included) dial
+https://kubernetes.default.svc, and there is no kube-proxy to translate 443 to 6443."""
 ETCD_CLIENT_PORT = 23790
 ETCD_PEER_PORT = 23800
 NODE_MONITOR_GRACE_SECONDS = 16

@@ -31,7 +31,7 @@ log = logging.getLogger("localcluster.pods")
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory/localcluster")
 INIT = str(Path(__file__).with_name("container_init.py"))
 NETNS_ETC = Path("/etc/netns")
-API_PORT = 6443
+API_PORT = 443  # see control_plane.API_PORT
 
 
 def now_iso() -> str:

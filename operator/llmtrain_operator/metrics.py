@@ -47,8 +47,8 @@ def record_pass(namespace: str, name: str, old: dict[str, Any], new: dict[str, A
             JOBS_SUCCESSFUL.labels(namespace).inc()
         elif phase_new == "Failed":
             JOBS_FAILED.labels(namespace).inc()
-        if phase_new == "Running" and phase_old == "Restarting" and new.get("lastRecoverySeconds") is not None:
-            RECOVER.observe(new["lastRecoverySeconds"])
+    if new.get("lastRecoverySeconds") is not None and old.get("lastRecoverySeconds") is None:
+        RECOVER.observe(new["lastRecoverySeconds"])
     for reason, count in (new.get("restartsByReason") or {}).items():
         delta = count - (old.get("restartsByReason") or {}).get(reason, 0)
         if delta > 0:

@@ -7,6 +7,11 @@ runner and the tests start processes with them, so all three agree on the flags.
 from __future__ import annotations
 
 DEFAULT_RDZV_PORT = 29400
+KEEP_ALIVE_SECONDS = 1
+KEEP_ALIVE_MAX_MISSED = 3
+"""A node that stops renewing its rendezvous keep-alive for ~3 s is dropped from the
+round. torch's defaults (5 s x 3) make every survivor of a dead node wait 15 s before it
+can re-rendezvous."""
 
 
 def store_command(python: str, port: int = DEFAULT_RDZV_PORT, host: str = "0.0.0.0") -> list[str]:
@@ -29,7 +34,8 @@ def torchrun_args(
 
     ``is_host=false``: no agent hosts the store, so any node, rank 0's included, can die
     without taking the rendezvous down. ``last_call`` is short so that a shrunken group
-    restarts in seconds instead of waiting for stragglers.
+    restarts in seconds instead of waiting for stragglers, and a short keep-alive drops a
+    dead node from the rendezvous within seconds.
     """
     nnodes = f"{nnodes_min}:{nnodes_max}" if nnodes_min != nnodes_max else str(nnodes_max)
     return [
@@ -38,7 +44,8 @@ def torchrun_args(
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={rdzv_endpoint}",
         f"--rdzv-id={rdzv_id}",
-        f"--rdzv-conf=is_host=false,join_timeout={join_timeout_seconds},last_call_timeout={last_call_seconds}",
+        f"--rdzv-conf=is_host=false,join_timeout={join_timeout_seconds},last_call_timeout={last_call_seconds},"
+        f"keep_alive_interval={KEEP_ALIVE_SECONDS},keep_alive_max_attempt={KEEP_ALIVE_MAX_MISSED}",
         f"--max-restarts={max_restarts}",
         f"--monitor-interval={monitor_interval_seconds}",
     ]

@@ -68,6 +68,7 @@ class Trainer:
         self.watchdog = Watchdog(cfg.fault_tolerance.hang_timeout_seconds, self._on_hang)
         self.engine: Any = None
         self.ckpt: CheckpointManager | None = None
+        self.startup: dict[str, float] = {}
 
     # ------------------------------------------------------------------ hooks
 
@@ -186,7 +187,10 @@ class Trainer:
     def run(self) -> int:
         cfg, info = self.cfg, self.info
         signal.signal(signal.SIGTERM, self._on_sigterm)
+        began = time.perf_counter()
         self.setup()
+        self.startup["setup"] = time.perf_counter() - began
+        first_step = True
         self.watchdog.start()
         tokens_per_step = cfg.global_batch_size * cfg.data.seq_len
         log_file = (self.run_dir / "steps.jsonl").open("a") if info.rank == 0 else None
@@ -208,6 +212,11 @@ class Trainer:
                 self.metrics.step(self.step, samples, loss, seconds, tokens_per_step)
                 if log_file is not None:
                     self._log_step(log_file, loss, samples, seconds, tokens_per_step, step)
+                if first_step and info.rank == 0:
+                    first_step = False
+                    self.startup["first_step"] = seconds
+                    log.warning("first step done; start-up phases: %s",
+                                ", ".join(f"{k} {v:.2f}s" for k, v in self.startup.items()))
                 if stop:
                     return self._preempted(samples)
                 if self.tiers and self.step % cfg.checkpoint.interval_steps == 0 and self.step < cfg.max_steps:

@@ -154,6 +154,8 @@ class TrainerProbe:
     step: int | None = None
     world_size: int | None = None
     restarts: int | None = None
+    last_step_time: float | None = None
+    """Unix time the trainer finished its newest step (recovery ends at the first new one)."""
     last_checkpoint: dict[str, int] = field(default_factory=dict)
     """tier -> newest committed step."""
 

@@ -13,7 +13,9 @@ Run with ``kopf run -m llmtrain_operator.handlers`` (the chart does).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import os
 from typing import Any
 
 import kopf
@@ -39,12 +41,19 @@ def _wake(namespace: str | None, name: str | None) -> None:
         event.set()
 
 
+def _priority_from_pod_name() -> int:
+    """HA replicas need distinct peering priorities (equal ones all pause); derive one
+    from the pod name when none is configured."""
+    name = os.environ.get("POD_NAME", "")
+    return int(hashlib.sha1(name.encode()).hexdigest()[:6], 16) % 10_000 + 1 if name else 0
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _K8S, SETTINGS
     SETTINGS = from_env()
     settings.peering.name = SETTINGS.peering_name
-    settings.peering.priority = SETTINGS.priority
+    settings.peering.priority = SETTINGS.priority or _priority_from_pod_name()
     settings.peering.standalone = SETTINGS.standalone
     settings.peering.clusterwide = not SETTINGS.namespace
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="llmtrain.io")

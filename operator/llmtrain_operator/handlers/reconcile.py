@@ -16,6 +16,7 @@ from .. import metrics
 from ..api.observed import LABEL_JOB, Observed, node_view, pod_view
 from ..api.spec import LLMTrainJobSpec
 from ..k8s.client import K8s, TransientApiError
+from ..k8s.patches import merge_patch
 from ..planner import CreateObject, DeleteJob, DeletePod, Plan, ReplaceObject, plan
 from ..probe import scrape
 from ..settings import OperatorSettings
@@ -143,7 +144,7 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
         failure = err
     written = None
     if status_changed(old_status, result.status, settings.status_flush_seconds, now):
-        await asyncio.to_thread(k8s.patch_status, ns, name, result.status)
+        await asyncio.to_thread(k8s.patch_status, ns, name, merge_patch(old_status, result.status))
         written = result.status.get("lastReconcileTime")
     for event in result.events:
         await asyncio.to_thread(k8s.post_event, body, event.type, event.reason, event.message)

@@ -132,10 +132,11 @@ class K8s:
             raise _classify(err, f"delete LLMTrainJob {namespace}/{name}") from err
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """One merge patch of the whole status subresource per pass."""
+        """One JSON merge patch of the status subresource per pass (see patches.py)."""
         try:
             self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=self.timeout, _preload_content=False)
+                GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=self.timeout, _preload_content=False,
+                _content_type="application/merge-patch+json")
         except (ApiException, *NETWORK_ERRORS) as err:
             raise _classify(err, f"patch status of LLMTrainJob {namespace}/{name}") from err
 

@@ -34,6 +34,7 @@ def record_failure(ctx: Pass, kind: str, reason: str, pod: PodView | None = None
                    exit_code: int | None = None, message: str | None = None, since: datetime | None = None) -> None:
     """``since``: when the failure happened (default: the pod's exit), for time-to-detect."""
     happened = since or (pod.finished if pod else None)
+    ctx.status.last_recovery_seconds = None  # until the first step after this failure
     ctx.status.last_failure = FailureRecord(
         kind=kind, reason=reason, pod=pod.name if pod else None, node=node or (pod.node if pod else None),
         exit_code=exit_code, message=(message or "")[:2000] or None, time=ctx.stamp,
@@ -87,6 +88,14 @@ def classify_pod(pod: PodView) -> Classification:
 def handle_pod_failures(ctx: Pass) -> bool:
     """Returns True when the job reached a terminal phase."""
     for pod in ctx.observed.workers():
+        if pod.deleting and pod.disruption and not _already_counted(ctx, pod):
+            # Evicted through the Eviction API (drain, preemption): the pod is already on
+            # its way out; count the disruption once, the slot is refilled when it is gone.
+            ctx.status.disruptions += 1
+            ctx.status.expected_in_place += SURVIVOR_RESTARTS_PER_REPLACEMENT
+            record_failure(ctx, "Eviction", "DisruptionTarget", pod, message=pod.message)
+            ctx.event("PodDisrupted", f"pod {pod.name} is being evicted; it will be replaced (not counted as a restart)", warning=True)
+            continue
         if pod.phase != "Failed" or pod.deleting:
             continue
         if _already_counted(ctx, pod):
@@ -138,6 +147,13 @@ def handle_node_failures(ctx: Pass) -> bool:
             ctx.after(grace - elapsed)
             continue
         failed_nodes.setdefault(pod.node, []).append(pod)
+    store = ctx.observed.store()
+    if store is not None and store.node is not None and not store.terminated:
+        node = ctx.observed.nodes.get(store.node)
+        since = node.since if node is not None else None
+        if (node is None or node.failed) and (since is None or (ctx.now - since).total_seconds() >= grace):
+            ctx.actions.append(DeletePod(store.name, grace_seconds=0, force=True))
+            ctx.event("StoreRestarted", f"the rendezvous store's node {store.node} failed; recreating the store elsewhere", warning=True)
     for node_name, pods in failed_nodes.items():
         names = ", ".join(p.name for p in pods)
         for pod in pods:

@@ -234,9 +234,10 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: list[s
         "terminationMessagePath": names.TERMINATION_LOG,
         "terminationMessagePolicy": "File",
         # Ready once the trainer joined the group and serves metrics.
-        "readinessProbe": {"httpGet": {"path": "/metrics", "port": spec.metrics.port}, "periodSeconds": 5},
+        "readinessProbe": {"httpGet": {"path": "/metrics", "port": spec.metrics.port}, "periodSeconds": 2},
     }
-    annotations: dict[str, str] = {}
+    # Prometheus' kubernetes_sd convention: scrape local rank 0's trainer endpoint.
+    annotations: dict[str, str] = {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.metrics.port)}
     labels = names.worker_labels(job_name, slot, generation)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # the operator (and torchrun inside) decide restarts
@@ -276,7 +277,7 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: list[s
     pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _meta(job, names.worker_pod(job_name, slot), labels, annotations or None),
+        "metadata": _meta(job, names.worker_pod(job_name, slot), labels, annotations),
         "spec": pod_spec,
     }
     if spec.pod_template:

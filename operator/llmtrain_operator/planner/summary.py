@@ -19,6 +19,7 @@ def absorb_probes(ctx: Pass) -> None:
     if steps and max(steps) > status.step:
         status.step = max(steps)
         status.last_progress_time = ctx.stamp
+    _recovery(ctx, [p.last_step_time for p in probes if p.last_step_time])
     worlds = [p.world_size for p in probes if p.world_size]
     if worlds:
         status.world_size = max(worlds)
@@ -49,6 +50,20 @@ def _within_readiness_grace(ctx: Pass) -> bool:
     return False
 
 
+def _recovery(ctx: Pass, step_times: list[float]) -> None:
+    """Recovery ends with the first training step finished after the failure was
+    detected (DESIGN: failure -> first new step), as timed by the trainer itself."""
+    status = ctx.status
+    if status.last_failure is None or status.last_recovery_seconds is not None or not step_times:
+        return
+    from ..api.observed import parse_time  # noqa: PLC0415
+
+    detected = parse_time(status.last_failure.time)
+    newest = max(step_times)
+    if detected is not None and newest > detected.timestamp():
+        status.last_recovery_seconds = round(newest - detected.timestamp(), 3)
+
+
 def summarise(ctx: Pass) -> None:
     spec, status = ctx.spec, ctx.status
     workers = [p for p in ctx.observed.workers() if p.generation == status.restart_generation]
@@ -61,11 +76,12 @@ def summarise(ctx: Pass) -> None:
     status.observed_generation = ctx.generation
     previous = status.phase
     in_backoff = bool(status.next_restart_time) and (ctx.seconds_since(status.next_restart_time) or 0) < 0
-    failed_now = status.last_failure is not None and status.last_failure.time == ctx.stamp
+    since_failure = ctx.seconds_since(status.last_failure.time) if status.last_failure is not None else None
+    failed_recently = since_failure is not None and since_failure < 30 and status.last_recovery_seconds is None
     if ready >= spec.replicas.min and ready > 0:
         phase = "Running"
         status.not_ready_since = None
-    elif previous == "Running" and not failed_now and _within_readiness_grace(ctx):
+    elif previous == "Running" and not failed_recently and _within_readiness_grace(ctx):
         phase = "Running"  # e.g. the final checkpoint, or a probe that missed once
     elif previous in ("Running", "Restarting") or status.restarts or status.disruptions or in_backoff:
         phase = "Restarting"
@@ -85,8 +101,6 @@ def summarise(ctx: Pass) -> None:
     ctx.condition("Degraded", degraded, "ReducedWorldSize" if degraded else "FullSize",
                   f"training with {ready} of {spec.replicas.max} nodes" if degraded else "")
     ctx.condition("Invalid", False, "SpecValid", "")
-    if phase == "Running" and previous == "Restarting" and status.last_failure is not None:
-        status.last_recovery_seconds = ctx.seconds_since(status.last_failure.time)
     if phase != previous:
         ctx.event(phase, f"{previous} -> {phase}: {running_msg}", warning=phase == "Restarting")
     if phase in ("Running", "Restarting", "Created"):

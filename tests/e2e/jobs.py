@@ -1,0 +1,51 @@
+"""Helpers to drive LLMTrainJobs through kubectl."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import yaml
+from support.specs import apply_set, load_job
+
+
+def job_manifest(name: str, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+    raw = load_job()
+    raw["metadata"] = {"name": name}
+    return apply_set(raw, changes or {})
+
+
+def create(bed, namespace: str, manifest: dict[str, Any]) -> None:
+    bed.kubectl("create", "namespace", namespace, check=False)
+    bed.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest))
+
+
+def get(bed, namespace: str, name: str) -> dict[str, Any]:
+    out = bed.kubectl("get", "ltj", name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else {}
+
+
+def status(bed, namespace: str, name: str) -> dict[str, Any]:
+    return get(bed, namespace, name).get("status") or {}
+
+
+def pods(bed, namespace: str, name: str, role: str = "worker") -> list[dict[str, Any]]:
+    out = bed.kubectl("get", "pods", "-n", namespace, "-l", f"llmtrain.io/job={name},llmtrain.io/role={role}", "-o", "json")
+    return json.loads(out.stdout)["items"]
+
+
+def events(bed, namespace: str, name: str) -> list[str]:
+    out = bed.kubectl("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}", "-o", "json")
+    return [e["reason"] for e in json.loads(out.stdout)["items"]]
+
+
+def wait_status(bed, namespace: str, name: str, predicate, timeout: float, what: str) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        last = status(bed, namespace, name)
+        if predicate(last):
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not reached within {timeout:.0f}s; last status: {json.dumps(last)[:2000]}")

@@ -1,0 +1,94 @@
+"""A job on the cluster loses a process and then a whole node, recovers from both, and
+succeeds.
+
+The time bounds here are sanity bounds, not the performance targets: those are measured
+by bench/recovery.py (docs/benchmarks.md), never by timed tests."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from .jobs import create, events, job_manifest, pods, status, wait_status
+
+NS, NAME = "e2e-failures", "survivor"
+PVC = """
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: ckpt-shared}
+spec:
+  accessModes: [ReadWriteMany]
+  resources: {requests: {storage: 1Gi}}
+"""
+DETECT_BOUND = 5.0
+RECOVERY_BOUND = 60.0
+
+
+def test_a_job_survives_a_crash_and_a_node_loss_and_succeeds(operator):
+    bed = operator
+    grace = 10
+    # A shared tier (a ReadWriteMany PVC): a lost node must not take the only copy of the
+    # newest checkpoint with it.
+    bed.kubectl("create", "namespace", NS, check=False)
+    bed.kubectl("apply", "-n", NS, "-f", "-", input=PVC)
+    create(bed, NS, job_manifest(NAME, {
+        "spec.trainer.builtin.maxSteps": 90, "spec.checkpoint.intervalSteps": 10,
+        "spec.checkpoint.shared": {"claimName": "ckpt-shared", "intervalSteps": 10},
+        "spec.faultTolerance.nodeFailureGraceSeconds": grace, "spec.faultTolerance.maxRestarts": 6,
+    }))
+    wait_status(bed, NS, NAME, lambda s: s.get("phase") == "Running" and s.get("step", 0) >= 12, 300, "running past step 12")
+
+    # 1. A process crash: every process of worker-1 is SIGKILLed.
+    bed.kill_pod(NS, f"{NAME}-worker-1")
+    crashed = wait_status(bed, NS, NAME, lambda s: s.get("restarts", 0) >= 1, 60, "crash detected")
+    failure = crashed["lastFailure"]
+    assert (failure["kind"], failure["reason"], failure["pod"]) == ("ProcessCrash", "Signal9", f"{NAME}-worker-1")
+    assert failure["detectSeconds"] <= DETECT_BOUND, failure
+    recovered = wait_status(bed, NS, NAME, lambda s: s.get("lastRecoverySeconds") is not None, 180, "recovered from the crash")
+    crash_recovery = recovered["lastRecoverySeconds"]
+
+    # 2. A node loss: heartbeats stop and every process on the node dies. Choose a
+    # worker's node that does not also host the rendezvous store.
+    store_node = pods(bed, NS, NAME, role="rendezvous")[0]["spec"]["nodeName"]
+    victim = next(p for p in pods(bed, NS, NAME) if p["spec"].get("nodeName") not in (None, store_node))
+    node = victim["spec"]["nodeName"]
+    before = status(bed, NS, NAME)
+    bed.fail_node(node)
+    lost = wait_status(bed, NS, NAME, lambda s: s.get("restartsByReason", {}).get("NodeFailure") == 1, 180, "node failure handled")
+    assert lost["lastFailure"]["node"] == node
+    assert node in [q["node"] for q in lost["quarantinedNodes"]]
+    node_detect = lost["lastFailure"]["detectSeconds"]  # from the node turning NotReady
+    assert node_detect <= grace + 5, lost["lastFailure"]
+    after_loss = wait_status(bed, NS, NAME, lambda s: s.get("lastFailure", {}).get("kind") == "NodeFailure"
+                             and s.get("lastRecoverySeconds") is not None, 240, "training again after the node loss")
+    node_recovery = after_loss["lastRecoverySeconds"]
+    # The survivor went on at a smaller world size; the replacement arrives after the
+    # backoff, on another node.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        replacement = [p for p in pods(bed, NS, NAME) if p["metadata"]["name"] == victim["metadata"]["name"]
+                       and p["metadata"]["uid"] != victim["metadata"]["uid"] and p["spec"].get("nodeName")]
+        if replacement:
+            break
+        time.sleep(1)
+    assert replacement and replacement[0]["spec"]["nodeName"] != node, "the replacement avoids the failed node"
+
+    done = wait_status(bed, NS, NAME, lambda s: s.get("phase") in ("Succeeded", "Failed"), 900, "finished")
+    assert done["phase"] == "Succeeded", json.dumps(done)[:3000]
+    assert bed.kubectl("wait", "--for=condition=Succeeded", f"ltj/{NAME}", "-n", NS, "--timeout=5s").returncode == 0
+    assert done["restarts"] >= 2 and done["restartsByReason"].get("Signal9") == 1
+    assert done["step"] == 90 and done["lastCheckpoint"]["step"] >= 80
+    shared = bed.state / "pvs" / f"pv-{NS}-ckpt-shared" / NS / NAME
+    assert (shared / "step-00000090" / "COMMITTED").exists(), sorted(p.name for p in shared.glob("*"))
+    reasons = set(events(bed, NS, NAME))
+    assert {"Created", "CreatedWorkers", "PodFailed", "NodeFailure", "Completed"} <= reasons, reasons
+
+    table = bed.kubectl("get", "ltj", "-n", NS).stdout.splitlines()
+    assert table[0].split()[:7] == ["NAME", "PHASE", "WORKERS", "STEP", "RESTARTS", "LAST", "CHECKPOINT"]
+    assert table[1].split()[:5] == [NAME, "Succeeded", "0/2", "90", str(done["restarts"])]
+
+    timings = {"crash_detect_seconds": failure["detectSeconds"], "crash_recovery_seconds": crash_recovery,
+               "node_detect_seconds_after_not_ready": node_detect, "node_recovery_seconds": node_recovery}
+    assert max(crash_recovery, node_recovery) <= RECOVERY_BOUND, timings
+    bed.heal_node(node)
+    assert before["restarts"] >= 1
