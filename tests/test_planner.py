@@ -384,3 +384,13 @@ def test_recovery_ends_with_the_first_step_the_trainer_finishes_after_the_failur
     after = {W0: TrainerProbe(step=21, last_step_time=(NOW - timedelta(seconds=2)).timestamp())}
     _, status, _, _ = run(raw, observed(raw, [worker(0), worker(1)], probes=after))
     assert status["lastRecoverySeconds"] == 8.0
+
+
+def test_suspending_without_a_durable_tier_warns_that_checkpoints_are_lost():
+    raw = job({"spec.suspend": True}, status=running_status())
+    result = plan(raw, observed(raw, [worker(0), worker(1)]), NOW)
+    warning = next(e for e in result.events if e.reason == "Suspended")
+    assert warning.type == "Warning" and "checkpoint.shared" in warning.message
+    raw = job({"spec.suspend": True, "spec.checkpoint.shared": {"claimName": "ckpt"}}, status=running_status())
+    result = plan(raw, observed(raw, [worker(0), worker(1)]), NOW)
+    assert next(e for e in result.events if e.reason == "Suspended").type == "Normal"

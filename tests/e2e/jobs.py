@@ -10,6 +10,16 @@ import yaml
 from support.specs import apply_set, load_job
 
 
+PVC = """
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: ckpt-shared}
+spec:
+  accessModes: [ReadWriteMany]
+  resources: {requests: {storage: 1Gi}}
+"""
+
+
 def job_manifest(name: str, changes: dict[str, Any] | None = None) -> dict[str, Any]:
     raw = load_job()
     raw["metadata"] = {"name": name}

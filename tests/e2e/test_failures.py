@@ -9,17 +9,9 @@ from __future__ import annotations
 import json
 import time
 
-from .jobs import create, events, job_manifest, pods, status, wait_status
+from .jobs import PVC, create, events, job_manifest, pods, status, wait_status
 
 NS, NAME = "e2e-failures", "survivor"
-PVC = """
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {name: ckpt-shared}
-spec:
-  accessModes: [ReadWriteMany]
-  resources: {requests: {storage: 1Gi}}
-"""
 DETECT_BOUND = 5.0
 RECOVERY_BOUND = 60.0
 

@@ -483,7 +483,9 @@ class LLMTrainJobSpec(CamelModel):
 
     suspend: bool = False
     """Suspend the job: delete the pods but keep status and checkpoints. Unsuspending
-    resumes from the newest checkpoint, without counting a restart. Default false."""
+    resumes from the newest checkpoint that outlived the pods (shared or S3 tier, or a
+    hostPath local tier; an emptyDir local tier goes with its pod), without counting a
+    restart. Default false."""
 
     active_deadline_seconds: int | None = Field(None, ge=1)
     """Fail the job (``DeadlineExceeded``) after this many seconds since it started,

@@ -81,7 +81,14 @@ def handle_suspend(ctx: Pass) -> bool:
         stop_pods(ctx, include_finished=True)
         if status.phase != "Suspended":
             status.phase = "Suspended"
-            ctx.event("Suspended", "suspended: pods deleted, status and checkpoints kept")
+            ckpt = ctx.spec.checkpoint
+            durable = ckpt.shared is not None or ckpt.s3 is not None or ckpt.local.host_path is not None
+            if ckpt.enabled and not durable:
+                ctx.event("Suspended", "suspended: pods deleted; checkpoints were only on the pods' emptyDir "
+                          "volumes and are lost, so the job will resume from step 0 (configure checkpoint.shared, "
+                          "checkpoint.s3 or checkpoint.local.hostPath to keep them)", warning=True)
+            else:
+                ctx.event("Suspended", "suspended: pods deleted, status and checkpoints kept")
         ctx.condition("Suspended", True, "JobSuspended", "spec.suspend is true")
         ctx.condition("Running", False, "JobSuspended", "")
         ctx.condition("Degraded", False, "JobSuspended", "")

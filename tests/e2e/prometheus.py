@@ -1,0 +1,97 @@
+"""A real Prometheus server (Debian's package) scraping the local cluster's pods.
+
+Debian builds Prometheus without the Kubernetes service discovery, so targets come
+through ``file_sd``: a thread lists the pods annotated ``prometheus.io/scrape: "true"``
+(the same convention kubernetes_sd relabelling uses) and rewrites the targets file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+PORT = 19090
+
+
+class Prometheus:
+    def __init__(self, bed, folder: Path):
+        self.bed = bed
+        self.folder = folder
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Prometheus":
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise RuntimeError("prometheus is not installed (hack/system-deps.sh installs it)")
+        config = {
+            "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
+            "scrape_configs": [{
+                "job_name": "pods",
+                "file_sd_configs": [{"files": [str(self.folder / "targets.json")], "refresh_interval": "2s"}],
+            }],
+        }
+        (self.folder / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self._write_targets()
+        log = (self.folder / "prometheus.log").open("w")
+        self.proc = subprocess.Popen(
+            [binary, f"--config.file={self.folder / 'prometheus.yml'}", f"--storage.tsdb.path={self.folder / 'data'}",
+             f"--web.listen-address=127.0.0.1:{PORT}"], stdout=log, stderr=subprocess.STDOUT)
+        threading.Thread(target=self._discover, daemon=True).start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/-/ready", timeout=2) as resp:
+                    if resp.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"prometheus did not become ready; see {self.folder / 'prometheus.log'}")
+
+    def _write_targets(self) -> None:
+        out = self.bed.kubectl("get", "pods", "-A", "-o", "json", check=False)
+        groups = []
+        if out.returncode == 0:
+            for pod in json.loads(out.stdout)["items"]:
+                notes = pod["metadata"].get("annotations") or {}
+                ip = (pod.get("status") or {}).get("podIP")
+                if notes.get("prometheus.io/scrape") == "true" and ip and pod["status"].get("phase") == "Running":
+                    groups.append({"targets": [f"{ip}:{notes.get('prometheus.io/port', '80')}"],
+                                   "labels": {"namespace": pod["metadata"]["namespace"], "pod": pod["metadata"]["name"]}})
+        tmp = self.folder / "targets.json.tmp"
+        tmp.write_text(json.dumps(groups))
+        tmp.replace(self.folder / "targets.json")
+
+    def _discover(self) -> None:
+        while self.proc is not None and self.proc.poll() is None:
+            self._write_targets()
+            time.sleep(2)
+
+    def query(self, expr: str) -> float | None:
+        url = f"http://127.0.0.1:{PORT}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            data = json.loads(resp.read())
+        result = data["data"]["result"]
+        return float(result[0]["value"][1]) if result else None
+
+    def wait_value(self, expr: str, predicate: Callable[[float], bool], timeout: float) -> float:
+        deadline = time.monotonic() + timeout
+        value = None
+        while time.monotonic() < deadline:
+            value = self.query(expr)
+            if value is not None and predicate(value):
+                return value
+            time.sleep(1)
+        raise AssertionError(f"{expr} = {value} did not satisfy the check within {timeout}s")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
