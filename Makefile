@@ -5,10 +5,25 @@ SHELL := /bin/bash
 VENV  := .venv
 BIN   := $(VENV)/bin
 
-.PHONY: setup demo test test-fast lint crds cluster-tools clean
+.PHONY: setup system-deps cluster-tools demo test test-fast lint crds cluster-up cluster-down bench clean
 
 setup:
 	@bash hack/setup.sh
+
+# Debian packages for the end-to-end suite (Prometheus) and the local cluster (iproute2).
+system-deps:
+	@bash hack/system-deps.sh
+
+# Pinned kube-apiserver, controller-manager, scheduler, kubectl, etcd and helm built from
+# Go modules into .cache/cluster-tools (reused when present).
+cluster-tools:
+	@bash hack/cluster-tools/build.sh >/dev/null
+
+cluster-up: setup cluster-tools
+	PYTHONPATH=hack $(BIN)/python -m localcluster up
+
+cluster-down: setup
+	PYTHONPATH=hack $(BIN)/python -m localcluster down
 
 # The main job: example 01 elastic on 2 local "nodes" (torchrun, CPU, gloo). A rank is
 # SIGKILLed at step 15 (torchrun restarts it in place) and node 1 loses every process at
@@ -18,7 +33,7 @@ demo: setup
 	$(BIN)/llmtrain run examples/01-tiny-elastic-cpu.yaml --fresh \
 		--inject "crash@step=15,rank=1" --kill-node 1@35 --timeout 900
 
-test: setup
+test: setup system-deps cluster-tools
 	$(BIN)/pytest
 
 # Unit and API-contract tests only (no torchrun runs, no cluster).
@@ -30,6 +45,12 @@ lint: setup
 
 crds: setup
 	$(BIN)/llmtrain crd --write
+
+# Every benchmark, full size (see docs/benchmarks.md); BENCH_ARGS=--quick for a smoke run.
+bench: setup cluster-tools
+	$(BIN)/python bench/trainer_overhead.py $(BENCH_ARGS)
+	$(BIN)/python bench/operator_scale.py $(BENCH_ARGS)
+	$(BIN)/python bench/recovery.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -7,6 +7,16 @@ import os
 import pytest
 
 
+def pytest_collection_modifyitems(config, items):
+    """Suites that need the local cluster run last, so that the cluster (which stays up
+    for the rest of the session once started) does not compete with the timing-sensitive
+    torchrun suites for this machine's two cores."""
+    def needs_cluster(item) -> bool:
+        return any(part in str(item.fspath) for part in ("/cluster/", "/e2e/"))
+
+    items.sort(key=needs_cluster)
+
+
 @pytest.fixture(scope="session")
 def local_cluster():
     """The local Kubernetes test bed (hack/localcluster), up for the whole session.

@@ -394,3 +394,17 @@ def test_suspending_without_a_durable_tier_warns_that_checkpoints_are_lost():
     raw = job({"spec.suspend": True, "spec.checkpoint.shared": {"claimName": "ckpt"}}, status=running_status())
     result = plan(raw, observed(raw, [worker(0), worker(1)]), NOW)
     assert next(e for e in result.events if e.reason == "Suspended").type == "Normal"
+
+
+def test_an_in_place_restart_after_the_hang_watchdog_is_counted_as_a_hang():
+    raw = job(status=running_status())
+    probes = {W0: TrainerProbe(step=20, restarts=1, hangs=1), W1: TrainerProbe(step=20, restarts=1, hangs=0)}
+    _, status, _, _ = run(raw, observed(raw, [worker(0), worker(1)], probes=probes))
+    assert status["restartsByReason"] == {"Hang": 1} and status["lastFailure"]["kind"] == "Hang"
+
+
+def test_a_node_that_is_ready_again_is_not_failed_while_its_taint_lingers():
+    raw = job(status=running_status())
+    nodes = [node("node-0"), node("node-1", ready="True", since_seconds=1, unreachable=True)]
+    _, status, actions, _ = run(raw, observed(raw, [worker(0), worker(1)], nodes=nodes))
+    assert actions == [] and status["restarts"] == 0

@@ -49,6 +49,8 @@ class NodeState:
     healthy: bool = True
     """False after a failure or a partition: no heartbeats, no status reports."""
     partitioned: bool = False
+    transition: str = ""
+    """When this agent last started reporting Ready (registration, or a heal)."""
 
 
 @dataclass
@@ -74,7 +76,7 @@ class Agent:
             capacity["nvidia.com/gpu"] = str(gpus)
         node_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
                        "node.localcluster.io/simulated": "true", **(labels or {})}
-        self.nodes[name] = NodeState(name, node_labels, capacity)
+        self.nodes[name] = NodeState(name, node_labels, capacity, transition=iso_now())
         body = {
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": node_labels},
@@ -96,7 +98,7 @@ class Agent:
             {"type": t, "status": "False", "reason": f"KubeletHas{r}", "message": "ok", "lastHeartbeatTime": stamp}
             for t, r in (("MemoryPressure", "SufficientMemory"), ("DiskPressure", "NoDiskPressure"), ("PIDPressure", "SufficientPID"))
         ] + [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "localcluster agent is posting ready status",
-              "lastHeartbeatTime": stamp}]
+              "lastHeartbeatTime": stamp, "lastTransitionTime": node.transition}]
         status = {
             "capacity": node.capacity, "allocatable": node.capacity, "conditions": conditions,
             "addresses": [{"type": "InternalIP", "address": GATEWAY}, {"type": "Hostname", "address": node.name}],
@@ -275,6 +277,9 @@ class Agent:
                 if runner.node == name and node.partitioned:
                     network.set_link(runner.uid, up=True)
         node.healthy, node.partitioned = True, False
+        node.transition = iso_now()
+        self._report_node(node)  # Ready again now, with a fresh transition time
+        self._renew_lease(node)
 
     def shutdown(self) -> None:
         self.stop.set()

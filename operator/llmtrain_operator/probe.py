@@ -24,13 +24,15 @@ def parse(text: str) -> TrainerProbe:
         for sample in family.samples:
             if sample.name == PREFIX + "checkpoint_last_step":
                 checkpoints[sample.labels.get("tier", "local")] = int(sample.value)
-            elif sample.name in (PREFIX + "step", PREFIX + "world_size", PREFIX + "restarts", PREFIX + "last_step_timestamp_seconds"):
+            elif sample.name in (PREFIX + "step", PREFIX + "world_size", PREFIX + "restarts", PREFIX + "last_step_timestamp_seconds",
+                                 PREFIX + "hangs_detected"):
                 values[sample.name] = sample.value
     as_int = lambda key: int(values[key]) if key in values else None  # noqa: E731
     return TrainerProbe(
         step=as_int(PREFIX + "step"),
         world_size=as_int(PREFIX + "world_size"),
         restarts=as_int(PREFIX + "restarts"),
+        hangs=as_int(PREFIX + "hangs_detected"),
         last_step_time=values.get(PREFIX + "last_step_timestamp_seconds") or None,
         last_checkpoint=checkpoints,
     )

@@ -45,6 +45,10 @@ class OperatorSettings:
     """``LLMTRAIN_OPERATOR_PROBES``: scrape trainers for step/checkpoint progress.
     Default true. Off in API-contract tests, where pods have no IPs."""
 
+    api_threads: int = 32
+    """``LLMTRAIN_OPERATOR_API_THREADS``: threads for Kubernetes API calls (the client is
+    synchronous). Default 32: enough for a burst of new jobs without queueing."""
+
     metrics_port: int = 8080
     """``LLMTRAIN_OPERATOR_METRICS_PORT``: the operator's own Prometheus endpoint; 0 off.
     Default 8080."""

@@ -131,7 +131,9 @@ class NodeView:
 
     @property
     def failed(self) -> bool:
-        return self.ready != "True" or self.unreachable
+        # Ready decides: the controller removes its unreachable taint a moment *after* a
+        # node is Ready again, and that moment must not look like a failure.
+        return self.ready != "True"
 
 
 def node_view(node: dict[str, Any]) -> NodeView:
@@ -154,6 +156,8 @@ class TrainerProbe:
     step: int | None = None
     world_size: int | None = None
     restarts: int | None = None
+    hangs: int | None = None
+    """Attempts in this pod that ended with the hang watchdog (explains in-place restarts)."""
     last_step_time: float | None = None
     """Unix time the trainer finished its newest step (recovery ends at the first new one)."""
     last_checkpoint: dict[str, int] = field(default_factory=dict)

@@ -130,6 +130,8 @@ class LLMTrainJobStatus(CamelModel):
     failure (RFC 3339); the phase leaves Running only after a short grace."""
     torchrun_restarts: dict[str, int] = Field(default_factory=dict)
     """``pod@creationTimestamp`` -> the torchrun restart count that worker last reported."""
+    hangs_seen: dict[str, int] = Field(default_factory=dict)
+    """``pod@creationTimestamp`` -> hang-watchdog exits that worker last reported."""
     expected_in_place: int = 0
     """In-place restarts the survivors will make because of failures already counted
     (their worker groups fail once when a peer vanishes); they are not counted again."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 import logging
 import os
 from typing import Any
@@ -49,7 +50,7 @@ def _priority_from_pod_name() -> int:
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _K8S, SETTINGS
     SETTINGS = from_env()
     settings.peering.name = SETTINGS.peering_name
@@ -64,6 +65,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.request_timeout = 30
     _K8S = K8s.from_environment()
     metrics.serve(SETTINGS.metrics_port)
+    # API calls run in threads (the Kubernetes client is synchronous); the default pool
+    # (cores + 4) would queue a burst of new jobs' creates behind each other.
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=SETTINGS.api_threads, thread_name_prefix="k8s-api"))
 
 
 @kopf.on.login()

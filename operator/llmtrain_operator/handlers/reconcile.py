@@ -97,19 +97,44 @@ def status_changed(old: dict[str, Any], new: dict[str, Any], flush_seconds: floa
 
 
 async def apply(k8s: K8s, body: dict[str, Any], result: Plan) -> None:
-    """Apply the actions in order; the first transient error stops the rest (the next
-    pass re-plans them) and is raised after the status is written."""
+    """Apply the actions. Independent requests go out together: config and services
+    first, then pods (they mount the config), deletions alongside. The first transient
+    error is raised after every request finished; the next pass re-plans what failed."""
     meta = body["metadata"]
     ns = meta.get("namespace", "default")
-    for action in result.actions:
+
+    def call(action: Any) -> Any:
         if isinstance(action, CreateObject):
-            await asyncio.to_thread(k8s.create, action.manifest)
-        elif isinstance(action, ReplaceObject):
-            await asyncio.to_thread(k8s.replace, action.manifest)
-        elif isinstance(action, DeletePod):
-            await asyncio.to_thread(k8s.delete_pod, ns, action.name, action.grace_seconds, action.force)
-        elif isinstance(action, DeleteJob):
-            await asyncio.to_thread(k8s.delete_job, ns, meta["name"])
+            return asyncio.to_thread(k8s.create, action.manifest)
+        if isinstance(action, ReplaceObject):
+            return asyncio.to_thread(k8s.replace, action.manifest)
+        if isinstance(action, DeletePod):
+            return asyncio.to_thread(k8s.delete_pod, ns, action.name, action.grace_seconds, action.force)
+        return asyncio.to_thread(k8s.delete_job, ns, meta["name"])
+
+    first = [a for a in result.actions if not (isinstance(a, CreateObject) and a.kind == "Pod")]
+    second = [a for a in result.actions if isinstance(a, CreateObject) and a.kind == "Pod"]
+    for batch in (first, second):
+        outcomes = await asyncio.gather(*(call(a) for a in batch), return_exceptions=True)
+        errors = [o for o in outcomes if isinstance(o, BaseException)]
+        if errors:
+            raise next((e for e in errors if not isinstance(e, TransientApiError)), errors[0])
+
+
+_PENDING: set[asyncio.Future[Any]] = set()
+
+
+def _background(coro: Any) -> None:
+    """Run without awaiting; keep a reference so the task is not garbage-collected."""
+    task = asyncio.ensure_future(coro)
+    _PENDING.add(task)
+    task.add_done_callback(_PENDING.discard)
+
+
+async def drain_background() -> None:
+    """Wait for fire-and-forget work (tests, shutdown)."""
+    if _PENDING:
+        await asyncio.gather(*list(_PENDING), return_exceptions=True)
 
 
 @dataclass
@@ -146,8 +171,8 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
     if status_changed(old_status, result.status, settings.status_flush_seconds, now):
         await asyncio.to_thread(k8s.patch_status, ns, name, merge_patch(old_status, result.status))
         written = result.status.get("lastReconcileTime")
-    for event in result.events:
-        await asyncio.to_thread(k8s.post_event, body, event.type, event.reason, event.message)
+    for event in result.events:  # best effort, off the pass's critical path
+        _background(asyncio.to_thread(k8s.post_event, body, event.type, event.reason, event.message))
     metrics.record_pass(ns, name, old_status, result.status, time.perf_counter() - started)
     if failure is not None:
         raise failure

@@ -213,21 +213,28 @@ def handle_in_place_restarts(ctx: Pass) -> bool:
     status = ctx.status
     live = {f"{p.name}@{p.created.isoformat() if p.created else ''}": p for p in ctx.observed.workers() if p.active}
     seen = {k: v for k, v in status.torchrun_restarts.items() if k in live}
-    increase = 0
+    hangs = {k: v for k, v in status.hangs_seen.items() if k in live}
+    increase = hung = 0
     for key, pod in live.items():
         probe = ctx.observed.probes.get(pod.name)
         if probe is None or probe.restarts is None:
             continue
         increase = max(increase, probe.restarts - seen.get(key, 0))
         seen[key] = max(probe.restarts, seen.get(key, 0))
-    status.torchrun_restarts = seen
+        if probe.hangs is not None:
+            hung = max(hung, probe.hangs - hangs.get(key, 0))
+            hangs[key] = max(probe.hangs, hangs.get(key, 0))
+    status.torchrun_restarts, status.hangs_seen = seen, hangs
     absorbed = min(increase, status.expected_in_place)
     status.expected_in_place -= absorbed
-    for _ in range(increase - absorbed):
-        record_failure(ctx, "ProcessCrash", "RestartedInPlace", message="torchrun restarted a worker group in place")
-        ctx.event("RestartedInPlace", "a rank failed and torchrun restarted the worker groups in place", warning=True)
+    for i in range(increase - absorbed):
+        # The trainers tell a hang (watchdog exit) apart from other rank failures.
+        reason, kind = ("Hang", "Hang") if i < hung else ("RestartedInPlace", "ProcessCrash")
+        record_failure(ctx, kind, reason, message="torchrun restarted a worker group in place"
+                       + (" after the hang watchdog fired" if kind == "Hang" else ""))
+        ctx.event("RestartedInPlace", f"a rank failed ({reason}) and torchrun restarted the worker groups in place", warning=True)
         status.restarts += 1
-        status.restarts_by_reason["RestartedInPlace"] = status.restarts_by_reason.get("RestartedInPlace", 0) + 1
+        status.restarts_by_reason[reason] = status.restarts_by_reason.get(reason, 0) + 1
         budget = ctx.spec.fault_tolerance.max_restarts
         if status.restarts > budget:
             finish(ctx, False, "BackoffLimitExceeded", f"{status.restarts} restarts exceed faultTolerance.maxRestarts={budget}")
