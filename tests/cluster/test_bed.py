@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 
 import pytest
 import yaml
@@ -174,3 +175,94 @@ def test_immutable_fields_are_enforced_on_update(bed):
     assert out.returncode != 0
     assert "procsPerNode is immutable" in out.stderr and "trainer is immutable" in out.stderr
     bed.kubectl("delete", "ltj", "immutable", "-n", NS)
+
+
+def test_a_container_over_its_memory_limit_is_reported_oom_killed(bed):
+    apply(bed, textwrap.dedent("""
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: hog}
+        spec:
+          restartPolicy: Never
+          containers:
+          - name: main
+            image: unused
+            command: ["python", "-c", "blocks = [bytearray(16 << 20) for _ in range(64)]"]
+            resources: {limits: {memory: 200Mi}}
+    """), NS)
+    wait_for(lambda: phase(bed, "hog", NS) == "Failed", 60, what="hog Failed")
+    terminated = pod(bed, "hog", NS)["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (terminated["reason"], terminated["exitCode"]) == ("OOMKilled", 137)
+
+
+def test_deletion_sends_sigterm_then_sigkill_after_the_grace_period(bed):
+    apply(bed, textwrap.dedent("""
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: stubborn}
+        spec:
+          terminationGracePeriodSeconds: 3
+          containers:
+          - name: main
+            image: unused
+            command:
+            - python
+            - -c
+            - |
+              import signal, sys, time
+              signal.signal(signal.SIGTERM, lambda *_: print("got SIGTERM, ignoring it", flush=True))
+              print("ready", flush=True)
+              while True:
+                  time.sleep(0.1)
+    """), NS)
+    wait_for(lambda: "ready" in bed.pod_log(NS, "stubborn"), 60, what="stubborn ready")
+    uid = pod(bed, "stubborn", NS)["metadata"]["uid"]
+    log = bed.state / "pods" / uid / "main.log"
+    began = time.monotonic()
+    bed.kubectl("delete", "pod", "stubborn", "-n", NS, "--wait=true", "--timeout=60s")
+    took = time.monotonic() - began
+    assert "got SIGTERM, ignoring it" in log.read_text()
+    assert 3 <= took <= 20, took  # killed after the grace period, then removed
+
+
+def test_a_partitioned_node_goes_unknown_while_its_processes_keep_running(bed):
+    apply(bed, textwrap.dedent("""
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: islander}
+        spec:
+          nodeName: node-1
+          containers:
+          - {name: main, image: unused, command: ["python", "-c", "import time\\nwhile True:\\n    print('alive', flush=True); time.sleep(1)"]}
+    """), NS)
+    wait_for(lambda: phase(bed, "islander", NS) == "Running", 60, what="islander Running")
+    uid = pod(bed, "islander", NS)["metadata"]["uid"]
+    bed.partition_node("node-1")
+    try:
+        wait_for(lambda: next(c for c in bed.get("node", "node-1")["status"]["conditions"] if c["type"] == "Ready")["status"] == "Unknown",
+                 90, what="node-1 Unknown")
+        log = bed.state / "pods" / uid / "main.log"
+        before = log.read_text().count("alive")
+        time.sleep(3)
+        assert log.read_text().count("alive") > before, "the processes keep running behind the partition"
+    finally:
+        bed.heal_node("node-1")
+    wait_for(lambda: next(c for c in bed.get("node", "node-1")["status"]["conditions"] if c["type"] == "Ready")["status"] == "True",
+             60, what="node-1 Ready again")
+    bed.kubectl("delete", "pod", "islander", "-n", NS, "--grace-period=0", "--force", check=False)
+
+
+def test_the_api_server_restarts_and_the_agent_carries_on(bed):
+    took = bed.restart_apiserver()
+    assert took < 60
+    apply(bed, textwrap.dedent("""
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: after-restart}
+        spec:
+          restartPolicy: Never
+          containers:
+          - {name: main, image: unused, command: ["python", "-c", "print('ok')"]}
+    """), NS)
+    wait_for(lambda: phase(bed, "after-restart", NS) == "Succeeded", 90, what="a pod runs after the restart")
+    bed.wait_nodes_ready(60)

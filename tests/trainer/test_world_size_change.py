@@ -23,6 +23,7 @@ CASES = {
     "zero2-2to1": ({"kind": "deepspeed", "zeroStage": 2}, (1, 2), (1, 1), "universal"),
     "zero2-1to2": ({"kind": "deepspeed", "zeroStage": 2}, (1, 1), (1, 2), "universal"),
     "zero1-2to1": ({"kind": "deepspeed", "zeroStage": 1}, (1, 2), (1, 1), "universal"),
+    "zero2-4to2": ({"kind": "deepspeed", "zeroStage": 2}, (1, 4), (1, 2), "universal"),
 }
 
 

@@ -69,6 +69,8 @@ class Trainer:
         self.engine: Any = None
         self.ckpt: CheckpointManager | None = None
         self.startup: dict[str, float] = {}
+        self._first_step = True
+        self._log_file: Any = None
 
     # ------------------------------------------------------------------ hooks
 
@@ -185,51 +187,65 @@ class Trainer:
     # ------------------------------------------------------------------ loop
 
     def run(self) -> int:
-        cfg, info = self.cfg, self.info
         signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.start()
+        try:
+            while self.step < self.cfg.max_steps:
+                if self.step_once():
+                    return self._preempted(self.step * self.cfg.global_batch_size)
+            if self.tiers:
+                self.ckpt.save(self.step, self.step * self.cfg.global_batch_size, sync=True)
+            return ExitCode.SUCCESS
+        finally:
+            self.close()
+
+    def start(self) -> None:
+        """Restore (or start fresh), then arm the watchdog and open the step log."""
         began = time.perf_counter()
         self.setup()
         self.startup["setup"] = time.perf_counter() - began
-        first_step = True
+        self._first_step = True
         self.watchdog.start()
-        tokens_per_step = cfg.global_batch_size * cfg.data.seq_len
-        log_file = (self.run_dir / "steps.jsonl").open("a") if info.rank == 0 else None
-        try:
-            while self.step < cfg.max_steps:
-                step = self.step
-                began = time.perf_counter()
-                self.faults.at_step(step + 1)
-                batches = [
-                    self.source.batch(micro_batch_indices(step, a, info.rank, info.world_size, cfg.global_batch_size, cfg.micro_batch_size))
-                    for a in range(self.accum)
-                ]
-                local_loss = self.engine.train_step(step, batches)
-                loss, stop = self._agree(local_loss)
-                self.step = step + 1
-                seconds = time.perf_counter() - began
-                self.watchdog.beat()
-                samples = self.step * cfg.global_batch_size
-                self.metrics.step(self.step, samples, loss, seconds, tokens_per_step)
-                if log_file is not None:
-                    self._log_step(log_file, loss, samples, seconds, tokens_per_step, step)
-                if first_step and info.rank == 0:
-                    first_step = False
-                    self.startup["first_step"] = seconds
-                    log.warning("first step done; start-up phases: %s",
-                                ", ".join(f"{k} {v:.2f}s" for k, v in self.startup.items()))
-                if stop:
-                    return self._preempted(samples)
-                if self.tiers and self.step % cfg.checkpoint.interval_steps == 0 and self.step < cfg.max_steps:
-                    self.ckpt.save(self.step, samples)
-            if self.tiers:
-                self.ckpt.save(self.step, self.step * cfg.global_batch_size, sync=True)
-            return ExitCode.SUCCESS
-        finally:
-            self.watchdog.stop()
-            if self.ckpt is not None:
-                self.ckpt.close()
-            if log_file is not None:
-                log_file.close()
+        self._log_file = (self.run_dir / "steps.jsonl").open("a") if self.info.rank == 0 else None
+
+    def step_once(self) -> bool:
+        """One optimizer step with everything around it. Returns True when the ranks
+        agreed to stop (SIGTERM)."""
+        cfg, info = self.cfg, self.info
+        step = self.step
+        began = time.perf_counter()
+        self.faults.at_step(step + 1)
+        batches = [
+            self.source.batch(micro_batch_indices(step, a, info.rank, info.world_size, cfg.global_batch_size, cfg.micro_batch_size))
+            for a in range(self.accum)
+        ]
+        local_loss = self.engine.train_step(step, batches)
+        loss, stop = self._agree(local_loss)
+        self.step = step + 1
+        seconds = time.perf_counter() - began
+        self.watchdog.beat()
+        samples = self.step * cfg.global_batch_size
+        tokens = cfg.global_batch_size * cfg.data.seq_len
+        self.metrics.step(self.step, samples, loss, seconds, tokens)
+        if self._log_file is not None:
+            self._log_step(self._log_file, loss, samples, seconds, tokens, step)
+        if self._first_step and info.rank == 0:
+            self._first_step = False
+            self.startup["first_step"] = seconds
+            log.warning("first step done; start-up phases: %s", ", ".join(f"{k} {v:.2f}s" for k, v in self.startup.items()))
+        if stop:
+            return True
+        if self.tiers and self.step % cfg.checkpoint.interval_steps == 0 and self.step < cfg.max_steps:
+            self.ckpt.save(self.step, samples)
+        return False
+
+    def close(self) -> None:
+        self.watchdog.stop()
+        if self.ckpt is not None:
+            self.ckpt.close()
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
 
     def _agree(self, local_loss: torch.Tensor) -> tuple[float, bool]:
         """One small all-reduce per step: the global mean loss, and whether any rank got

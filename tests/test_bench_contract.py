@@ -1,0 +1,39 @@
+"""Every benchmark follows the conventions in docs/benchmarks.md: `--quick`, and a last
+line `RESULT name=value ...` (the runs themselves are `make bench`, not tests)."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+SCRIPTS = sorted(p for p in BENCH.glob("*.py") if not p.name.startswith("_"))
+
+
+def test_there_are_benchmarks():
+    assert {p.name for p in SCRIPTS} >= {"trainer_overhead.py", "operator_scale.py", "recovery.py"}
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_each_benchmark_accepts_quick_and_ends_with_a_result_line(script):
+    out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--quick" in out.stdout
+    source = script.read_text()
+    assert "RESULT " in source.split('"""')[1], "the docstring shows the RESULT line"
+    assert re.search(r"^\s+result\(", source, re.M), "the script prints its RESULT line through _common.result"
+
+
+def test_the_result_line_format():
+    sys.path.insert(0, str(BENCH))
+    from _common import result  # noqa: PLC0415
+
+    import io
+    from contextlib import redirect_stdout
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        result(ratio=0.98765, jobs=500, name="x")
+    assert buf.getvalue() == "RESULT ratio=0.9877 jobs=500 name=x\n"

@@ -1,0 +1,22 @@
+"""Operator configuration from LLMTRAIN_OPERATOR_* variables."""
+
+import pytest
+from llmtrain_operator.settings import ConfigError, OperatorSettings, from_env
+
+
+def test_defaults_and_overrides():
+    assert from_env({}) == OperatorSettings()
+    got = from_env({"LLMTRAIN_OPERATOR_NAMESPACE": "ml", "LLMTRAIN_OPERATOR_RESYNC_SECONDS": "2.5",
+                    "LLMTRAIN_OPERATOR_PROBES": "off", "LLMTRAIN_OPERATOR_STANDALONE": "yes"})
+    assert (got.namespace, got.resync_seconds, got.probes_enabled, got.standalone) == ("ml", 2.5, False, True)
+
+
+@pytest.mark.parametrize(("env", "named"), [
+    ({"LLMTRAIN_OPERATOR_RESYNC_SECONDS": "soon"}, "LLMTRAIN_OPERATOR_RESYNC_SECONDS"),
+    ({"LLMTRAIN_OPERATOR_METRICS_PORT": "-1"}, "LLMTRAIN_OPERATOR_METRICS_PORT"),
+    ({"LLMTRAIN_OPERATOR_STANDALONE": "maybe"}, "LLMTRAIN_OPERATOR_STANDALONE"),
+    ({"LLMTRAIN_OPERATOR_RESYNC": "5"}, "LLMTRAIN_OPERATOR_RESYNC"),
+])
+def test_a_bad_setting_is_an_error_naming_the_variable(env, named):
+    with pytest.raises(ConfigError, match=named):
+        from_env(env)
