@@ -70,7 +70,8 @@ def main() -> None:
     samples: dict[str, list[float]] = {k: [] for k in ("crash_detect", "crash_recovery", "node_detect", "node_recovery", "hang_detect")}
     try:
         bed.helm("upgrade", "--install", "llmtrain", str(ROOT / "charts" / "llmtrain-operator"), "--namespace", "llmtrain-system",
-                 "--create-namespace", "--wait", "--timeout", "180s", "--set", "replicaCount=1", "--set", "operator.resyncSeconds=5")
+                 "--create-namespace", "--wait", "--timeout", "180s", "--set", "replicaCount=1", "--set", "operator.resyncSeconds=5",
+                 "--set", "nodeSelector.llmtrain\\.io/pool=system")
         for r in range(rounds):
             ns = f"recovery-{r}"
             bed.kubectl("create", "namespace", ns)

@@ -24,7 +24,14 @@ from . import control_plane, network
 from .control_plane import Layout
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_NODES = ["node-0:cpu=8,memory=32Gi,gpus=2", "node-1:cpu=8,memory=32Gi,gpus=2", "node-2:cpu=8,memory=32Gi,gpus=2"]
+DEFAULT_NODES = [
+    # A system node for the operator, and a pool of "GPU" nodes for the jobs: losing a
+    # GPU node in a test must not take the operator with it (nor does it in production).
+    "node-0:cpu=8,memory=32Gi,label.llmtrain.io/pool=system",
+    "node-1:cpu=8,memory=32Gi,gpus=2,label.llmtrain.io/pool=gpu",
+    "node-2:cpu=8,memory=32Gi,gpus=2,label.llmtrain.io/pool=gpu",
+    "node-3:cpu=8,memory=32Gi,gpus=2,label.llmtrain.io/pool=gpu",
+]
 CONTROL_PORT = 17080
 
 

@@ -23,7 +23,8 @@ def operator(local_cluster):
     bed = local_cluster
     bed.helm("upgrade", "--install", "llmtrain", str(ROOT / "charts" / "llmtrain-operator"),
              "--namespace", OPERATOR_NS, "--create-namespace", "--wait", "--timeout", "180s",
-             "--set", "replicaCount=2", "--set", "operator.resyncSeconds=5")
+             "--set", "replicaCount=2", "--set", "operator.resyncSeconds=5",
+             "--set", "nodeSelector.llmtrain\\.io/pool=system")
     bed.kubectl("rollout", "status", "deployment/llmtrain", "-n", OPERATOR_NS, "--timeout=120s")
     yield bed
     pods = json.loads(bed.kubectl("get", "pods", "-n", OPERATOR_NS, "-o", "json").stdout)["items"]

@@ -21,8 +21,10 @@ spec:
 
 
 def job_manifest(name: str, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Example 01 under another name, on the bed's GPU pool (the operator is elsewhere)."""
     raw = load_job()
     raw["metadata"] = {"name": name}
+    raw["spec"]["scheduling"] = {"nodeSelector": {"llmtrain.io/pool": "gpu"}}
     return apply_set(raw, changes or {})
 
 
