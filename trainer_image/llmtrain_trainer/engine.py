@@ -25,7 +25,12 @@ DDP_STATE_FILE = "state.pt"
 
 
 class Engine(Protocol):
+    """What the trainer and the checkpoint manager need from a strategy."""
+
     kind: str
+    # False when snapshot() cannot copy state off the training path (DeepSpeed writes
+    # straight from its partitioned buffers), so a save must write synchronously.
+    async_capable: bool
 
     def train_step(self, step: int, micro_batches: list[Batch]) -> torch.Tensor:
         """Forward/backward every micro-batch, then one optimizer step. Returns this
@@ -44,7 +49,13 @@ class Engine(Protocol):
         """Files every rank shares (written once per node, copied once per job)."""
         ...
 
+    @staticmethod
+    def file_rank(name: str) -> int | None:
+        """The rank an engine file belongs to; None for files every rank shares."""
+        ...
+
     def load(self, folder: Path, same_world: bool) -> None:
+        """Restore from ``folder``; ``same_world`` allows a rank-exact restore."""
         ...
 
 
@@ -76,6 +87,7 @@ class DDPEngine:
     one rank's copy restores any world size."""
 
     kind = "ddp"
+    async_capable = True
 
     def __init__(self, cfg: TrainerConfig, info: DistInfo):
         self.cfg = cfg

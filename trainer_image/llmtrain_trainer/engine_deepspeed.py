@@ -84,6 +84,8 @@ def deepspeed_config(cfg: TrainerConfig, world_size: int, load_universal: bool) 
 
 class DeepSpeedEngine:
     kind = "deepspeed"
+    # DeepSpeed's save is collective and synchronous; there is no separate snapshot.
+    async_capable = False
 
     def __init__(self, cfg: TrainerConfig, info: DistInfo, load_universal: bool = False):
         import deepspeed  # noqa: PLC0415 - heavy; only when this strategy is chosen
@@ -110,9 +112,6 @@ class DeepSpeedEngine:
             self.engine.step()  # applies the update only at the accumulation boundary
             total += loss.detach().float()
         return total / len(micro_batches)
-
-    # DeepSpeed's save is collective and synchronous; there is no separate snapshot.
-    async_capable = False
 
     def snapshot(self) -> None:
         return None

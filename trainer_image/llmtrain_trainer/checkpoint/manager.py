@@ -26,6 +26,7 @@ import torch
 
 from .. import rng
 from ..dist import DistInfo
+from ..engine import Engine
 from .tier import CheckpointError, DirTier, describe_files
 
 log = logging.getLogger("llmtrain.checkpoint")
@@ -37,7 +38,7 @@ def rng_file(rank: int) -> str:
     return f"{RNG_DIR}/rank-{rank:05d}.pt"
 
 
-def file_rank(name: str, engine: Any) -> int | None:
+def file_rank(name: str, engine: Engine | type[Engine]) -> int | None:
     """The rank a checkpoint file belongs to; None for files shared by all ranks."""
     if name.startswith(RNG_DIR + "/rank-"):
         return int(name.rsplit("-", 1)[1].split(".")[0])
@@ -49,7 +50,7 @@ class CheckpointManager:
         self,
         tiers: list[DirTier],
         info: DistInfo,
-        engine: Any,
+        engine: Engine,
         meta: dict[str, Any],
         commit_timeout: float,
         metrics: Any,
@@ -116,9 +117,9 @@ class CheckpointManager:
         rng_state = rng.capture()
         snap = self.engine.snapshot()
         written_sync: list[str] | None = None
-        if sync or not getattr(self.engine, "async_capable", True):
+        if sync or not self.engine.async_capable:
             # Synchronous: write now (DeepSpeed's collective save, SIGTERM, the final step).
-            written_sync = self._write_engine_files(staging, snap)
+            written_sync = self.engine.write_snapshot(snap, staging)
             snap = None
         blocked = time.perf_counter() - started
         job = lambda: self._persist(step, meta, index, snap, written_sync, rng_state)  # noqa: E731
@@ -135,9 +136,6 @@ class CheckpointManager:
         except Exception as err:  # a tier failure degrades, it never kills training
             log.error("checkpoint of step %d failed: %s", step, err)
 
-    def _write_engine_files(self, staging: Path, snap: Any) -> list[str]:
-        return self.engine.write_snapshot(snap, staging)
-
     def _persist(
         self, step: int, meta: dict[str, Any], index: int, snap: Any, written: list[str] | None, rng_state: Any
     ) -> None:
@@ -145,7 +143,7 @@ class CheckpointManager:
         began = time.perf_counter()
         try:
             staging = local.staging(step)
-            files = written if written is not None else self._write_engine_files(staging, snap)
+            files = written if written is not None else self.engine.write_snapshot(snap, staging)
             (staging / RNG_DIR).mkdir(exist_ok=True)
             torch.save(rng_state, staging / rng_file(self.info.rank))
             files = [*files, rng_file(self.info.rank)]
