@@ -46,6 +46,17 @@ def count_restart(ctx: Pass, reason: str) -> bool:
     """Count one restart against the budget. Returns False (and fails the job) when the
     budget is exhausted. Survivors restart in place after every failure; that one
     in-place restart is expected and not counted again."""
+    if not charge_budget(ctx, reason):
+        return False
+    delay = backoff_seconds(ctx, ctx.status.restarts)
+    ctx.status.next_restart_time = ctx.at(delay)
+    ctx.after(delay)
+    return True
+
+
+def charge_budget(ctx: Pass, reason: str) -> bool:
+    """Add one restart to the never-reset counters; on exceeding the budget, fail the job
+    with BackoffLimitExceeded and return False."""
     status = ctx.status
     status.restarts += 1
     status.restarts_by_reason[reason] = status.restarts_by_reason.get(reason, 0) + 1
@@ -53,9 +64,6 @@ def count_restart(ctx: Pass, reason: str) -> bool:
     if status.restarts > budget:
         finish(ctx, False, "BackoffLimitExceeded", f"{status.restarts} restarts exceed faultTolerance.maxRestarts={budget}; last: {reason}")
         return False
-    delay = backoff_seconds(ctx, status.restarts)
-    status.next_restart_time = ctx.at(delay)
-    ctx.after(delay)
     return True
 
 
@@ -233,11 +241,7 @@ def handle_in_place_restarts(ctx: Pass) -> bool:
         record_failure(ctx, kind, reason, message="torchrun restarted a worker group in place"
                        + (" after the hang watchdog fired" if kind == "Hang" else ""))
         ctx.event("RestartedInPlace", f"a rank failed ({reason}) and torchrun restarted the worker groups in place", warning=True)
-        status.restarts += 1
-        status.restarts_by_reason[reason] = status.restarts_by_reason.get(reason, 0) + 1
-        budget = ctx.spec.fault_tolerance.max_restarts
-        if status.restarts > budget:
-            finish(ctx, False, "BackoffLimitExceeded", f"{status.restarts} restarts exceed faultTolerance.maxRestarts={budget}")
+        if not charge_budget(ctx, reason):
             return True
     return False
 
