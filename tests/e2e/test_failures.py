@@ -27,6 +27,10 @@ def test_a_job_survives_a_crash_and_a_node_loss_and_succeeds(operator):
         "spec.trainer.builtin.maxSteps": 90, "spec.checkpoint.intervalSteps": 10,
         "spec.checkpoint.shared": {"claimName": "ckpt-shared", "intervalSteps": 10},
         "spec.faultTolerance.nodeFailureGraceSeconds": grace, "spec.faultTolerance.maxRestarts": 6,
+        # Pacing: from step 20 every step takes >= 1 s, so that the survivor cannot finish
+        # all 90 steps alone before the node loss is even detected (NotReady after 16 s,
+        # then the grace); unpaced, a fast run sometimes did.
+        "spec.env": [{"name": "LLMTRAIN_FAULT_INJECT", "value": "slow@step=20,seconds=1,steps=70"}],
     }))
     wait_status(bed, NS, NAME, lambda s: s.get("phase") == "Running" and s.get("step", 0) >= 12, 300, "running past step 12")
 

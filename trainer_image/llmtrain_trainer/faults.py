@@ -6,6 +6,9 @@ Off unless the environment variable ``LLMTRAIN_FAULT_INJECT`` is set. Its value 
     crash@step=25,rank=1          SIGKILL this process at the start of step 25 on rank 1
     hang@step=30,rank=0           block forever (as a stuck collective would)
     slow@step=10,rank=0,seconds=2 sleep 2 s in step 10
+    slow@step=20,seconds=1,steps=70
+                                  pace every rank: each of steps 20..89 takes >= 1 s
+                                  (every time it runs; tests that must outlast a failure)
     exit@step=5,rank=0,code=64    exit with a given code
     sigterm@step=12,rank=0        send SIGTERM to this process (emergency checkpoint path)
 
@@ -74,6 +77,10 @@ class FaultInjector:
 
     def at_step(self, step: int) -> None:
         for fault in self.faults:
+            if fault.kind == "slow" and "steps" in fault.params:
+                if fault.step <= step < fault.step + int(fault.params["steps"]):
+                    time.sleep(float(fault.params.get("seconds", "1")))  # pacing: no marker, quiet
+                continue
             if fault.step != step:
                 continue
             marker = self.state_dir / f"fault-{fault.index}-rank-{self.rank}.fired"

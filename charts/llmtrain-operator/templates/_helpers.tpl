@@ -14,3 +14,39 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "llmtrain.serviceAccount" -}}
 {{- if .Values.serviceAccount.create -}}{{ default (include "llmtrain.fullname" .) .Values.serviceAccount.name }}{{- else -}}{{ default "default" .Values.serviceAccount.name }}{{- end -}}
 {{- end -}}
+
+{{/* RBAC rules, shared by the ClusterRole and (with watchNamespace) the Role; see rbac.yaml. */}}
+{{- define "llmtrain.rules.namespaced" -}}
+# The jobs themselves, and their status subresource (written once per pass).
+- apiGroups: [llmtrain.io]
+  resources: [llmtrainjobs]
+  verbs: [get, list, watch, patch, update, delete]
+- apiGroups: [llmtrain.io]
+  resources: [llmtrainjobs/status]
+  verbs: [get, patch, update]
+# Children: worker and rendezvous pods, their services and the rendered config.
+- apiGroups: [""]
+  resources: [pods, services, configmaps]
+  verbs: [get, list, watch, create, update, patch, delete]
+# Checking that referenced Secrets and PVCs exist (never their contents' use).
+- apiGroups: [""]
+  resources: [secrets, persistentvolumeclaims]
+  verbs: [get]
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+# kopf: namespaced HA peering (KopfPeering).
+- apiGroups: [kopf.dev]
+  resources: [kopfpeerings]
+  verbs: [get, list, watch, patch, create]
+{{- end }}
+{{- define "llmtrain.rules.cluster" -}}
+# Node health for failure detection (read only).
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get, list, watch]
+# kopf: resource discovery.
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [list, watch]
+{{- end }}

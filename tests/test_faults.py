@@ -1,0 +1,46 @@
+"""The test-only fault injector: parsing, once-per-job markers, and pacing."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from llmtrain_trainer.faults import FaultInjector, parse
+
+
+def test_unknown_kinds_and_missing_steps_are_named():
+    with pytest.raises(ValueError, match="unknown fault kind 'explode'"):
+        parse("explode@step=3")
+    with pytest.raises(ValueError, match="needs step=N"):
+        parse("crash@rank=1")
+
+
+def test_faults_are_kept_only_for_their_rank_and_attempt(tmp_path):
+    faults = parse("crash@step=5,rank=1; exit@step=6,attempt=2,code=64; slow@step=7")
+    assert [f.kind for f in FaultInjector(faults, rank=0, attempt=0, state_dir=tmp_path).faults] == ["slow"]
+    assert [f.kind for f in FaultInjector(faults, rank=1, attempt=2, state_dir=tmp_path).faults] == ["crash", "exit", "slow"]
+
+
+def test_a_fault_fires_once_per_job_even_when_its_step_is_replayed(tmp_path):
+    fired = []
+    injector = FaultInjector(parse("slow@step=3,seconds=0"), rank=0, attempt=0, state_dir=tmp_path)
+    injector._fire = fired.append  # observe instead of sleeping
+    for step in (2, 3, 3, 4):
+        injector.at_step(step)
+    assert len(fired) == 1
+    again = FaultInjector(parse("slow@step=3,seconds=0"), rank=0, attempt=1, state_dir=tmp_path)  # torchrun restart
+    again._fire = fired.append
+    again.at_step(3)
+    assert len(fired) == 1 and (tmp_path / "fault-0-rank-0.fired").exists()
+
+
+def test_pacing_slows_every_step_in_its_range_each_time(tmp_path):
+    injector = FaultInjector(parse("slow@step=10,seconds=0.05,steps=3"), rank=1, attempt=0, state_dir=tmp_path)
+    timed = {}
+    for step in (9, 10, 11, 12, 13, 11):
+        began = time.perf_counter()
+        injector.at_step(step)
+        timed.setdefault(step, []).append(time.perf_counter() - began)
+    assert max(timed[9] + timed[13]) < 0.04
+    assert min(timed[10] + timed[11] + timed[12]) >= 0.05 and len(timed[11]) == 2
+    assert not list(tmp_path.glob("*.fired"))
