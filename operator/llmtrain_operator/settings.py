@@ -31,7 +31,7 @@ class OperatorSettings:
 
     priority: int = 0
     """``LLMTRAIN_OPERATOR_PRIORITY``: peering priority; the highest active replica works,
-    the others pause. Default 0 (the chart sets a random one per pod)."""
+    the others pause. Default 0: derived from ``POD_NAME`` (31 bits), distinct per replica."""
 
     resync_seconds: float = 10.0
     """``LLMTRAIN_OPERATOR_RESYNC_SECONDS``: a job is re-planned at least this often even

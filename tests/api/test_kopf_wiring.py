@@ -69,3 +69,16 @@ async def test_the_operator_creates_children_and_replaces_a_failed_pod(api, oper
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=30)
+
+
+def test_replica_priorities_are_distinct_even_for_names_that_once_collided():
+    # Equal priorities make kopf pause every replica. These two pod names of one
+    # ReplicaSet got the same priority from the former 10,000-value derivation in CI.
+    from llmtrain_operator.handlers import priority_from_pod_name  # noqa: PLC0415
+
+    names = ["llmtrain-59fbfb74c4-wpxdg", "llmtrain-59fbfb74c4-gmjfx"] + [f"llmtrain-59fbfb74c4-{i:05x}" for i in range(2000)]
+    priorities = [priority_from_pod_name(n) for n in names]
+    assert len(set(priorities)) == len(names)
+    assert all(1 <= p < 2**31 for p in priorities)
+    assert priority_from_pod_name("llmtrain-59fbfb74c4-wpxdg") == priorities[0]  # stable across restarts
+    assert priority_from_pod_name("") == 0

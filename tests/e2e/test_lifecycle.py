@@ -32,7 +32,9 @@ def test_failover_eviction_suspend_resume_metrics_and_cleanup(operator, promethe
     # A shared tier: checkpoints must outlive the pods that suspend deletes.
     bed.kubectl("create", "namespace", NS, check=False)
     bed.kubectl("apply", "-n", NS, "-f", "-", input=PVC)
-    create(bed, NS, job_manifest(NAME, {"spec.trainer.builtin.maxSteps": 400, "spec.checkpoint.intervalSteps": 5,
+    # Effectively endless: the test ends the job by deleting it, and a fast machine must
+    # not finish training before the last phase has been exercised.
+    create(bed, NS, job_manifest(NAME, {"spec.trainer.builtin.maxSteps": 100000, "spec.checkpoint.intervalSteps": 5,
                                         "spec.checkpoint.shared": {"claimName": "ckpt-shared"}}))
     running = wait_status(bed, NS, NAME, lambda s: s.get("phase") == "Running" and s.get("step", 0) >= 6, 300, "running")
 

@@ -140,8 +140,10 @@ class ElasticJob:
             self.store.terminate()
             self.store.wait(timeout=10)
 
-    def logs(self) -> str:
-        return "\n".join(f"----- node {n.index} -----\n{n.output()[-6000:]}" for n in self.running)
+    def logs(self, tail: int | None = 6000) -> str:
+        """Every node's output; only its last ``tail`` characters (for assertion messages)
+        unless ``tail`` is None."""
+        return "\n".join(f"----- node {n.index} -----\n{n.output()[-tail if tail else 0:]}" for n in self.running)
 
     def steps(self) -> list[dict[str, Any]]:
         """Every step record rank 0 wrote, in time order (rank 0 may move between nodes)."""

@@ -42,11 +42,12 @@ def _wake(namespace: str | None, name: str | None) -> None:
         event.set()
 
 
-def _priority_from_pod_name() -> int:
-    """HA replicas need distinct peering priorities (equal ones all pause); derive one
-    from the pod name when none is configured."""
-    name = os.environ.get("POD_NAME", "")
-    return int(hashlib.sha1(name.encode()).hexdigest()[:6], 16) % 10_000 + 1 if name else 0
+def priority_from_pod_name(name: str) -> int:
+    """HA replicas need distinct peering priorities: with equal ones kopf warns of
+    "conflicting operators" and every replica pauses, so no job is reconciled. Derive one
+    from the pod name when none is configured, over 31 bits: a space of 10,000 once gave
+    two replicas of one ReplicaSet the same priority in CI (1 in 2e9 now)."""
+    return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) % (2**31 - 1) + 1 if name else 0
 
 
 @kopf.on.startup()
@@ -54,7 +55,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _K8S, SETTINGS
     SETTINGS = from_env()
     settings.peering.name = SETTINGS.peering_name
-    settings.peering.priority = SETTINGS.priority or _priority_from_pod_name()
+    settings.peering.priority = SETTINGS.priority or priority_from_pod_name(os.environ.get("POD_NAME", ""))
     settings.peering.standalone = SETTINGS.standalone
     settings.peering.clusterwide = not SETTINGS.namespace
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="llmtrain.io")
