@@ -230,6 +230,8 @@ class LocalCluster:
                     view = PodView(**{**view.__dict__, "ready": True})
             views.append(view)
         nodes = {f"local-{s}": NodeView(f"local-{s}", "True", None) for s in range(self.job.spec.replicas.max)}
+        # The store's own "node": a store on a missing Node counts as lost and is recreated.
+        nodes["local"] = NodeView("local", "True", None)
         services = frozenset(o.split("/", 1)[1] for o in self.objects if o.startswith("Service/"))
         configmaps = {o.split("/", 1)[1]: self._config_hash() for o in self.objects if o.startswith("ConfigMap/")}
         return Observed(pods=tuple(views), nodes=nodes, services=services, configmaps=configmaps, probes=probes)
