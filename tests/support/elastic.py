@@ -140,9 +140,11 @@ class ElasticJob:
             self.store.terminate()
             self.store.wait(timeout=10)
 
-    def logs(self, tail: int | None = 6000) -> str:
-        """Every node's output; only its last ``tail`` characters (for assertion messages)
-        unless ``tail`` is None."""
+    def logs(self, tail: int | None = None) -> str:
+        """Every node's whole output, or only each node's last ``tail`` characters.
+
+        Whole by default: a membership check on a tail once missed a line that rank 0's
+        node printed early (CI flake when rank 0 landed on the node with more output)."""
         return "\n".join(f"----- node {n.index} -----\n{n.output()[-tail if tail else 0:]}" for n in self.running)
 
     def steps(self) -> list[dict[str, Any]]:

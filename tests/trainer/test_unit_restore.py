@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 from llmtrain_trainer.checkpoint.restore import Candidate, candidates, can_serve, files_to_verify, find_restore_point
@@ -132,3 +133,42 @@ def test_find_restore_point_picks_the_newest_verified_step(tmp_path):
     (newest.path / "r0.bin").write_bytes(b"z" * 100)
     choice = find_restore_point([tier], 0, 1, "h", "ddp", False, lambda n: None, lambda o: [o])
     assert (choice.step, choice.mode, choice.samples) == (5, "local", 40)
+
+
+def _gathers(world: int):
+    """One all-gather callable per rank, backed by threads (the agreement's only I/O)."""
+    slots: list = [None] * world
+    barrier = threading.Barrier(world, timeout=10)
+
+    def for_rank(rank):
+        def gather(obj):
+            slots[rank] = obj
+            barrier.wait()
+            out = list(slots)
+            barrier.wait()  # nobody overwrites a slot before everyone has read it
+            return out
+
+        return gather
+
+    return [for_rank(r) for r in range(world)]
+
+
+def test_a_broadcast_reports_the_source_ranks_tier_on_every_rank(tmp_path):
+    # Rank 0 landed on a new node without a copy; rank 1's node holds step 10 locally.
+    empty, holder = DirTier("local", tmp_path / "n0"), DirTier("local", tmp_path / "n1")
+    _save(holder, 10, [0], 1)
+    gathers = _gathers(2)
+    choices: dict[int, object] = {}
+
+    def run(rank, tier):
+        choices[rank] = find_restore_point([tier], rank, 2, "h", "ddp", False, lambda n: None, gathers[rank])
+
+    threads = [threading.Thread(target=run, args=(r, t)) for r, t in enumerate((empty, holder))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert {r: (c.mode, c.source_rank, c.tier, c.source_tier) for r, c in choices.items()} == {
+        0: ("broadcast", 1, None, "local"),
+        1: ("broadcast", 1, "local", "local"),
+    }

@@ -7,6 +7,8 @@ sample 12 x globalBatchSize, and accumulation x microBatch x world == globalBatc
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from support.elastic import base_config, run_job
 
@@ -49,4 +51,7 @@ def test_resume_at_another_world_size_keeps_position_and_global_batch(tmp_path, 
         assert record["accum"] * MICRO * world == GLOBAL
     # The model really came from the checkpoint: a fresh model would start near ln(256).
     assert resumed[0]["loss"] < end_of_first["loss"] + 0.5
-    assert f"resumed from step 12 (local tier, {mode}, saved at world size {before[0] * before[1]}, now {world})" in job2.logs()
+    # Either node may host rank 0; the line names the tier the state came from either way.
+    via = r" from rank \d" if mode == "broadcast" else ""
+    saved = f"saved at world size {before[0] * before[1]}, now {world}"
+    assert re.search(rf"resumed from step 12 \(local tier, {mode}{via}, {saved}\)", job2.logs()), job2.logs()

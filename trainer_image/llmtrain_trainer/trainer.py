@@ -177,11 +177,13 @@ class Trainer:
         if choice.samples != expected:
             raise RuntimeError(f"checkpoint step {choice.step} records {choice.samples} samples, expected {expected}")
         seconds = time.perf_counter() - began
-        self.metrics.restored(choice.tier or "peer", choice.step, seconds)
+        tier = choice.source_tier or "unknown"
+        self.metrics.restored(tier, choice.step, seconds)
         if self.info.rank == 0:
+            via = f" from rank {choice.source_rank}" if choice.mode == "broadcast" else ""
             log.warning(
-                "resumed from step %d (%s tier, %s, saved at world size %d, now %d) in %.2fs",
-                choice.step, choice.tier or "peer", choice.mode, choice.saved_world, self.info.world_size, seconds,
+                "resumed from step %d (%s tier, %s%s, saved at world size %d, now %d) in %.2fs",
+                choice.step, tier, choice.mode, via, choice.saved_world, self.info.world_size, seconds,
             )
 
     # ------------------------------------------------------------------ loop

@@ -51,7 +51,12 @@ class Choice:
     path: Path | None
     """The folder this rank reads (None when it receives the state by broadcast)."""
     tier: str | None
+    """The tier this rank reads (None when it receives the state by broadcast)."""
     source_rank: int = 0
+    source_tier: str | None = None
+    """The tier the state came from: the source rank's tier for a broadcast or universal
+    load, this rank's own tier for a local one. Logged and exported, so the message is the
+    same whichever node rank 0 lands on."""
 
 
 @dataclass
@@ -163,9 +168,10 @@ def find_restore_point(
     listings = gather(listing)
     for cand in candidates(listings, world, sharded):
         ok, path, tier_name, why = _check(cand, listing.get(cand.step, []), committed, rank, sharded, file_rank)
-        results = gather((ok, why))
+        results = gather((ok, why, tier_name))
         if all(r[0] for r in results):
-            return Choice(cand.step, cand.mode, cand.samples, cand.saved_world, path, tier_name, cand.source_rank)
+            source_tier = tier_name if cand.mode == "local" else results[cand.source_rank][2]
+            return Choice(cand.step, cand.mode, cand.samples, cand.saved_world, path, tier_name, cand.source_rank, source_tier)
         problems.extend(f"step {cand.step} ({cand.mode}): {r[1]}" for r in results if not r[0] and r[1])
     all_problems = [p for ps in gather(problems) for p in ps]
     if any(listings) or all_problems:
