@@ -7,8 +7,10 @@ from llmtrain_operator.settings import ConfigError, OperatorSettings, from_env
 def test_defaults_and_overrides():
     assert from_env({}) == OperatorSettings()
     got = from_env({"LLMTRAIN_OPERATOR_NAMESPACE": "ml", "LLMTRAIN_OPERATOR_RESYNC_SECONDS": "2.5",
-                    "LLMTRAIN_OPERATOR_PROBES": "off", "LLMTRAIN_OPERATOR_STANDALONE": "yes"})
+                    "LLMTRAIN_OPERATOR_PROBES": "off", "LLMTRAIN_OPERATOR_STANDALONE": "yes",
+                    "LLMTRAIN_OPERATOR_MAX_CONCURRENT_RECONCILES": "3"})
     assert (got.namespace, got.resync_seconds, got.probes_enabled, got.standalone) == ("ml", 2.5, False, True)
+    assert got.max_concurrent_reconciles == 3
 
 
 @pytest.mark.parametrize(("env", "named"), [
@@ -16,6 +18,8 @@ def test_defaults_and_overrides():
     ({"LLMTRAIN_OPERATOR_METRICS_PORT": "-1"}, "LLMTRAIN_OPERATOR_METRICS_PORT"),
     ({"LLMTRAIN_OPERATOR_STANDALONE": "maybe"}, "LLMTRAIN_OPERATOR_STANDALONE"),
     ({"LLMTRAIN_OPERATOR_RESYNC": "5"}, "LLMTRAIN_OPERATOR_RESYNC"),
+    ({"LLMTRAIN_OPERATOR_MAX_CONCURRENT_RECONCILES": "0"}, "LLMTRAIN_OPERATOR_MAX_CONCURRENT_RECONCILES=.0. must be at least 1"),
+    ({"LLMTRAIN_OPERATOR_API_THREADS": "0"}, "LLMTRAIN_OPERATOR_API_THREADS"),
 ])
 def test_a_bad_setting_is_an_error_naming_the_variable(env, named):
     with pytest.raises(ConfigError, match=named):

@@ -32,6 +32,8 @@ CGROUP_ROOT = Path("/sys/fs/cgroup/memory/localcluster")
 INIT = str(Path(__file__).with_name("container_init.py"))
 NETNS_ETC = Path("/etc/netns")
 API_PORT = 443  # see control_plane.API_PORT
+CONFIG_RETRY_SECONDS = 1.0
+"""How often a pod waiting on a missing ConfigMap/Secret looks again (the kubelet retries too)."""
 
 
 def now_iso() -> str:
@@ -84,6 +86,7 @@ class PodRunner:
     finished: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     dirty: bool = True
+    next_config_retry: float = 0.0
 
     @property
     def uid(self) -> str:
@@ -110,17 +113,28 @@ class PodRunner:
         self.netns = network.create_pod_network(self.uid, self.ip, NETNS_ETC, hosts, search)
         self.pod.setdefault("status", {})["podIP"] = self.ip  # for downward-API fieldRefs
         self.containers = [Container(c) for c in spec.get("containers") or []]
-        try:
-            vols = {v["name"]: volumes.prepare_volume(self.core, self.pod, v, self.folder, self.state / "nodes" / self.node,
-                                                      self.state / "pvs") for v in spec.get("volumes") or []}
-        except volumes.ConfigError as err:
-            for c in self.containers:
-                c.waiting_reason, c.waiting_message = "CreateContainerConfigError", str(err)
-            self.volumes: dict[str, Path] = {}
-            return
-        self.volumes = vols
+        self.volumes: dict[str, Path] | None = None
+        self._prepare_and_launch()
+
+    def _prepare_and_launch(self) -> None:
+        """Mount the volumes (once) and launch every container still waiting. A missing
+        ConfigMap, Secret or key leaves the pod waiting with CreateContainerConfigError,
+        and ``tick`` tries again, the way the kubelet keeps retrying until the object
+        appears (an operator may create a pod a moment before its ConfigMap)."""
+        self.next_config_retry = time.monotonic() + CONFIG_RETRY_SECONDS
+        if self.volumes is None:
+            spec = self.pod.get("spec") or {}
+            try:
+                self.volumes = {v["name"]: volumes.prepare_volume(self.core, self.pod, v, self.folder, self.state / "nodes" / self.node,
+                                                                  self.state / "pvs") for v in spec.get("volumes") or []}
+            except volumes.ConfigError as err:
+                for c in self.containers:
+                    c.waiting_reason, c.waiting_message = "CreateContainerConfigError", str(err)
+                self.dirty = True
+                return
         for c in self.containers:
-            self._launch(c)
+            if c.proc is None and c.terminated is None and c.waiting_reason in ("ContainerCreating", "CreateContainerConfigError"):
+                self._launch(c)
 
     def _launch(self, c: Container) -> None:
         spec = c.spec
@@ -205,6 +219,9 @@ class PodRunner:
                     c.ready, self.dirty = True, True
             elif c.proc is None and c.terminated is None and c.waiting_reason == "CrashLoopBackOff" and time.monotonic() >= c.next_start:
                 self._launch(c)
+        if (self.deleting_since is None and time.monotonic() >= self.next_config_retry
+                and any(c.waiting_reason == "CreateContainerConfigError" for c in self.containers)):
+            self._prepare_and_launch()
         if self.deleting_since is not None and self.grace_deadline is not None and time.monotonic() > self.grace_deadline:
             self.kill(signal.SIGKILL)
 

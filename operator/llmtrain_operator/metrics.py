@@ -28,6 +28,9 @@ RECOVER = Histogram("llmtrain_operator_time_to_recover_seconds", "From a detecte
 RECONCILE_BUCKETS = tuple(round(0.001 * 1.5**i, 6) for i in range(24))
 RECONCILE = Histogram("llmtrain_operator_reconcile_duration_seconds", "One reconcile pass (observe, plan, apply)",
                       buckets=RECONCILE_BUCKETS, registry=REGISTRY)
+QUEUE = Histogram("llmtrain_operator_reconcile_queue_seconds",
+                  "Wait of a due pass for a free slot (LLMTRAIN_OPERATOR_MAX_CONCURRENT_RECONCILES) before it runs",
+                  buckets=RECONCILE_BUCKETS, registry=REGISTRY)
 GOODPUT = Gauge("llmtrain_operator_job_goodput", "Effective training time ratio of a job so far", ["job_namespace", "job"], registry=REGISTRY)
 
 _PHASES: dict[tuple[str, str], str] = {}
@@ -36,6 +39,10 @@ _PHASES: dict[tuple[str, str], str] = {}
 def serve(port: int) -> None:
     if port:
         start_http_server(port, registry=REGISTRY)
+
+
+def record_queue_wait(seconds: float) -> None:
+    QUEUE.observe(seconds)
 
 
 def record_pass(namespace: str, name: str, old: dict[str, Any], new: dict[str, Any], seconds: float) -> None:

@@ -49,6 +49,13 @@ class OperatorSettings:
     """``LLMTRAIN_OPERATOR_API_THREADS``: threads for Kubernetes API calls (the client is
     synchronous). Default 32: enough for a burst of new jobs without queueing."""
 
+    max_concurrent_reconciles: int = 8
+    """``LLMTRAIN_OPERATOR_MAX_CONCURRENT_RECONCILES``: passes that run at once, across all
+    jobs (controller-runtime's ``MaxConcurrentReconciles``). Default 8. A burst of new jobs
+    then queues for a slot instead of sharing the API server 500 ways, so each job's
+    children go out together; the wait is exported as
+    ``llmtrain_operator_reconcile_queue_seconds``, apart from the pass duration."""
+
     metrics_port: int = 8080
     """``LLMTRAIN_OPERATOR_METRICS_PORT``: the operator's own Prometheus endpoint; 0 off.
     Default 8080."""
@@ -57,6 +64,10 @@ class OperatorSettings:
     """``LLMTRAIN_OPERATOR_STATUS_FLUSH_SECONDS``: when only time accounting changed, the
     status is written at most this often. Seconds. Default 60: an idle job costs no
     writes, and goodput stays at most a minute stale."""
+
+
+AT_LEAST_ONE = frozenset({"api_threads", "max_concurrent_reconciles"})
+"""Counts where 0 would stop all work (no thread, no slot) rather than turn a feature off."""
 
 
 def _parse(name: str, raw: str, kind: type) -> object:
@@ -73,6 +84,8 @@ def _parse(name: str, raw: str, kind: type) -> object:
         raise ConfigError(f"{var}={raw!r} is not a valid {kind.__name__}") from None
     if kind in (int, float) and value < 0:
         raise ConfigError(f"{var}={raw!r} must not be negative")
+    if name.lower() in AT_LEAST_ONE and value < 1:
+        raise ConfigError(f"{var}={raw!r} must be at least 1")
     return value
 
 

@@ -62,6 +62,9 @@ def pod(name: str, slot: int, phase: str = "Running", node: str = "node-0", read
     }
 
 
+STATUS = "/apis/llmtrain.io/v1alpha1/namespaces/ml/llmtrainjobs/tiny-elastic/status"
+
+
 def node(name: str, ready: str = "True", since: float = 3600, unreachable: bool = False) -> dict[str, Any]:
     taints = [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}] if unreachable else []
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {"taints": taints},
@@ -89,15 +92,15 @@ async def test_a_new_job_creates_exactly_its_children_writes_status_once_and_pos
     before = len(api)
     await one_pass(api, k8s)
     calls = writes(requests_since(api, before))
-    # Config and services go out together, then the pods that mount the config.
-    assert sorted(calls[:3]) == [
+    # Every child and the one status patch go out in one concurrent round; Events after.
+    assert sorted(calls[:7]) == sorted([
         ("POST", "/api/v1/namespaces/ml/configmaps"),
         ("POST", "/api/v1/namespaces/ml/services"),
         ("POST", "/api/v1/namespaces/ml/services"),
-    ]
-    assert calls[3:6] == [("POST", "/api/v1/namespaces/ml/pods")] * 3
-    assert calls[6] == ("PATCH", "/apis/llmtrain.io/v1alpha1/namespaces/ml/llmtrainjobs/tiny-elastic/status")
-    assert set(calls[7:]) == {("POST", "/api/v1/namespaces/ml/events")}
+        *[("POST", "/api/v1/namespaces/ml/pods")] * 3,
+        ("PATCH", STATUS),
+    ])
+    assert calls[7:] and set(calls[7:]) == {("POST", "/api/v1/namespaces/ml/events")}
     worker = api.objects["v1/pods", NS, "tiny-elastic-worker-1"].raw
     assert worker["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert worker["metadata"]["labels"]["llmtrain.io/slot"] == "1"
@@ -111,9 +114,10 @@ async def test_a_pod_failure_deletes_the_pod_counts_a_restart_and_recreates_it_a
         terminated={"exitCode": 137, "reason": "Error", "finishedAt": ago(1)})
     before = len(api)
     await one_pass(api, k8s)
+    # The decision is recorded before the failed pod (its evidence) is deleted.
     assert writes(requests_since(api, before)) == [
+        ("PATCH", STATUS),
         ("DELETE", "/api/v1/namespaces/ml/pods/tiny-elastic-worker-0"),
-        ("PATCH", "/apis/llmtrain.io/v1alpha1/namespaces/ml/llmtrainjobs/tiny-elastic/status"),
         ("POST", "/api/v1/namespaces/ml/events"),
     ]
     status = stored_job(api)["status"]
@@ -197,30 +201,54 @@ async def test_410_gone_on_a_list_is_a_transient_error_and_nothing_is_written(ap
     assert writes(requests_since(api, before)) == []
 
 
-async def test_500_on_a_create_stops_the_pass_but_still_records_the_status(api, k8s):
+async def test_500_on_a_create_is_transient_the_status_is_recorded_and_the_retry_creates_only_what_is_missing(api, k8s):
     put_job(api, job())
-    api["post /api/v1/namespaces/ml/configmaps"] << 500
+    api["post /api/v1/namespaces/ml/configmaps"][:1] << 500  # the first request only
     with pytest.raises(TransientApiError, match="HTTP 500"):
         await one_pass(api, k8s)
     assert stored_job(api)["status"]["phase"] == "Created"
-    assert not [c for c in writes(requests_since(api, 0)) if c[1].endswith("/pods")], "the pass stopped at the error"
-    # The retried pass creates what is still missing, nothing twice (kmock kept the
-    # ConfigMap the failed request carried, as a server that failed late might).
+    # The other children went out in the same round; a pod waits for its ConfigMap the
+    # way a kubelet does.
+    created = sorted(p for m, p in writes(requests_since(api, 0)) if m == "POST" and not p.endswith("/events"))
+    assert created == ["/api/v1/namespaces/ml/configmaps"] + ["/api/v1/namespaces/ml/pods"] * 3 + ["/api/v1/namespaces/ml/services"] * 2
+    del api.objects["v1/configmaps", NS, "tiny-elastic-config"]  # the failed create left nothing behind
     before = len(api)
     await one_pass(api, k8s, now=NOW + timedelta(seconds=5))
     created = [p for m, p in writes(requests_since(api, before)) if m == "POST" and not p.endswith("/events")]
-    assert created == ["/api/v1/namespaces/ml/pods"] * 3
+    assert created == ["/api/v1/namespaces/ml/configmaps"], "the retry creates only what is missing, nothing twice"
+    assert api.objects["v1/configmaps", NS, "tiny-elastic-config"].raw["metadata"]["name"] == "tiny-elastic-config"
 
 
-async def test_500_on_the_status_patch_is_transient_and_the_next_pass_recovers(api, k8s):
+async def test_500_on_the_status_patch_deletes_nothing_and_the_next_pass_counts_the_failure_once(api, k8s):
     await started_job(api, k8s)
     api.objects["v1/pods", NS, "tiny-elastic-worker-0"] = pod(
         "tiny-elastic-worker-0", 0, phase="Failed", ready=False, terminated={"exitCode": 137, "reason": "Error"})
-    failures = iter([kmock.Response(status=500)])
-    api["patch /apis/llmtrain.io/v1alpha1/namespaces/ml/llmtrainjobs/tiny-elastic/status"] << (lambda: next(failures, None))
+    unchanged = stored_job(api)
+    done = len(api["patch " + STATUS])
+    api["patch " + STATUS][done:done + 1] << 500  # the next patch only
+    before = len(api)
     with pytest.raises(TransientApiError, match="HTTP 500"):
         await one_pass(api, k8s)
+    assert writes(requests_since(api, before)) == [("PATCH", STATUS)], "no delete before the decision is recorded"
+    put_job(api, unchanged)  # kmock stores a patch even when it answers 500; a real server would not
+    before = len(api)
     await one_pass(api, k8s, now=NOW + timedelta(seconds=1))
+    assert writes(requests_since(api, before))[:2] == [("PATCH", STATUS), ("DELETE", "/api/v1/namespaces/ml/pods/tiny-elastic-worker-0")]
+    assert stored_job(api)["status"]["restarts"] == 1
+
+
+async def test_a_failed_delete_is_retried_without_counting_the_failure_twice(api, k8s):
+    await started_job(api, k8s)
+    failed = pod("tiny-elastic-worker-0", 0, phase="Failed", ready=False, terminated={"exitCode": 137, "reason": "Error"})
+    api.objects["v1/pods", NS, "tiny-elastic-worker-0"] = failed
+    api["delete /api/v1/namespaces/ml/pods/tiny-elastic-worker-0"][:1] << 500
+    with pytest.raises(TransientApiError, match="HTTP 500"):
+        await one_pass(api, k8s)
+    assert stored_job(api)["status"]["restarts"] == 1
+    api.objects["v1/pods", NS, "tiny-elastic-worker-0"] = failed  # kmock deletes even when it answers 500
+    before = len(api)
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=1))
+    assert ("DELETE", "/api/v1/namespaces/ml/pods/tiny-elastic-worker-0") in writes(requests_since(api, before))
     assert stored_job(api)["status"]["restarts"] == 1
 
 

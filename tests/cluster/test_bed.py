@@ -44,6 +44,37 @@ def test_a_plain_pod_succeeds_with_its_exit_code_and_env(bed):
     assert bed.pod_log(NS, "hello").split() == ["hello", status["podIP"], NS]
 
 
+def test_a_pod_waits_for_a_missing_config_map_and_starts_once_it_exists(bed):
+    # The kubelet keeps retrying a missing ConfigMap; the operator relies on that when it
+    # creates a job's pods and ConfigMap in one round.
+    apply(bed, textwrap.dedent("""
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: waits-for-config}
+        spec:
+          restartPolicy: Never
+          containers:
+          - name: main
+            image: unused
+            command: ["python", "-c", "print(open('/config/greeting').read())"]
+            volumeMounts: [{name: config, mountPath: /config}]
+          volumes:
+          - {name: config, configMap: {name: late-config}}
+    """), NS)
+
+    def waiting():
+        statuses = (pod(bed, "waits-for-config", NS).get("status") or {}).get("containerStatuses") or []
+        return (statuses[0].get("state") or {}).get("waiting", {}) if statuses else {}
+
+    waited = wait_for(lambda: waiting().get("reason") == "CreateContainerConfigError" and waiting(), 60, what="CreateContainerConfigError")
+    assert "late-config" in waited.get("message", "")
+    time.sleep(3)  # several retries
+    assert phase(bed, "waits-for-config", NS) == "Pending"
+    bed.kubectl("create", "configmap", "late-config", "-n", NS, "--from-literal=greeting=hello-late")
+    wait_for(lambda: phase(bed, "waits-for-config", NS) == "Succeeded", 60, what="waits-for-config Succeeded")
+    assert bed.pod_log(NS, "waits-for-config").strip() == "hello-late"
+
+
 def test_a_failing_pod_with_on_failure_is_restarted_and_its_restart_count_rises(bed):
     apply(bed, textwrap.dedent("""
         apiVersion: v1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from llmtrain_operator.settings import from_env
 from support.specs import ROOT
 
 CHART = str(ROOT / "charts" / "llmtrain-operator")
@@ -46,3 +47,14 @@ def test_a_namespaced_install_grants_namespaced_rights_only_in_its_namespace(loc
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "--namespace=chart-team" in command and "--all-namespaces" not in command
+
+
+def test_operator_values_become_settings_the_operator_accepts(local_cluster):
+    docs = render(local_cluster, "operator.maxConcurrentReconciles=4", "operator.resyncSeconds=5", "operator.statusFlushSeconds=30")
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    settings = from_env({k: v for k, v in env.items() if k.startswith("LLMTRAIN_OPERATOR_") and v is not None})
+    assert (settings.max_concurrent_reconciles, settings.resync_seconds, settings.status_flush_seconds) == (4, 5.0, 30.0)
+    defaults = next(d for d in render(local_cluster) if d["kind"] == "Deployment")
+    names = {e["name"] for e in defaults["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "LLMTRAIN_OPERATOR_MAX_CONCURRENT_RECONCILES" not in names  # empty values keep the operator's defaults

@@ -1,4 +1,4 @@
-"""One reconcile pass: observe -> plan (pure) -> apply -> one status write -> events.
+"""One reconcile pass: observe -> plan (pure) -> write (actions and one status patch) -> events.
 
 Used by the kopf daemon (observations from kopf's in-memory indexes, fed by watches)
 and by API-contract tests and the scale benchmark (observations from list calls).
@@ -96,29 +96,45 @@ def status_changed(old: dict[str, Any], new: dict[str, Any], flush_seconds: floa
     return last is None or (now - last).total_seconds() >= flush_seconds
 
 
-async def apply(k8s: K8s, body: dict[str, Any], result: Plan) -> None:
-    """Apply the actions. Independent requests go out together: config and services
-    first, then pods (they mount the config), deletions alongside. The first transient
-    error is raised after every request finished; the next pass re-plans what failed."""
+def _request(k8s: K8s, namespace: str, job: str, action: Any) -> Any:
+    if isinstance(action, CreateObject):
+        return asyncio.to_thread(k8s.create, action.manifest)
+    if isinstance(action, ReplaceObject):
+        return asyncio.to_thread(k8s.replace, action.manifest)
+    if isinstance(action, DeletePod):
+        return asyncio.to_thread(k8s.delete_pod, namespace, action.name, action.grace_seconds, action.force)
+    return asyncio.to_thread(k8s.delete_job, namespace, job)
+
+
+async def write(k8s: K8s, body: dict[str, Any], result: Plan,
+                status_patch: dict[str, Any] | None) -> tuple[BaseException | None, BaseException | None]:
+    """A pass's writes: the status patch and every create in one concurrent round, then
+    the deletes. Returns (the first failed action's error, a permanent one first; the
+    status patch's error).
+
+    Creates need no order: a pod created a moment before its ConfigMap is retried by the
+    kubelet until the volume mounts (as with Kubeflow's and JobSet's children). One round
+    matters because a pass's latency is the API server's latency times its rounds, and
+    under a burst of new jobs that latency dominates (docs/benchmarks.md).
+
+    Deletes wait for the status: deleting a failed pod destroys the evidence of the
+    failure, so the decision (restart counted, failure recorded) is written first. If
+    the status write fails, nothing is deleted and the next pass decides again; if a
+    delete fails, the next pass finds the failure already counted and only deletes."""
     meta = body["metadata"]
-    ns = meta.get("namespace", "default")
-
-    def call(action: Any) -> Any:
-        if isinstance(action, CreateObject):
-            return asyncio.to_thread(k8s.create, action.manifest)
-        if isinstance(action, ReplaceObject):
-            return asyncio.to_thread(k8s.replace, action.manifest)
-        if isinstance(action, DeletePod):
-            return asyncio.to_thread(k8s.delete_pod, ns, action.name, action.grace_seconds, action.force)
-        return asyncio.to_thread(k8s.delete_job, ns, meta["name"])
-
-    first = [a for a in result.actions if not (isinstance(a, CreateObject) and a.kind == "Pod")]
-    second = [a for a in result.actions if isinstance(a, CreateObject) and a.kind == "Pod"]
-    for batch in (first, second):
-        outcomes = await asyncio.gather(*(call(a) for a in batch), return_exceptions=True)
-        errors = [o for o in outcomes if isinstance(o, BaseException)]
-        if errors:
-            raise next((e for e in errors if not isinstance(e, TransientApiError)), errors[0])
+    ns, name = meta.get("namespace", "default"), meta["name"]
+    deletes = [a for a in result.actions if isinstance(a, (DeletePod, DeleteJob))]
+    first = [_request(k8s, ns, name, a) for a in result.actions if not isinstance(a, (DeletePod, DeleteJob))]
+    if status_patch is not None:
+        first.append(asyncio.to_thread(k8s.patch_status, ns, name, status_patch))
+    outcomes = list(await asyncio.gather(*first, return_exceptions=True))
+    status_error = outcomes.pop() if status_patch is not None else None
+    if not isinstance(status_error, BaseException):
+        status_error = None
+        outcomes += await asyncio.gather(*(_request(k8s, ns, name, a) for a in deletes), return_exceptions=True)
+    errors = [o for o in outcomes if isinstance(o, BaseException)]
+    action_error = next((e for e in errors if not isinstance(e, TransientApiError)), errors[0] if errors else None)
+    return action_error, status_error
 
 
 _PENDING: set[asyncio.Future[Any]] = set()
@@ -162,18 +178,16 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
                         probes=probes, missing=missing)
     result = plan(body, observed, now)
     old_status = body.get("status") or {}
-    failure: TransientApiError | None = None
-    try:
-        await apply(k8s, body, result)
-    except TransientApiError as err:
-        failure = err
-    written = None
-    if status_changed(old_status, result.status, settings.status_flush_seconds, now):
-        await asyncio.to_thread(k8s.patch_status, ns, name, merge_patch(old_status, result.status))
-        written = result.status.get("lastReconcileTime")
+    changed = status_changed(old_status, result.status, settings.status_flush_seconds, now)
+    action_error, status_error = await write(k8s, body, result, merge_patch(old_status, result.status) if changed else None)
+    for err in (action_error, status_error):
+        if err is not None and not isinstance(err, TransientApiError):
+            raise err
+    if status_error is not None:
+        raise status_error  # decisions not recorded: no Events or metrics for them; the next pass re-plans
     for event in result.events:  # best effort, off the pass's critical path
         _background(asyncio.to_thread(k8s.post_event, body, event.type, event.reason, event.message))
     metrics.record_pass(ns, name, old_status, result.status, time.perf_counter() - started)
-    if failure is not None:
-        raise failure
-    return PassResult(result, written)
+    if action_error is not None:
+        raise action_error  # the status is recorded; the next pass retries what failed
+    return PassResult(result, result.status.get("lastReconcileTime") if changed else None)

@@ -4,6 +4,7 @@
 |----------------------------------|------------------------------------------------|
 | 409 on create                    | it exists already (idempotent)                 |
 | 404 on delete                    | it is gone already (idempotent)                |
+| 404 on a status patch            | the job is gone: nothing to record             |
 | 409 on a status patch            | someone wrote first: retry with a fresh read   |
 | 410, 429, 5xx, timeouts, resets  | transient: retry the pass after a delay        |
 | 400, 403, 422                    | permanent for this object: reported, not retried in a tight loop |
@@ -131,13 +132,20 @@ class K8s:
         except NETWORK_ERRORS as err:
             raise _classify(err, f"delete LLMTrainJob {namespace}/{name}") from err
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """One JSON merge patch of the status subresource per pass (see patches.py)."""
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
+        """One JSON merge patch of the status subresource per pass (see patches.py).
+        False when the job is gone (404): deleted meanwhile, e.g. by its own TTL in the
+        same pass; there is nothing left to record."""
         try:
             self.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=self.timeout, _preload_content=False,
                 _content_type="application/merge-patch+json")
-        except (ApiException, *NETWORK_ERRORS) as err:
+            return True
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise _classify(err, f"patch status of LLMTrainJob {namespace}/{name}") from err
+        except NETWORK_ERRORS as err:
             raise _classify(err, f"patch status of LLMTrainJob {namespace}/{name}") from err
 
     def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
