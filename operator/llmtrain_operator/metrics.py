@@ -26,7 +26,7 @@ RECOVER = Histogram("llmtrain_operator_time_to_recover_seconds", "From a detecte
                     buckets=(1, 2, 5, 10, 15, 30, 60, 120, 300, 600), registry=REGISTRY)
 # Log-spaced (x1.5) from 1 ms to ~13 s: fine enough to read p50/p99 off the buckets.
 RECONCILE_BUCKETS = tuple(round(0.001 * 1.5**i, 6) for i in range(24))
-RECONCILE = Histogram("llmtrain_operator_reconcile_duration_seconds", "One reconcile pass (observe, plan, apply)",
+RECONCILE = Histogram("llmtrain_operator_reconcile_duration_seconds", "One reconcile pass (observe, plan, write), without the wait for a slot",
                       buckets=RECONCILE_BUCKETS, registry=REGISTRY)
 QUEUE = Histogram("llmtrain_operator_reconcile_queue_seconds",
                   "Wait of a due pass for a free slot (LLMTRAIN_OPERATOR_MAX_CONCURRENT_RECONCILES) before it runs",
