@@ -143,8 +143,8 @@ class ElasticJob:
     def logs(self, tail: int | None = None) -> str:
         """Every node's whole output, or only each node's last ``tail`` characters.
 
-        Whole by default: a membership check on a tail once missed a line that rank 0's
-        node printed early (CI flake when rank 0 landed on the node with more output)."""
+        Whole by default: tests check that a line is present, and a long stack dump or
+        many step lines could push an early line out of a tail."""
         return "\n".join(f"----- node {n.index} -----\n{n.output()[-tail if tail else 0:]}" for n in self.running)
 
     def steps(self) -> list[dict[str, Any]]:
