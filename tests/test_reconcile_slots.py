@@ -1,40 +1,75 @@
-"""At most MAX_CONCURRENT_RECONCILES passes run at once, and the wait for a slot is
-measured apart from the pass (the scale target depends on both)."""
+"""At most MAX_CONCURRENT_RECONCILES passes do API work at once, the wait for a slot is
+measured apart from the pass, and trainer probes run outside the slots (a slow trainer
+must not hold a slot other jobs need)."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 
-import llmtrain_operator.handlers as handlers
 from llmtrain_operator import metrics
+from llmtrain_operator.handlers.reconcile import Children, reconcile
+from llmtrain_operator.handlers.slots import Slots
+from llmtrain_operator.settings import OperatorSettings
+
+# The package re-exports a function named `reconcile`, which hides the submodule attribute.
+reconcile_module = importlib.import_module("llmtrain_operator.handlers.reconcile")
 
 
-def _queue_count() -> float:
-    return metrics.REGISTRY.get_sample_value("llmtrain_operator_reconcile_queue_seconds_count") or 0.0
+def _queue(stat: str) -> float:
+    return metrics.REGISTRY.get_sample_value(f"llmtrain_operator_reconcile_queue_seconds_{stat}") or 0.0
 
 
-def _queue_sum() -> float:
-    return metrics.REGISTRY.get_sample_value("llmtrain_operator_reconcile_queue_seconds_sum") or 0.0
+class Peak:
+    """Counts how many callers are inside at once."""
+
+    def __init__(self):
+        self.now = self.peak = 0
+
+    async def inside(self, seconds: float) -> None:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        await asyncio.sleep(seconds)
+        self.now -= 1
 
 
-async def test_a_burst_of_passes_runs_at_most_the_slot_count_at_once(monkeypatch):
-    running, peak = 0, 0
+async def test_a_burst_holds_at_most_the_slot_count_and_the_wait_is_measured():
+    slots, work = Slots(3), Peak()
+    count, total = _queue("count"), _queue("sum")
 
-    async def fake_reconcile(k8s, body, source, settings):
-        nonlocal running, peak
-        running += 1
-        peak = max(peak, running)
-        await asyncio.sleep(0.05)
-        running -= 1
-        return body["metadata"]["name"]
+    async def one_pass():
+        async with slots.held() as waited:
+            await work.inside(0.05)
+            return waited
 
-    monkeypatch.setattr(handlers, "reconcile", fake_reconcile)
-    monkeypatch.setattr(handlers, "_SLOTS", asyncio.Semaphore(3))
-    count, total = _queue_count(), _queue_sum()
-    bodies = [{"metadata": {"name": f"job-{i}"}} for i in range(12)]
-    done = await asyncio.gather(*(handlers._pass(b, None) for b in bodies))
-    assert done == [f"job-{i}" for i in range(12)]  # every pass ran, each on its own body
-    assert peak == 3
-    assert _queue_count() - count == 12
-    # 12 passes of 50 ms through 3 slots: the last ones waited about 3 x 50 ms.
-    assert _queue_sum() - total >= 0.05 * (0 + 0 + 0 + 1 + 1 + 1 + 2 + 2 + 2 + 3 + 3 + 3) * 0.8
+    waits = sorted(await asyncio.gather(*(one_pass() for _ in range(12))))
+    assert work.peak == 3
+    assert _queue("count") - count == 12
+    # 12 passes of 50 ms through 3 slots: three waited ~0, three ~50 ms, ... three ~150 ms.
+    assert waits[:3] == [waits[0]] * 3 or max(waits[:3]) < 0.02
+    assert min(waits[-3:]) >= 0.12
+    assert abs((_queue("sum") - total) - sum(waits)) < 1e-6
+
+
+async def test_probes_run_outside_the_slots(monkeypatch):
+    probing, deciding = Peak(), Peak()
+
+    async def slow_probe(pods, port, timeout):
+        await probing.inside(0.2)  # a trainer that answers slowly (or not at all)
+        return {}
+
+    async def decide(*args, **kwargs):
+        await deciding.inside(0.01)
+        return "written"
+
+    async def source(namespace, name):
+        return Children(pods=[], nodes=[], services=frozenset(), configmaps={})
+
+    monkeypatch.setattr(reconcile_module, "probe_workers", slow_probe)
+    monkeypatch.setattr(reconcile_module, "_decide_and_write", decide)
+    slots, settings = Slots(1), OperatorSettings(probes_enabled=True)
+    jobs = [{"metadata": {"name": f"job-{i}", "namespace": "ml"}, "spec": {}} for i in range(4)]
+    results = await asyncio.gather(*(reconcile(None, job, source, settings, slots=slots) for job in jobs))
+    assert results == ["written"] * 4
+    assert probing.peak == 4, "every job's probe ran at once although there is one slot"
+    assert deciding.peak == 1

@@ -53,8 +53,9 @@ async def test_the_operator_creates_children_and_replaces_a_failed_pod(api, oper
     stop = asyncio.Event()
     task = asyncio.create_task(kopf.operator(standalone=True, clusterwide=True, stop_flag=stop))
     try:
-        await wait_for(lambda: len(posts(api, "/pods")) >= 3)
-        assert api.objects[JOBS, NS, NAME].raw["status"]["phase"] == "Created"
+        # The pods and the status patch go out in one concurrent round: wait for both.
+        await wait_for(lambda: len(posts(api, "/pods")) >= 3
+                       and (api.objects[JOBS, NS, NAME].raw.get("status") or {}).get("phase") == "Created")
 
         pod = copy.deepcopy(api.objects["v1/pods", NS, "tiny-elastic-worker-0"].raw)
         pod["status"] = {"phase": "Failed", "containerStatuses": [

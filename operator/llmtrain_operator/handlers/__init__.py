@@ -27,14 +27,15 @@ from ..api.observed import LABEL_JOB
 from ..k8s.client import K8s, PermanentApiError, TransientApiError
 from ..settings import OperatorSettings, from_env
 from .reconcile import Children, reconcile
+from .slots import Slots
 
 SETTINGS = OperatorSettings()
 """Replaced at startup from ``LLMTRAIN_OPERATOR_*`` (a bad value stops the operator with
 a message naming the variable)."""
 _K8S: K8s | None = None
 _WAKE: dict[tuple[str, str], asyncio.Event] = {}
-_SLOTS: asyncio.Semaphore | None = None
-"""At most ``max_concurrent_reconciles`` passes at once, across jobs (set at startup)."""
+_SLOTS: Slots | None = None
+"""At most ``max_concurrent_reconciles`` passes' API work at once, across jobs (set at startup)."""
 JOB_SELECTOR = {LABEL_JOB: kopf.PRESENT}
 
 
@@ -56,7 +57,7 @@ def priority_from_pod_name(name: str) -> int:
 async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _K8S, SETTINGS, _SLOTS
     SETTINGS = from_env()
-    _SLOTS = asyncio.Semaphore(SETTINGS.max_concurrent_reconciles)
+    _SLOTS = Slots(SETTINGS.max_concurrent_reconciles)
     settings.peering.name = SETTINGS.peering_name
     settings.peering.priority = SETTINGS.priority or priority_from_pod_name(os.environ.get("POD_NAME", ""))
     settings.peering.standalone = SETTINGS.standalone
@@ -136,18 +137,6 @@ async def _until_visible(body: kopf.Body, written: str | None, timeout: float = 
         await asyncio.sleep(0.05)
 
 
-async def _pass(body: kopf.Body, source: Any) -> Any:
-    """One pass in a slot. Like a controller-runtime work queue: a burst of due jobs waits
-    its turn, and the pass reads its body only once it runs, so it plans from the newest
-    state. The wait and the pass are measured apart."""
-    assert _SLOTS is not None, "configure() creates the slots at startup, before any daemon"
-    loop = asyncio.get_running_loop()
-    due = loop.time()
-    async with _SLOTS:
-        metrics.record_queue_wait(loop.time() - due)
-        return await reconcile(_K8S, dict(body), source, SETTINGS)
-
-
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
 async def run_job(stopped: kopf.DaemonStopped, namespace: str, name: str, body: kopf.Body, logger: logging.Logger,
                   pods_by_job: kopf.Index, nodes_by_name: kopf.Index, services_by_job: kopf.Index,
@@ -167,7 +156,7 @@ async def run_job(stopped: kopf.DaemonStopped, namespace: str, name: str, body: 
         while not stopped:
             wake.clear()
             try:
-                result = await _pass(body, from_indexes)
+                result = await reconcile(_K8S, dict(body), from_indexes, SETTINGS, slots=_SLOTS)
                 delay = min(result.plan.requeue_after or SETTINGS.resync_seconds, SETTINGS.resync_seconds)
                 await _until_visible(body, result.written)
             except TransientApiError as err:

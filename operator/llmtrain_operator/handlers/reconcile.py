@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
@@ -20,6 +20,7 @@ from ..k8s.patches import merge_patch
 from ..planner import CreateObject, DeleteJob, DeletePod, Plan, ReplaceObject, plan
 from ..probe import scrape
 from ..settings import OperatorSettings
+from .slots import Slots, no_slot
 
 VOLATILE = ("lastReconcileTime", "activeSeconds", "productiveSeconds", "goodput")
 """Status fields that change on every pass; alone they do not justify a write."""
@@ -163,19 +164,29 @@ class PassResult:
 
 
 async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, settings: OperatorSettings,
-                    now: datetime | None = None) -> PassResult:
+                    now: datetime | None = None, slots: Slots | None = None) -> PassResult:
+    """One pass. With ``slots``, the API work waits for a free slot; trainers are scraped
+    before, outside it (see slots.py). The pass duration excludes that wait."""
     started = time.perf_counter()
-    now = now or datetime.now(timezone.utc)
     meta = body["metadata"]
     ns, name = meta.get("namespace", "default"), meta["name"]
     children = await source(ns, name)
     pods = tuple(pod_view(p) for p in children.pods)
     nodes = {n.name: n for n in map(node_view, children.nodes)}
-    missing = await missing_dependencies(k8s, body) if _needs_dependency_check(body) else ()
     port = ((body.get("spec") or {}).get("metrics") or {}).get("port", 9400)
     probes = await probe_workers(list(pods), port, settings.probe_timeout_seconds) if settings.probes_enabled else {}
-    observed = Observed(pods=pods, nodes=nodes, services=children.services, configmaps=children.configmaps,
-                        probes=probes, missing=missing)
+    async with slots.held() if slots is not None else no_slot() as waited:
+        return await _decide_and_write(k8s, body, settings, now or datetime.now(timezone.utc), started + waited,
+                                       Observed(pods=pods, nodes=nodes, services=children.services,
+                                                configmaps=children.configmaps, probes=probes))
+
+
+async def _decide_and_write(k8s: K8s, body: dict[str, Any], settings: OperatorSettings, now: datetime,
+                            started: float, observed: Observed) -> PassResult:
+    meta = body["metadata"]
+    ns, name = meta.get("namespace", "default"), meta["name"]
+    if _needs_dependency_check(body):
+        observed = replace(observed, missing=await missing_dependencies(k8s, body))
     result = plan(body, observed, now)
     old_status = body.get("status") or {}
     changed = status_changed(old_status, result.status, settings.status_flush_seconds, now)
