@@ -252,6 +252,14 @@ async def test_a_failed_delete_is_retried_without_counting_the_failure_twice(api
     assert stored_job(api)["status"]["restarts"] == 1
 
 
+async def test_a_status_patch_for_a_job_deleted_meanwhile_is_not_an_error(api, k8s):
+    # E.g. its TTL expired and the delete went out in the same pass: nothing left to record.
+    put_job(api, job())
+    api["patch " + STATUS] << 404
+    result = await one_pass(api, k8s)
+    assert result.written is not None and result.plan.status["phase"] == "Created"
+
+
 async def test_a_hanging_api_server_times_out_as_a_transient_error(api, k8s):
     put_job(api, job())
     api["get /api/v1/nodes"] << (lambda: asyncio.sleep(4))
