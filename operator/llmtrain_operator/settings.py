@@ -50,10 +50,10 @@ class OperatorSettings:
     synchronous). Default 32: enough for a burst of new jobs without queueing."""
 
     max_concurrent_reconciles: int = 8
-    """``LLMTRAIN_OPERATOR_MAX_CONCURRENT_RECONCILES``: passes that run at once, across all
-    jobs (controller-runtime's ``MaxConcurrentReconciles``). Default 8. A burst of new jobs
-    then queues for a slot instead of sharing the API server 500 ways, so each job's
-    children go out together; the wait is exported as
+    """``LLMTRAIN_OPERATOR_MAX_CONCURRENT_RECONCILES``: passes doing API work at once,
+    across all jobs (controller-runtime's ``MaxConcurrentReconciles``; trainer probes run
+    before a pass takes its slot). Default 8. A burst of new jobs then queues for a slot
+    instead of sharing the API server 500 ways; the wait is exported as
     ``llmtrain_operator_reconcile_queue_seconds``, apart from the pass duration."""
 
     metrics_port: int = 8080
