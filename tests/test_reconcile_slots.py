@@ -46,7 +46,7 @@ async def test_a_burst_holds_at_most_the_slot_count_and_the_wait_is_measured():
     assert work.peak == 3
     assert _queue("count") - count == 12
     # 12 passes of 50 ms through 3 slots: three waited ~0, three ~50 ms, ... three ~150 ms.
-    assert waits[:3] == [waits[0]] * 3 or max(waits[:3]) < 0.02
+    assert max(waits[:3]) < 0.02
     assert min(waits[-3:]) >= 0.12
     assert abs((_queue("sum") - total) - sum(waits)) < 1e-6
 

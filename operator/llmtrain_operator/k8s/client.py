@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
 import urllib3
 from kubernetes import client, config
@@ -82,6 +82,20 @@ class K8s:
 
     # ------------------------------------------------------------------ writes
 
+    def _send(self, request: Callable[[], Any], what: str, tolerated: int | None = None) -> bool:
+        """One request, its errors given their meaning (see the table above). False when
+        the answer is ``tolerated``: 409 on a create (it exists), 404 on a delete or a
+        status patch (it is gone)."""
+        try:
+            request()
+            return True
+        except ApiException as err:
+            if tolerated is not None and err.status == tolerated:
+                return False
+            raise _classify(err, what) from err
+        except NETWORK_ERRORS as err:
+            raise _classify(err, what) from err
+
     def create(self, manifest: dict[str, Any]) -> bool:
         """Create an object; False if it already existed."""
         kind, meta = manifest["kind"], manifest["metadata"]
@@ -91,62 +105,35 @@ class K8s:
             "Service": self.core.create_namespaced_service,
             "ConfigMap": self.core.create_namespaced_config_map,
         }
-        try:
-            calls[kind](ns, manifest, _request_timeout=self.timeout, _preload_content=False)
-            return True
-        except ApiException as err:
-            if err.status == 409:
-                return False
-            raise _classify(err, f"create {kind} {ns}/{meta['name']}") from err
-        except NETWORK_ERRORS as err:
-            raise _classify(err, f"create {kind} {ns}/{meta['name']}") from err
+        return self._send(lambda: calls[kind](ns, manifest, _request_timeout=self.timeout, _preload_content=False),
+                          f"create {kind} {ns}/{meta['name']}", tolerated=409)
 
     def replace(self, manifest: dict[str, Any]) -> None:
         meta = manifest["metadata"]
         ns = meta.get("namespace", "default")
-        try:
-            self.core.replace_namespaced_config_map(meta["name"], ns, manifest, _request_timeout=self.timeout, _preload_content=False)
-        except (ApiException, *NETWORK_ERRORS) as err:
-            raise _classify(err, f"replace ConfigMap {ns}/{meta['name']}") from err
+        self._send(lambda: self.core.replace_namespaced_config_map(meta["name"], ns, manifest, _request_timeout=self.timeout,
+                                                                   _preload_content=False),
+                   f"replace ConfigMap {ns}/{meta['name']}")
 
     def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None, force: bool = False) -> bool:
         """Delete a pod; ``force`` skips the kubelet's confirmation (a dead node)."""
         body = client.V1DeleteOptions(grace_period_seconds=0 if force else grace_seconds, propagation_policy="Background")
-        try:
-            self.core.delete_namespaced_pod(name, namespace, body=body, _request_timeout=self.timeout, _preload_content=False)
-            return True
-        except ApiException as err:
-            if err.status == 404:
-                return False
-            raise _classify(err, f"delete Pod {namespace}/{name}") from err
-        except NETWORK_ERRORS as err:
-            raise _classify(err, f"delete Pod {namespace}/{name}") from err
+        return self._send(lambda: self.core.delete_namespaced_pod(name, namespace, body=body, _request_timeout=self.timeout,
+                                                                  _preload_content=False),
+                          f"delete Pod {namespace}/{name}", tolerated=404)
 
     def delete_job(self, namespace: str, name: str) -> None:
-        try:
-            self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background",
-                                                        _request_timeout=self.timeout, _preload_content=False)
-        except ApiException as err:
-            if err.status != 404:
-                raise _classify(err, f"delete LLMTrainJob {namespace}/{name}") from err
-        except NETWORK_ERRORS as err:
-            raise _classify(err, f"delete LLMTrainJob {namespace}/{name}") from err
+        self._send(lambda: self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background",
+                                                                       _request_timeout=self.timeout, _preload_content=False),
+                   f"delete LLMTrainJob {namespace}/{name}", tolerated=404)
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
         """One JSON merge patch of the status subresource per pass (see patches.py).
         False when the job is gone (404): deleted meanwhile, e.g. by its own TTL in the
         same pass; there is nothing left to record."""
-        try:
-            self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=self.timeout, _preload_content=False,
-                _content_type="application/merge-patch+json")
-            return True
-        except ApiException as err:
-            if err.status == 404:
-                return False
-            raise _classify(err, f"patch status of LLMTrainJob {namespace}/{name}") from err
-        except NETWORK_ERRORS as err:
-            raise _classify(err, f"patch status of LLMTrainJob {namespace}/{name}") from err
+        return self._send(lambda: self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=self.timeout, _preload_content=False,
+            _content_type="application/merge-patch+json"), f"patch status of LLMTrainJob {namespace}/{name}", tolerated=404)
 
     def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """Events are best effort: a failure is logged, never fatal to the pass."""
@@ -178,15 +165,8 @@ class K8s:
 
     def exists(self, kind: str, namespace: str, name: str) -> bool:
         reads = {"Secret": self.core.read_namespaced_secret, "PersistentVolumeClaim": self.core.read_namespaced_persistent_volume_claim}
-        try:
-            reads[kind](name, namespace, _request_timeout=self.timeout, _preload_content=False)
-            return True
-        except ApiException as err:
-            if err.status == 404:
-                return False
-            raise _classify(err, f"read {kind} {namespace}/{name}") from err
-        except NETWORK_ERRORS as err:
-            raise _classify(err, f"read {kind} {namespace}/{name}") from err
+        return self._send(lambda: reads[kind](name, namespace, _request_timeout=self.timeout, _preload_content=False),
+                          f"read {kind} {namespace}/{name}", tolerated=404)
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self._list(lambda: self.core.list_namespaced_pod(namespace, label_selector=selector, _request_timeout=self.timeout, _preload_content=False), "pods")
