@@ -85,7 +85,7 @@ def main() -> None:
     try:
         bed.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "llmtrain.io_llmtrainjobs.yaml"))
         bed.kubectl("create", "namespace", NS)
-        env = {**bed.env(), "LLMTRAIN_OPERATOR_STANDALONE": "true", "LLMTRAIN_OPERATOR_PROBES": "false",
+        env = {**bed.env(), "LLMTRAIN_OPERATOR_LEADER_ELECTION": "false", "LLMTRAIN_OPERATOR_PROBES": "false",
                "LLMTRAIN_OPERATOR_METRICS_PORT": str(METRICS_PORT), "LLMTRAIN_OPERATOR_RESYNC_SECONDS": "10"}
         log = (bed.state / "logs" / "scale-operator.log").open("w")
         operator = subprocess.Popen([sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces", "-m", "llmtrain_operator.handlers"],

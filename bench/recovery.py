@@ -115,7 +115,7 @@ def main() -> None:
             runs = [bed.state / "pods" / p["metadata"]["uid"] / "volumes" / "run" for p in pods(bed, ns, "hang")]
             run = next(r for r in runs if (r / "faults" / "fault-0-rank-1.fired").exists())
             fired = float((run / "faults" / "fault-0-rank-1.fired").read_text())
-            record = json.loads((run / "exit" / "attempt-0" / "rank-1.json").read_text())
+            record = json.loads((run / "exit" / "attempt-0" / "local-0.json").read_text())
             assert record["code"] == 80, record
             samples["hang_detect"].append(record["time"] - fired)
             bed.kubectl("delete", "ltj", "hang", "-n", ns, "--wait=false")

@@ -78,6 +78,7 @@ def test_worker_exit_is_classified(code, reason, term, klass, why, counts):
     if klass == "success":
         assert status["phase"] == "Succeeded" and status["completionTime"]
         assert "Completed" in events
+        assert status["workers"] == "0/2" and status["replicas"]["ready"] == 0
     elif klass == "fail":
         assert status["phase"] == "Failed" and status["lastFailure"]["reason"] == why
         assert f"delete {W1}" in actions  # the survivor is stopped
@@ -232,18 +233,33 @@ def test_progress_resets_the_wedge_timer():
     assert actions == [] and status["lastProgressTime"] == ago(0)
 
 
-def test_in_place_restarts_count_once_per_failure_not_once_per_pod():
+def test_an_in_place_crash_is_charged_once_and_its_victims_never():
+    # A rank in worker 0 crashed; worker 1's group failed only because its peer vanished.
     raw = job(status=running_status())
-    probes = {W0: TrainerProbe(step=20, restarts=1), W1: TrainerProbe(step=20, restarts=1)}
-    _, status, _, events = run(raw, observed(raw, [worker(0), worker(1)], probes=probes))
+    probes = {W0: TrainerProbe(step=20, restarts=1, failed_attempts={"crash": 1}),
+              W1: TrainerProbe(step=20, restarts=1, failed_attempts={"victim": 1})}
+    first, status, _, events = run(raw, observed(raw, [worker(0), worker(1)], probes=probes))
     assert status["restartsByReason"] == {"RestartedInPlace": 1} and "RestartedInPlace" in events
+    assert status["lastFailure"]["pod"] == W0
+    again = plan({**raw, "status": status}, observed(raw, [worker(0), worker(1)], probes=probes), NOW + timedelta(seconds=5))
+    assert again.status["restarts"] == 1  # seen again: not charged again
 
 
-def test_a_survivors_in_place_restart_after_a_replaced_pod_is_not_counted_twice():
+def test_two_pods_crashing_in_place_are_two_failures():
+    raw = job(status=running_status())
+    probes = {W0: TrainerProbe(step=20, restarts=1, failed_attempts={"crash": 1}),
+              W1: TrainerProbe(step=20, restarts=2, failed_attempts={"crash": 1, "victim": 1})}
+    _, status, _, _ = run(raw, observed(raw, [worker(0), worker(1)], probes=probes))
+    assert status["restartsByReason"] == {"RestartedInPlace": 2}
+
+
+def test_a_survivors_victim_restart_after_a_replaced_pod_is_not_charged():
     raw = job(status=running_status())
     first = plan(raw, observed(raw, [worker(0, phase="Failed", exit_code=137), worker(1)]), NOW)
     later = {**raw, "status": first.status}
-    probes = {W1: TrainerProbe(step=20, restarts=1)}
+    # The survivor's group failed twice as a victim: once when its peer vanished, once
+    # more in the race with the replacement's rendezvous.
+    probes = {W1: TrainerProbe(step=20, restarts=2, failed_attempts={"victim": 2})}
     result = plan(later, observed(later, [worker(1)], probes=probes), NOW + timedelta(seconds=30))
     assert result.status["restarts"] == 1
 
@@ -398,7 +414,8 @@ def test_suspending_without_a_durable_tier_warns_that_checkpoints_are_lost():
 
 def test_an_in_place_restart_after_the_hang_watchdog_is_counted_as_a_hang():
     raw = job(status=running_status())
-    probes = {W0: TrainerProbe(step=20, restarts=1, hangs=1), W1: TrainerProbe(step=20, restarts=1, hangs=0)}
+    probes = {W0: TrainerProbe(step=20, restarts=1, failed_attempts={"hang": 1}),
+              W1: TrainerProbe(step=20, restarts=1, failed_attempts={"victim": 1})}
     _, status, _, _ = run(raw, observed(raw, [worker(0), worker(1)], probes=probes))
     assert status["restartsByReason"] == {"Hang": 1} and status["lastFailure"]["kind"] == "Hang"
 

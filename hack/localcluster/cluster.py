@@ -162,6 +162,20 @@ class LocalCluster:
         names = [container] if container else [c["name"] for c in pod["spec"]["containers"]]
         return "\n".join((folder / f"{n}.log").read_text(errors="replace") for n in names if (folder / f"{n}.log").exists())
 
+    def audit(self) -> list[dict[str, Any]]:
+        """The API server's audit events so far: every write a workload's service account
+        made (who, from which replica by user agent, when, and the answer)."""
+        path = control_plane.audit_log(self.layout)
+        if not path.exists():
+            return []
+        events = []
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue  # a line being written right now
+        return events
+
     # ------------------------------------------------------------------ faults
 
     def _control(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:

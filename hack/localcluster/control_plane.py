@@ -126,8 +126,29 @@ def start_etcd(layout: Layout) -> None:
     ])
 
 
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+    "rules": [
+        # The controllers' own service accounts: not what tests look at, and chatty.
+        {"level": "None", "userGroups": ["system:serviceaccounts:kube-system"]},
+        # Every write a workload's service account makes (the operator's, in the tests:
+        # who wrote, from which replica (user agent), when, and the answer).
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"],
+         "verbs": ["create", "update", "patch", "delete", "deletecollection"]},
+        {"level": "None"},
+    ],
+}
+
+
+def audit_log(layout: Layout) -> Path:
+    """JSON lines, one per write by a non-system service account (``AUDIT_POLICY``)."""
+    return layout.logs / "audit.log"
+
+
 def start_apiserver(layout: Layout) -> None:
     f = layout.pki
+    policy = layout.state / "audit-policy.yaml"
+    policy.write_text(yaml.safe_dump(AUDIT_POLICY))
     _start(layout, "kube-apiserver", [
         str(layout.bin / "kube-apiserver"),
         f"--etcd-servers=http://127.0.0.1:{ETCD_CLIENT_PORT}",
@@ -138,6 +159,8 @@ def start_apiserver(layout: Layout) -> None:
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         "--authorization-mode=RBAC", "--allow-privileged=true",
         "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,DefaultStorageClass,ResourceQuota,Priority",
+        f"--audit-policy-file={policy}", f"--audit-log-path={audit_log(layout)}", "--audit-log-format=json",
+        "--audit-log-maxsize=200", "--audit-log-maxbackup=1", "--audit-log-mode=blocking",
         "--profiling=false", "--v=1",
     ])
 

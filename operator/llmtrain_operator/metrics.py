@@ -31,6 +31,7 @@ RECONCILE = Histogram("llmtrain_operator_reconcile_duration_seconds", "One recon
 QUEUE = Histogram("llmtrain_operator_reconcile_queue_seconds",
                   "Wait of a due pass for a free slot (LLMTRAIN_OPERATOR_MAX_CONCURRENT_RECONCILES) before it runs",
                   buckets=RECONCILE_BUCKETS, registry=REGISTRY)
+LEADER = Gauge("llmtrain_operator_leader", "1 while this replica holds the leader Lease and may write", registry=REGISTRY)
 GOODPUT = Gauge("llmtrain_operator_job_goodput", "Effective training time ratio of a job so far", ["job_namespace", "job"], registry=REGISTRY)
 
 _PHASES: dict[tuple[str, str], str] = {}
@@ -39,6 +40,10 @@ _PHASES: dict[tuple[str, str], str] = {}
 def serve(port: int) -> None:
     if port:
         start_http_server(port, registry=REGISTRY)
+
+
+def set_leader(leading: bool) -> None:
+    LEADER.set(1 if leading else 0)
 
 
 def record_queue_wait(seconds: float) -> None:

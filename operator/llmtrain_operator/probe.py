@@ -20,19 +20,22 @@ PREFIX = "llmtrain_trainer_"
 def parse(text: str) -> TrainerProbe:
     values: dict[str, float] = {}
     checkpoints: dict[str, int] = {}
+    failed: dict[str, int] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == PREFIX + "checkpoint_last_step":
                 checkpoints[sample.labels.get("tier", "local")] = int(sample.value)
-            elif sample.name in (PREFIX + "step", PREFIX + "world_size", PREFIX + "restarts", PREFIX + "last_step_timestamp_seconds",
-                                 PREFIX + "hangs_detected"):
+            elif sample.name == PREFIX + "failed_attempts_total":
+                failed[sample.labels.get("cause", "crash")] = int(sample.value)
+            elif sample.name in (PREFIX + "step", PREFIX + "world_size", PREFIX + "worker_group_restarts_total",
+                                 PREFIX + "last_step_timestamp_seconds"):
                 values[sample.name] = sample.value
     as_int = lambda key: int(values[key]) if key in values else None  # noqa: E731
     return TrainerProbe(
         step=as_int(PREFIX + "step"),
         world_size=as_int(PREFIX + "world_size"),
-        restarts=as_int(PREFIX + "restarts"),
-        hangs=as_int(PREFIX + "hangs_detected"),
+        restarts=as_int(PREFIX + "worker_group_restarts_total"),
+        failed_attempts=failed,
         last_step_time=values.get(PREFIX + "last_step_timestamp_seconds") or None,
         last_checkpoint=checkpoints,
     )

@@ -21,17 +21,32 @@ class OperatorSettings:
     namespace: str = ""
     """``LLMTRAIN_OPERATOR_NAMESPACE``: watch only this namespace. Default "": cluster-wide."""
 
-    peering_name: str = "llmtrain-operator"
-    """``LLMTRAIN_OPERATOR_PEERING_NAME``: kopf peering object shared by the HA replicas;
-    exactly one of them is active. Default ``llmtrain-operator``."""
+    leader_election: bool = True
+    """``LLMTRAIN_OPERATOR_LEADER_ELECTION``: only the holder of a ``coordination.k8s.io``
+    Lease writes; the other replicas watch and stand by. Default true. Off for a single
+    replica run outside a cluster (tests)."""
 
-    standalone: bool = False
-    """``LLMTRAIN_OPERATOR_STANDALONE``: run without peering (a single replica, or tests).
-    Default false."""
+    lease_name: str = "llmtrain-operator"
+    """``LLMTRAIN_OPERATOR_LEASE_NAME``: the leader-election Lease. Default
+    ``llmtrain-operator``."""
 
-    priority: int = 0
-    """``LLMTRAIN_OPERATOR_PRIORITY``: peering priority; the highest active replica works,
-    the others pause. Default 0: derived from ``POD_NAME`` (31 bits), distinct per replica."""
+    lease_namespace: str = ""
+    """``LLMTRAIN_OPERATOR_LEASE_NAMESPACE``: where the Lease lives. Default "": the
+    operator pod's own namespace (``POD_NAMESPACE``)."""
+
+    lease_duration_seconds: float = 15.0
+    """``LLMTRAIN_OPERATOR_LEASE_DURATION_SECONDS``: a standby takes the Lease over when
+    it has not changed for this long (by the standby's own clock). Seconds. Default 15
+    (controller-runtime's default)."""
+
+    renew_deadline_seconds: float = 10.0
+    """``LLMTRAIN_OPERATOR_RENEW_DEADLINE_SECONDS``: the leader stops writing when it
+    could not renew for this long; shorter than the Lease duration, so it has stopped
+    before anybody may take over. Seconds. Default 10."""
+
+    retry_period_seconds: float = 2.0
+    """``LLMTRAIN_OPERATOR_RETRY_PERIOD_SECONDS``: how often the leader renews and a
+    standby retries. Seconds. Default 2."""
 
     resync_seconds: float = 10.0
     """``LLMTRAIN_OPERATOR_RESYNC_SECONDS``: a job is re-planned at least this often even
@@ -68,6 +83,7 @@ class OperatorSettings:
 
 AT_LEAST_ONE = frozenset({"api_threads", "max_concurrent_reconciles"})
 """Counts where 0 would stop all work (no thread, no slot) rather than turn a feature off."""
+POSITIVE = frozenset({"lease_duration_seconds", "renew_deadline_seconds", "retry_period_seconds"})
 
 
 def _parse(name: str, raw: str, kind: type) -> object:
@@ -86,6 +102,8 @@ def _parse(name: str, raw: str, kind: type) -> object:
         raise ConfigError(f"{var}={raw!r} must not be negative")
     if name.lower() in AT_LEAST_ONE and value < 1:
         raise ConfigError(f"{var}={raw!r} must be at least 1")
+    if name.lower() in POSITIVE and value <= 0:
+        raise ConfigError(f"{var}={raw!r} must be greater than 0")
     return value
 
 
@@ -101,4 +119,13 @@ def from_env(env: dict[str, str] | None = None) -> OperatorSettings:
         if PREFIX + var in env:
             kind = type(f.default)
             values[f.name] = _parse(var, env[PREFIX + var], kind)
-    return OperatorSettings(**values)
+    settings = OperatorSettings(**values)
+    # client-go's own checks: a leader must stop writing before its Lease can expire,
+    # and must get more than one renewal attempt before it stops.
+    if settings.renew_deadline_seconds >= settings.lease_duration_seconds:
+        raise ConfigError(f"{PREFIX}RENEW_DEADLINE_SECONDS ({settings.renew_deadline_seconds:g}) must be less than "
+                          f"{PREFIX}LEASE_DURATION_SECONDS ({settings.lease_duration_seconds:g})")
+    if settings.retry_period_seconds * 1.2 >= settings.renew_deadline_seconds:
+        raise ConfigError(f"{PREFIX}RETRY_PERIOD_SECONDS ({settings.retry_period_seconds:g}) must be well below "
+                          f"{PREFIX}RENEW_DEADLINE_SECONDS ({settings.renew_deadline_seconds:g}): at most 1/1.2 of it")
+    return settings

@@ -1,5 +1,6 @@
-"""The real kopf operator (handlers, indexes, daemon) against kmock: watch events wake
-the job's loop, which creates its children and reacts to a failed pod."""
+"""The real kopf operator (handlers, indexes, per-job loops) against kmock: watch events
+wake the job's loop, which creates its children and reacts to a failed pod; kopf itself
+writes nothing (no finalizer, no annotations)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def operator_env(api, tmp_path, monkeypatch):
         "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
     }))
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    monkeypatch.setenv("LLMTRAIN_OPERATOR_STANDALONE", "true")
+    monkeypatch.setenv("LLMTRAIN_OPERATOR_LEADER_ELECTION", "false")
     monkeypatch.setenv("LLMTRAIN_OPERATOR_PROBES", "false")
     monkeypatch.setenv("LLMTRAIN_OPERATOR_METRICS_PORT", "0")
 
@@ -67,19 +68,13 @@ async def test_the_operator_creates_children_and_replaces_a_failed_pod(api, oper
         status = api.objects[JOBS, NS, NAME].raw["status"]
         assert status["lastFailure"]["reason"] == "OOMKilled"
         await wait_for(lambda: any(str(r.method).endswith("DELETE") and r.url.path.endswith("/tiny-elastic-worker-0") for r in api))
+        # Only the job's status is written: no finalizer, no kopf annotations (a second
+        # replica would write those too, outside the leader Lease).
+        job_path = f"/apis/llmtrain.io/v1alpha1/namespaces/{NS}/llmtrainjobs/{NAME}"
+        job_writes = {(str(r.method).split(".")[-1], r.url.path) for r in api
+                      if r.url.path.startswith(job_path) and not str(r.method).endswith("GET")}
+        assert job_writes == {("PATCH", job_path + "/status")}, job_writes
+        assert not api.objects[JOBS, NS, NAME].raw["metadata"].get("finalizers")
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=30)
-
-
-def test_replica_priorities_are_distinct_even_for_names_that_once_collided():
-    # Equal priorities make kopf pause every replica. These two pod names of one
-    # ReplicaSet got the same priority from the former 10,000-value derivation in CI.
-    from llmtrain_operator.handlers import priority_from_pod_name  # noqa: PLC0415
-
-    names = ["llmtrain-59fbfb74c4-wpxdg", "llmtrain-59fbfb74c4-gmjfx"] + [f"llmtrain-59fbfb74c4-{i:05x}" for i in range(2000)]
-    priorities = [priority_from_pod_name(n) for n in names]
-    assert len(set(priorities)) == len(names)
-    assert all(1 <= p < 2**31 for p in priorities)
-    assert priority_from_pod_name("llmtrain-59fbfb74c4-wpxdg") == priorities[0]  # stable across restarts
-    assert priority_from_pod_name("") == 0

@@ -3,19 +3,9 @@
 from __future__ import annotations
 
 import json
-import time
-from typing import Any, Callable
+from typing import Any
 
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 60, interval: float = 0.5, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"{what} not reached within {timeout:.0f}s (last: {last!r})")
+from support.waiting import wait_for  # noqa: F401 - the cluster tests' poll
 
 
 def apply(bed, manifest: str, namespace: str | None = None) -> None:

@@ -29,7 +29,7 @@ def test_every_rendering_passes_a_server_side_dry_run(local_cluster, sets):
     bed = local_cluster
     for ns in (NS, "chart-team"):
         bed.kubectl("create", "namespace", ns, check=False)
-    # What `helm install` does first: the chart's CRDs (the job and kopf's peerings).
+    # What `helm install` does first: the chart's CRDs.
     bed.kubectl("apply", "--server-side", "--force-conflicts", "-f", f"{CHART}/crds")
     docs = render(bed, *sets)
     out = bed.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(docs), check=False)
@@ -40,7 +40,11 @@ def test_a_namespaced_install_grants_namespaced_rights_only_in_its_namespace(loc
     docs = render(local_cluster, "watchNamespace=chart-team")
     kinds = {(d["kind"], d["metadata"].get("namespace")) for d in docs}
     assert ("Role", "chart-team") in kinds and ("RoleBinding", "chart-team") in kinds
-    assert ("KopfPeering", "chart-team") in kinds
+    # Leader election: a Lease in the release namespace, with rights to that one Lease.
+    lease_role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] == NS)
+    assert {tuple(r.get("resourceNames", [])) for r in lease_role["rules"]} == {(), ("llmtrain-operator",)}
+    assert all(r["resources"] == ["leases"] for r in lease_role["rules"])
+    assert not any(d["kind"] in ("KopfPeering", "ClusterKopfPeering") for d in docs)
     cluster_role = next(d for d in docs if d["kind"] == "ClusterRole")
     cluster_resources = {r for rule in cluster_role["rules"] for r in rule["resources"]}
     assert cluster_resources == {"nodes", "customresourcedefinitions"}

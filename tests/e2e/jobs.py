@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import yaml
 from support.specs import apply_set, load_job
+from support.waiting import wait_for
 
 
 PVC = """
@@ -53,11 +53,15 @@ def events(bed, namespace: str, name: str) -> list[str]:
 
 
 def wait_status(bed, namespace: str, name: str, predicate, timeout: float, what: str) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    last: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        last = status(bed, namespace, name)
-        if predicate(last):
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not reached within {timeout:.0f}s; last status: {json.dumps(last)[:2000]}")
+    """Poll the job's status until ``predicate`` holds; transient kubectl errors are
+    retried until the deadline, and a timeout shows the last status and error."""
+    seen: list[dict[str, Any]] = [{}]
+
+    def probe() -> dict[str, Any] | None:
+        seen[0] = status(bed, namespace, name)
+        return seen[0] if predicate(seen[0]) else None
+
+    try:
+        return wait_for(probe, timeout, what=what)
+    except AssertionError as err:
+        raise AssertionError(f"{err}; last status: {json.dumps(seen[0])[:2000]}") from None

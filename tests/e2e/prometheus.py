@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
+from support.waiting import wait_for
 
 PORT = 19090
 
@@ -82,14 +83,12 @@ class Prometheus:
         return float(result[0]["value"][1]) if result else None
 
     def wait_value(self, expr: str, predicate: Callable[[float], bool], timeout: float) -> float:
-        deadline = time.monotonic() + timeout
-        value = None
-        while time.monotonic() < deadline:
+        """The query's value once ``predicate`` holds (a failed query is retried)."""
+        def probe() -> float | None:
             value = self.query(expr)
-            if value is not None and predicate(value):
-                return value
-            time.sleep(1)
-        raise AssertionError(f"{expr} = {value} did not satisfy the check within {timeout}s")
+            return value if value is not None and predicate(value) else None
+
+        return wait_for(probe, timeout, interval=1, what=f"{expr} satisfying the check")
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -7,7 +7,8 @@ by bench/recovery.py (docs/benchmarks.md), never by timed tests."""
 from __future__ import annotations
 
 import json
-import time
+
+from support.waiting import wait_for
 
 from .jobs import PVC, create, events, job_manifest, pods, status, wait_status
 
@@ -50,7 +51,8 @@ def test_a_job_survives_a_crash_and_a_node_loss_and_succeeds(operator):
     node = victim["spec"]["nodeName"]
     before = status(bed, NS, NAME)
     bed.fail_node(node)
-    lost = wait_status(bed, NS, NAME, lambda s: s.get("restartsByReason", {}).get("NodeFailure") == 1, 180, "node failure handled")
+    lost = wait_status(bed, NS, NAME, lambda s: s.get("restartsByReason", {}).get("NodeFailure", 0) >= 1, 180, "node failure handled")
+    assert lost["restartsByReason"]["NodeFailure"] == 1, lost["restartsByReason"]
     assert lost["lastFailure"]["node"] == node
     assert node in [q["node"] for q in lost["quarantinedNodes"]]
     node_detect = lost["lastFailure"]["detectSeconds"]  # from the node turning NotReady
@@ -60,19 +62,18 @@ def test_a_job_survives_a_crash_and_a_node_loss_and_succeeds(operator):
     node_recovery = after_loss["lastRecoverySeconds"]
     # The survivor went on at a smaller world size; the replacement arrives after the
     # backoff, on another node.
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        replacement = [p for p in pods(bed, NS, NAME) if p["metadata"]["name"] == victim["metadata"]["name"]
-                       and p["metadata"]["uid"] != victim["metadata"]["uid"] and p["spec"].get("nodeName")]
-        if replacement:
-            break
-        time.sleep(1)
-    assert replacement and replacement[0]["spec"]["nodeName"] != node, "the replacement avoids the failed node"
+    replacement = wait_for(lambda: [p for p in pods(bed, NS, NAME) if p["metadata"]["name"] == victim["metadata"]["name"]
+                                    and p["metadata"]["uid"] != victim["metadata"]["uid"] and p["spec"].get("nodeName")],
+                           120, what="a replacement scheduled")
+    assert replacement[0]["spec"]["nodeName"] != node, "the replacement avoids the failed node"
 
     done = wait_status(bed, NS, NAME, lambda s: s.get("phase") in ("Succeeded", "Failed"), 900, "finished")
     assert done["phase"] == "Succeeded", json.dumps(done)[:3000]
     assert bed.kubectl("wait", "--for=condition=Succeeded", f"ltj/{NAME}", "-n", NS, "--timeout=5s").returncode == 0
-    assert done["restarts"] >= 2 and done["restartsByReason"].get("Signal9") == 1
+    # One charge per failure; the survivors' groups that failed because their peer
+    # vanished are victims, never charged.
+    assert done["restartsByReason"] == {"Signal9": 1, "NodeFailure": 1}, done["restartsByReason"]
+    assert done["restarts"] == 2
     assert done["step"] == 90 and done["lastCheckpoint"]["step"] >= 80
     shared = bed.state / "pvs" / f"pv-{NS}-ckpt-shared" / NS / NAME
     assert (shared / "step-00000090" / "COMMITTED").exists(), sorted(p.name for p in shared.glob("*"))

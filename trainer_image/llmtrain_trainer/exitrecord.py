@@ -1,15 +1,28 @@
 """Exit records: how a rank tells the launcher (and the operator) why it stopped.
 
 torchrun reports a failed worker group with its own exit code 1, which would hide the
-trainer's documented code (hang, preempted, config error ...). So each rank writes
-``<run_dir>/exit/attempt-<n>/rank-<r>.json`` before it exits, and the launcher turns the
-most significant record into the pod's exit code and termination message.
+trainer's documented code (hang, preempted, config error ...). So each rank of a pod
+writes ``<run_dir>/exit/attempt-<n>/local-<r>.json`` before it exits, and the launcher
+turns the most significant record into the pod's exit code and termination message.
+
+``n`` is torchrun's restart count, which grows only on failure restarts; a membership
+change (a node joining) restarts the workers under the same count. So every run of a
+local rank first marks itself started (``local-<r>.started``), and a record counts only
+if it is newer than that mark: a record left by an earlier run under the same count is
+never mistaken for the last run's, and a rank that died without a word (a signal) is seen
+as exactly that.
+
+Each failed attempt has a *cause* (``attempt_cause``): a rank of this pod crashed or hung
+(``crash``, ``hang``), or every rank failed only because a peer elsewhere vanished
+(``victim``: exit 83). The operator charges causes to the restart budget, never victims:
+a victim's restart is a consequence of a failure charged where it happened.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 from .exitcodes import ExitCode, FailureClass, classify_exit
@@ -22,6 +35,8 @@ _SEVERITY = {
     FailureClass.DISRUPTION: 1,
     FailureClass.SUCCEEDED: 0,
 }
+CAUSES = ("crash", "hang", "victim", "preempted", "permanent")
+"""What ended a failed attempt, as exported in ``llmtrain_trainer_failed_attempts_total``."""
 
 
 def _severity(code: int) -> tuple[int, int]:
@@ -30,23 +45,46 @@ def _severity(code: int) -> tuple[int, int]:
     return (_SEVERITY[klass] + bonus, code)
 
 
-def write(run_dir: Path, attempt: int, rank: int, code: int, message: str, step: int | None) -> None:
-    folder = Path(run_dir) / "exit" / f"attempt-{attempt}"
-    folder.mkdir(parents=True, exist_ok=True)
-    record = {"rank": rank, "code": int(code), "message": message, "step": step, "time": time.time()}
-    tmp = folder / f".rank-{rank}.json.tmp"
-    tmp.write_text(json.dumps(record))
-    tmp.replace(folder / f"rank-{rank}.json")
+def _folder(run_dir: Path, attempt: int) -> Path:
+    return Path(run_dir) / "exit" / f"attempt-{attempt}"
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+def mark_started(run_dir: Path, attempt: int, local_rank: int) -> None:
+    """A run of this local rank begins: records older than this are not its own."""
+    _write_json(_folder(run_dir, attempt) / f"local-{local_rank}.started", {"time": time.time()})
+
+
+def write(run_dir: Path, attempt: int, rank: int, local_rank: int, code: int, message: str, step: int | None) -> None:
+    record = {"rank": rank, "local_rank": local_rank, "code": int(code), "message": message, "step": step, "time": time.time()}
+    _write_json(_folder(run_dir, attempt) / f"local-{local_rank}.json", record)
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
 
 
 def read_attempt(run_dir: Path, attempt: int) -> list[dict]:
-    folder = Path(run_dir) / "exit" / f"attempt-{attempt}"
+    """The records of the last run of ``attempt``, one per local rank that wrote one."""
     out = []
-    for path in sorted(folder.glob("rank-*.json")):
-        try:
-            out.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
+    for path in sorted(_folder(run_dir, attempt).glob("local-*.json")):
+        record = _read(path)
+        started = _read(path.with_suffix(".started"))
+        if record is None or "code" not in record:
             continue
+        if started is not None and record.get("time", 0) < started.get("time", 0):
+            continue  # written by an earlier run under the same restart count
+        out.append(record)
     return out
 
 
@@ -62,10 +100,24 @@ def most_significant(records: list[dict]) -> dict | None:
     return max(failing, key=lambda r: _severity(r["code"]))
 
 
-def count_code(run_dir: Path, code: int) -> int:
-    """How many attempts in this run dir ended with ``code`` on some rank (for metrics)."""
-    total = 0
-    for folder in (Path(run_dir) / "exit").glob("attempt-*"):
-        records = read_attempt(run_dir, int(folder.name.split("-")[1]))
-        total += any(r["code"] == code for r in records)
-    return total
+def attempt_cause(run_dir: Path, attempt: int, local_world_size: int) -> str:
+    """Why ``attempt`` (a failed one: torchrun restarted after it) ended."""
+    records = read_attempt(run_dir, attempt)
+    codes = [int(r["code"]) for r in records]
+    if any(c == ExitCode.HANG for c in codes):
+        return "hang"
+    if any(classify_exit(c).failure_class == FailureClass.PERMANENT for c in codes):
+        return "permanent"
+    if any(c not in (ExitCode.SUCCESS, ExitCode.COLLECTIVE_TIMEOUT, ExitCode.PREEMPTED) for c in codes):
+        return "crash"
+    if len({r.get("local_rank") for r in records}) < local_world_size:
+        return "crash"  # a rank of this pod died without a record: killed by a signal
+    if any(c == ExitCode.COLLECTIVE_TIMEOUT for c in codes):
+        return "victim"
+    return "preempted"
+
+
+def failed_attempts(run_dir: Path, restart_count: int, local_world_size: int) -> dict[str, int]:
+    """Causes of the attempts before ``restart_count`` in this pod (each one failed)."""
+    causes = Counter(attempt_cause(run_dir, k, local_world_size) for k in range(restart_count))
+    return {cause: causes.get(cause, 0) for cause in CAUSES}

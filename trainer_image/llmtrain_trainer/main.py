@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from . import exitrecord
 from .config import TrainerConfig
 from .exitcodes import ExitCode
 
@@ -33,6 +34,10 @@ def _rank() -> int:
 
 def _attempt() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def _warm_imports() -> None:
@@ -57,11 +62,9 @@ def _configure_logging() -> None:
 
 
 def _fail(run_dir: Path, code: int, message: str, step: int | None = None) -> int:
-    from . import exitrecord  # noqa: PLC0415
-
     print(f"llmtrain: {ExitCode(code).name} (exit {int(code)}): {message}", file=sys.stderr, flush=True)
     try:
-        exitrecord.write(run_dir, _attempt(), _rank(), code, message, step)
+        exitrecord.write(run_dir, _attempt(), _rank(), _local_rank(), code, message, step)
     except OSError as err:
         print(f"llmtrain: could not write the exit record: {err}", file=sys.stderr)
     return int(code)
@@ -90,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(fallback_dir, ExitCode.CONFIG_ERROR, f"cannot read config {args.config}: {err.strerror}")
     except (yaml.YAMLError, ValidationError) as err:
         return _fail(fallback_dir, ExitCode.CONFIG_ERROR, f"invalid config {args.config}: {err}")
+    try:
+        # First thing, before torch: a rank that dies from here on without a record died
+        # of a signal, and its earlier runs' records are not taken for its own.
+        exitrecord.mark_started(Path(cfg.run_dir), _attempt(), _local_rank())
+    except OSError as err:
+        return _fail(fallback_dir, ExitCode.CONFIG_ERROR, f"run dir {cfg.run_dir} is not writable: {err.strerror}")
 
     began = time.perf_counter()
     import torch  # noqa: PLC0415 - after the config: a bad config fails fast without torch
@@ -127,9 +136,8 @@ def run(cfg: TrainerConfig) -> int:
         # The operator renders "$POD_IP": bind to the pod's address, not every interface.
         host = os.path.expandvars(cfg.metrics.host)
         metrics.serve(host if host and not host.startswith("$") else "0.0.0.0", port, run_dir, info.local_rank)
-        from . import exitrecord  # noqa: PLC0415
-
-        metrics.started(info.world_size, info.restart_count, exitrecord.count_code(run_dir, ExitCode.HANG))
+        metrics.started(info.world_size, info.restart_count,
+                        exitrecord.failed_attempts(run_dir, info.restart_count, info.local_world_size))
         try:
             trainer = Trainer(cfg, info, metrics, run_dir)
         except ValueError as err:
@@ -138,9 +146,7 @@ def run(cfg: TrainerConfig) -> int:
             raise
         trainer.startup = STARTUP
         code = trainer.run()
-        from . import exitrecord as er  # noqa: PLC0415
-
-        er.write(run_dir, info.restart_count, info.rank, code, ExitCode(code).name.lower(), trainer.step)
+        exitrecord.write(run_dir, info.restart_count, info.rank, info.local_rank, code, ExitCode(code).name.lower(), trainer.step)
         if code == ExitCode.SUCCESS:
             distmod.shutdown()
         return int(code)
@@ -153,7 +159,5 @@ def run(cfg: TrainerConfig) -> int:
         if _is_collective_failure(err):
             return _fail(run_dir, ExitCode.COLLECTIVE_TIMEOUT, f"{type(err).__name__}: {err}", step)
         traceback.print_exc()
-        from . import exitrecord  # noqa: PLC0415
-
-        exitrecord.write(run_dir, _attempt(), _rank(), 1, f"{type(err).__name__}: {err}", step)
+        exitrecord.write(run_dir, _attempt(), _rank(), _local_rank(), 1, f"{type(err).__name__}: {err}", step)
         return 1

@@ -31,8 +31,11 @@ class TrainerMetrics:
         self._tps = Gauge(f"{PREFIX}_tokens_per_second", "Global tokens per second over the last step", registry=r)
         self._step_seconds = Histogram(f"{PREFIX}_step_seconds", "Wall time of one optimizer step", buckets=STEP_BUCKETS, registry=r)
         self._world = Gauge(f"{PREFIX}_world_size", "Ranks in the current rendezvous round", registry=r)
-        self._restarts = Gauge(f"{PREFIX}_restarts", "Worker-group restarts torchrun made in this pod", registry=r)
-        self._hangs = Gauge(f"{PREFIX}_hangs_detected", "Attempts in this pod that ended with a detected hang", registry=r)
+        # Counters that outlive a process: each run adds what happened before it in this
+        # pod (torchrun's restart count, the exit records of earlier attempts).
+        self._restarts = Counter(f"{PREFIX}_worker_group_restarts", "Failure restarts torchrun made in this pod", registry=r)
+        self._failed = Counter(f"{PREFIX}_failed_attempts", "Failed attempts in this pod, by cause: a rank here crashed or "
+                               "hung, or every rank was the victim of a peer that vanished elsewhere", ["cause"], registry=r)
         self._last_step_ts = Gauge(f"{PREFIX}_last_step_timestamp_seconds", "Unix time of the newest step", registry=r)
         self._stall = Histogram(f"{PREFIX}_checkpoint_stall_seconds", "Seconds the training loop was blocked by one checkpoint", buckets=CKPT_BUCKETS, registry=r)
         self._save = Histogram(f"{PREFIX}_checkpoint_save_seconds", "Seconds to persist and commit a checkpoint, per tier", ["tier"], buckets=CKPT_BUCKETS, registry=r)
@@ -56,10 +59,11 @@ class TrainerMetrics:
         tmp.replace(path)
         return bound
 
-    def started(self, world_size: int, restarts: int, hangs: int) -> None:
+    def started(self, world_size: int, restarts: int, failed_attempts: dict[str, int]) -> None:
         self._world.set(world_size)
-        self._restarts.set(restarts)
-        self._hangs.set(hangs)
+        self._restarts.inc(restarts)
+        for cause, count in failed_attempts.items():
+            self._failed.labels(cause=cause).inc(count)
 
     def step(self, step: int, samples: int, loss: float, seconds: float, tokens: int) -> None:
         self._step.set(step)

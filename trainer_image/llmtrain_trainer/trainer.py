@@ -79,7 +79,7 @@ class Trainer:
             ExitCode.HANG,
             stale,
             lambda: exitrecord.write(
-                self.run_dir, self.info.restart_count, self.info.rank, ExitCode.HANG,
+                self.run_dir, self.info.restart_count, self.info.rank, self.info.local_rank, ExitCode.HANG,
                 f"no step progress for {stale:.1f}s (hangTimeoutSeconds={self.cfg.fault_tolerance.hang_timeout_seconds})",
                 self.step,
             ),

@@ -35,10 +35,6 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create, patch]
-# kopf: namespaced HA peering (KopfPeering).
-- apiGroups: [kopf.dev]
-  resources: [kopfpeerings]
-  verbs: [get, list, watch, patch, create]
 {{- end }}
 {{- define "llmtrain.rules.cluster" -}}
 # Node health for failure detection (read only).

@@ -44,6 +44,9 @@ class PodView:
     generation: int
     phase: str
     """Pending | Running | Succeeded | Failed | Unknown."""
+    uid: str = ""
+    """The pod object's uid: a failure is charged once per uid (a replacement under the
+    same stable name is another pod)."""
     node: str | None = None
     ready: bool = False
     deleting: bool = False
@@ -103,6 +106,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         slot=int(slot) if slot is not None and str(slot).isdigit() else None,
         generation=int(labels.get(LABEL_GENERATION, "0") or 0),
         phase=status.get("phase") or "Pending",
+        uid=meta.get("uid") or "",
         node=(pod.get("spec") or {}).get("nodeName"),
         ready=(conditions.get("Ready") or {}).get("status") == "True",
         deleting=meta.get("deletionTimestamp") is not None,
@@ -156,8 +160,10 @@ class TrainerProbe:
     step: int | None = None
     world_size: int | None = None
     restarts: int | None = None
-    hangs: int | None = None
-    """Attempts in this pod that ended with the hang watchdog (explains in-place restarts)."""
+    """torchrun's failure restarts in this pod."""
+    failed_attempts: dict[str, int] = field(default_factory=dict)
+    """cause -> failed attempts in this pod: ``crash`` and ``hang`` (a rank here failed:
+    charged), ``victim`` (a peer elsewhere vanished: not charged), ``preempted``."""
     last_step_time: float | None = None
     """Unix time the trainer finished its newest step (recovery ends at the first new one)."""
     last_checkpoint: dict[str, int] = field(default_factory=dict)

@@ -128,10 +128,6 @@ class LLMTrainJobStatus(CamelModel):
     not_ready_since: str | None = None
     """When the ready workers first dropped below ``replicas.min`` without a detected
     failure (RFC 3339); the phase leaves Running only after a short grace."""
-    torchrun_restarts: dict[str, int] = Field(default_factory=dict)
-    """``pod@creationTimestamp`` -> the torchrun restart count that worker last reported."""
-    hangs_seen: dict[str, int] = Field(default_factory=dict)
-    """``pod@creationTimestamp`` -> hang-watchdog exits that worker last reported."""
-    expected_in_place: int = 0
-    """In-place restarts the survivors will make because of failures already counted
-    (their worker groups fail once when a peer vanishes); they are not counted again."""
+    attempts_seen: dict[str, int] = Field(default_factory=dict)
+    """``pod:<uid>/<cause>`` -> the failed attempts of that cause (``crash``, ``hang``) the
+    pod's trainer last reported; each new one is charged once."""

@@ -2,8 +2,13 @@
 
 Run with ``kopf run -m llmtrain_operator.handlers`` (the chart does).
 
-- One daemon per LLMTrainJob loops: reconcile, then sleep until the planner's next timer
-  or until a watch event about the job, its pods, or a node wakes it.
+- One loop per LLMTrainJob (``loops.py``), started and stopped by the job's watch
+  events: it waits to be the leader, reconciles, then sleeps until the planner's next
+  timer or until a watch event about the job, its pods, or a node wakes it.
+- Exactly one replica writes: the holder of a ``coordination.k8s.io`` Lease
+  (``leadership.py``). Every replica watches, so a standby's indexes are warm when it
+  takes over. kopf itself writes nothing: no peering, no finalizers, no progress
+  annotations, no Events of its own.
 - kopf indexes (fed by watches) hold the observed pods, nodes, services and configs, so
   a pass makes no read calls when nothing changed.
 - State lives in the job's status, never in this process: a restarted (or failed-over)
@@ -13,66 +18,85 @@ Run with ``kopf run -m llmtrain_operator.handlers`` (the chart does).
 from __future__ import annotations
 
 import asyncio
-import hashlib
-from concurrent.futures import ThreadPoolExecutor
 import logging
 import os
+import socket
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
 
-from .. import metrics
+from .. import __version__, metrics
 from ..api.job import GROUP, PLURAL, VERSION
 from ..api.observed import LABEL_JOB
 from ..k8s.client import K8s, PermanentApiError, TransientApiError
+from ..k8s.lease import LeaseClient
 from ..settings import OperatorSettings, from_env
-from .reconcile import Children, reconcile
+from .leadership import AlwaysLeader, Gate, Leadership
+from .loops import JobLoops, Key
+from .reconcile import Children, NotLeader, reconcile
 from .slots import Slots
+
+log = logging.getLogger("llmtrain.operator")
 
 SETTINGS = OperatorSettings()
 """Replaced at startup from ``LLMTRAIN_OPERATOR_*`` (a bad value stops the operator with
 a message naming the variable)."""
 _K8S: K8s | None = None
-_WAKE: dict[tuple[str, str], asyncio.Event] = {}
 _SLOTS: Slots | None = None
 """At most ``max_concurrent_reconciles`` passes' API work at once, across jobs (set at startup)."""
+_GATE: Gate = AlwaysLeader()
+_ELECTION: asyncio.Task[None] | None = None
+_STOP_ELECTION = asyncio.Event()
+_INDEXES: dict[str, Any] = {}
+"""kopf's live index views, captured from the first job event (they are the same objects
+for the operator's whole life)."""
 JOB_SELECTOR = {LABEL_JOB: kopf.PRESENT}
 
 
-def _wake(namespace: str | None, name: str | None) -> None:
-    event = _WAKE.get((namespace or "default", name or ""))
-    if event is not None:
-        event.set()
-
-
-def priority_from_pod_name(name: str) -> int:
-    """HA replicas need distinct peering priorities: with equal ones kopf warns of
-    "conflicting operators" and every replica pauses, so no job is reconciled. Derive one
-    from the pod name when none is configured, over 31 bits: a space of 10,000 once gave
-    two replicas of one ReplicaSet the same priority in CI (1 in 2e9 now)."""
-    return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) % (2**31 - 1) + 1 if name else 0
+def identity() -> str:
+    """This replica's name in the Lease and in the API server's audit log (user agent)."""
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    global _K8S, SETTINGS, _SLOTS
+    global _K8S, SETTINGS, _SLOTS, _GATE, _ELECTION
     SETTINGS = from_env()
     _SLOTS = Slots(SETTINGS.max_concurrent_reconciles)
-    settings.peering.name = SETTINGS.peering_name
-    settings.peering.priority = SETTINGS.priority or priority_from_pod_name(os.environ.get("POD_NAME", ""))
-    settings.peering.standalone = SETTINGS.standalone
-    settings.peering.clusterwide = not SETTINGS.namespace
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="llmtrain.io")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="llmtrain.io")
-    settings.posting.level = logging.WARNING  # our own Events say what happened
+    # Leader election is ours (a Lease); kopf's peering would pause the standby's
+    # watches, and a standby with warm indexes takes over faster.
+    settings.peering.standalone = True
+    settings.posting.enabled = False  # our own Events say what happened
     settings.watching.server_timeout = 300  # re-list before the API server expires a watch (410)
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 30
-    _K8S = K8s.from_environment()
+    me = identity()
+    _K8S = K8s.from_environment(user_agent=f"llmtrain-operator/{__version__} ({me})")
     metrics.serve(SETTINGS.metrics_port)
     # API calls run in threads (the Kubernetes client is synchronous); the default pool
     # (cores + 4) would queue a burst of new jobs' creates behind each other.
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=SETTINGS.api_threads, thread_name_prefix="k8s-api"))
+    if SETTINGS.leader_election:
+        namespace = SETTINGS.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
+        election = Leadership(LeaseClient(_K8S, namespace, SETTINGS.lease_name), me, SETTINGS.lease_duration_seconds,
+                              SETTINGS.renew_deadline_seconds, SETTINGS.retry_period_seconds)
+        _GATE = election
+        _STOP_ELECTION.clear()
+        _ELECTION = asyncio.create_task(election.run(_STOP_ELECTION), name="leader-election")
+        log.info("leader election on Lease %s/%s as %s", namespace, SETTINGS.lease_name, me)
+    else:
+        _GATE = AlwaysLeader()
+        metrics.set_leader(True)
+
+
+@kopf.on.cleanup()
+async def shutdown(**_: Any) -> None:
+    await LOOPS.stop()
+    if _ELECTION is not None:
+        _STOP_ELECTION.set()  # the election loop releases the Lease on its way out
+        await asyncio.wait_for(_ELECTION, timeout=10)
 
 
 @kopf.on.login()
@@ -104,74 +128,86 @@ def configmaps_by_job(namespace: str, name: str, labels: dict[str, str], annotat
     return {(namespace, labels[LABEL_JOB]): (name, annotations.get("llmtrain.io/config-hash", ""))}
 
 
-# ---------------------------------------------------------------- wake-ups
+# ---------------------------------------------------------------- the per-job loops
 
 
-@kopf.on.event("pods", labels=JOB_SELECTOR)
-def pod_changed(namespace: str, labels: dict[str, str], **_: Any) -> None:
-    _wake(namespace, labels.get(LABEL_JOB))
+async def _children(namespace: str, name: str) -> Children:
+    key = (namespace, name)
+    return Children(
+        pods=list(_INDEXES["pods_by_job"].get(key, [])),
+        nodes=[n for store in _INDEXES["nodes_by_name"].values() for n in store],
+        services=frozenset(_INDEXES["services_by_job"].get(key, [])),
+        configmaps=dict(_INDEXES["configmaps_by_job"].get(key, [])),
+    )
 
 
-@kopf.on.event("nodes")
-def node_changed(**_: Any) -> None:
-    for event in _WAKE.values():
-        event.set()
+def _visible(key: Key, written: str | None, created: tuple[tuple[str, str], ...]) -> bool:
+    body = LOOPS.body(key)
+    if body is None:
+        return True  # the job is gone
+    if written is not None and (body.get("status") or {}).get("lastReconcileTime") != written:
+        return False
+    names = {
+        "Pod": {p["metadata"]["name"] for p in _INDEXES["pods_by_job"].get(key, [])},
+        "Service": set(_INDEXES["services_by_job"].get(key, [])),
+        "ConfigMap": {name for name, _ in _INDEXES["configmaps_by_job"].get(key, [])},
+    }
+    return all(name in names.get(kind, {name}) for kind, name in created)
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)
-def job_changed(namespace: str, name: str, **_: Any) -> None:
-    _wake(namespace, name)
-
-
-# ---------------------------------------------------------------- the per-job loop
-
-
-async def _until_visible(body: kopf.Body, written: str | None, timeout: float = 5.0) -> None:
-    """Read-your-writes: wait until the watch delivered the status this pass wrote."""
-    if written is None:
-        return
+async def _until_visible(key: Key, written: str | None, created: tuple[tuple[str, str], ...], timeout: float = 5.0) -> None:
+    """Read-your-writes: wait until the watches delivered the status this pass wrote and
+    the children it created, so the next pass neither plans from an older status nor
+    creates the same pods again. (If they do not arrive in time, an older status cannot
+    be written anyway: the status patch's resourceVersion precondition fails and the pass
+    is retried; a duplicate create is refused as AlreadyExists.)"""
     deadline = asyncio.get_running_loop().time() + timeout
-    while (body.get("status") or {}).get("lastReconcileTime") != written:
+    while not _visible(key, written, created):
         if asyncio.get_running_loop().time() > deadline:
-            return  # the next pass may plan from a slightly older status; counters are guarded
+            return
         await asyncio.sleep(0.05)
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
-async def run_job(stopped: kopf.DaemonStopped, namespace: str, name: str, body: kopf.Body, logger: logging.Logger,
-                  pods_by_job: kopf.Index, nodes_by_name: kopf.Index, services_by_job: kopf.Index,
-                  configmaps_by_job: kopf.Index, **_: Any) -> None:
-    wake = _WAKE.setdefault((namespace, name), asyncio.Event())
-    key = (namespace, name)
-
-    async def from_indexes(ns: str, job: str) -> Children:
-        return Children(
-            pods=list(pods_by_job.get(key, [])),
-            nodes=[n for store in nodes_by_name.values() for n in store],
-            services=frozenset(services_by_job.get(key, [])),
-            configmaps=dict(configmaps_by_job.get(key, [])),
-        )
-
+async def _one_pass(key: Key) -> float:
+    await _GATE.wait()
+    body = LOOPS.body(key)
+    if body is None:
+        return 0.0
+    logger = logging.getLogger(f"llmtrain.job.{key[0]}.{key[1]}")
     try:
-        while not stopped:
-            wake.clear()
-            try:
-                result = await reconcile(_K8S, dict(body), from_indexes, SETTINGS, slots=_SLOTS)
-                delay = min(result.plan.requeue_after or SETTINGS.resync_seconds, SETTINGS.resync_seconds)
-                await _until_visible(body, result.written)
-            except TransientApiError as err:
-                logger.warning("pass interrupted, retrying in %.0fs: %s", err.delay, err)
-                delay = err.delay
-            except PermanentApiError as err:
-                logger.error("the API refused a request: %s", err)
-                delay = SETTINGS.resync_seconds * 3
-            except Exception:  # noqa: BLE001 - a bug must not kill the job's loop
-                logger.exception("reconcile pass failed")
-                delay = SETTINGS.resync_seconds
-            try:
-                await asyncio.wait_for(wake.wait(), timeout=delay)
-            except asyncio.TimeoutError:
-                pass
-    finally:
-        _WAKE.pop(key, None)
-        metrics.forget(namespace, name)
+        result = await reconcile(_K8S, body, _children, SETTINGS, slots=_SLOTS, gate=_GATE)
+        await _until_visible(key, result.written, result.created)
+        return min(result.plan.requeue_after or SETTINGS.resync_seconds, SETTINGS.resync_seconds)
+    except NotLeader:
+        logger.info("job %s/%s: lost the leadership during a pass; nothing was written after that", *key)
+        return 0.0
+    except TransientApiError as err:
+        logger.warning("job %s/%s: pass interrupted, retrying in %.0fs: %s", *key, err.delay, err)
+        return err.delay
+    except PermanentApiError as err:
+        logger.error("job %s/%s: the API refused a request: %s", *key, err)
+        return SETTINGS.resync_seconds * 3
+
+
+LOOPS = JobLoops(_one_pass)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def job_changed(type: str | None, namespace: str, name: str, body: kopf.Body, pods_by_job: kopf.Index,
+                nodes_by_name: kopf.Index, services_by_job: kopf.Index, configmaps_by_job: kopf.Index, **_: Any) -> None:
+    _INDEXES.update(pods_by_job=pods_by_job, nodes_by_name=nodes_by_name, services_by_job=services_by_job,
+                    configmaps_by_job=configmaps_by_job)
+    key = (namespace or "default", name)
+    LOOPS.seen(key, type, dict(body))
+    if type == "DELETED":
+        metrics.forget(*key)
+
+
+@kopf.on.event("pods", labels=JOB_SELECTOR)
+async def pod_changed(namespace: str, labels: dict[str, str], **_: Any) -> None:
+    LOOPS.wake((namespace, labels.get(LABEL_JOB, "")))
+
+
+@kopf.on.event("nodes")
+async def node_changed(**_: Any) -> None:
+    LOOPS.wake_all()

@@ -7,6 +7,7 @@ and by API-contract tests and the scale benchmark (observations from list calls)
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -22,8 +23,18 @@ from ..probe import scrape
 from ..settings import OperatorSettings
 from .slots import Slots, no_slot
 
+log = logging.getLogger("llmtrain.decisions")
+
 VOLATILE = ("lastReconcileTime", "activeSeconds", "productiveSeconds", "goodput")
 """Status fields that change on every pass; alone they do not justify a write."""
+
+
+class NotLeader(Exception):
+    """This replica does not hold the leader Lease (any more): nothing is written."""
+
+
+class WriteGate(Protocol):
+    def holds(self) -> bool: ...
 
 
 @dataclass
@@ -107,8 +118,13 @@ def _request(k8s: K8s, namespace: str, job: str, action: Any) -> Any:
     return asyncio.to_thread(k8s.delete_job, namespace, job)
 
 
-async def write(k8s: K8s, body: dict[str, Any], result: Plan,
-                status_patch: dict[str, Any] | None) -> tuple[BaseException | None, BaseException | None]:
+def _check(gate: WriteGate | None) -> None:
+    if gate is not None and not gate.holds():
+        raise NotLeader()
+
+
+async def write(k8s: K8s, body: dict[str, Any], result: Plan, status_patch: dict[str, Any] | None,
+                gate: WriteGate | None = None) -> tuple[BaseException | None, BaseException | None]:
     """A pass's writes: the status patch and every create in one concurrent round, then
     the deletes. Returns (the first failed action's error, a permanent one first; the
     status patch's error).
@@ -127,15 +143,39 @@ async def write(k8s: K8s, body: dict[str, Any], result: Plan,
     deletes = [a for a in result.actions if isinstance(a, (DeletePod, DeleteJob))]
     first = [_request(k8s, ns, name, a) for a in result.actions if not isinstance(a, (DeletePod, DeleteJob))]
     if status_patch is not None:
-        first.append(asyncio.to_thread(k8s.patch_status, ns, name, status_patch))
+        first.append(asyncio.to_thread(k8s.patch_status, ns, name, status_patch, meta.get("resourceVersion")))
+    _check(gate)
     outcomes = list(await asyncio.gather(*first, return_exceptions=True))
     status_error = outcomes.pop() if status_patch is not None else None
     if not isinstance(status_error, BaseException):
         status_error = None
+        if deletes:
+            _check(gate)
         outcomes += await asyncio.gather(*(_request(k8s, ns, name, a) for a in deletes), return_exceptions=True)
     errors = [o for o in outcomes if isinstance(o, BaseException)]
     action_error = next((e for e in errors if not isinstance(e, TransientApiError)), errors[0] if errors else None)
     return action_error, status_error
+
+
+def describe(action: Any) -> str:
+    if isinstance(action, CreateObject):
+        return f"create {action.kind} {action.name}"
+    if isinstance(action, ReplaceObject):
+        return f"replace {action.manifest['kind']} {action.manifest['metadata']['name']}"
+    if isinstance(action, DeletePod):
+        return f"{'force-delete' if action.force else 'delete'} Pod {action.name}"
+    return f"delete the job ({action.reason})"
+
+
+def log_decisions(namespace: str, name: str, result: Plan) -> None:
+    """Every decision of a recorded pass at INFO, with the job's name: a failed CI run can
+    be diagnosed from the operator's log alone."""
+    for decision in result.decisions:
+        log.info("job %s/%s: %s", namespace, name, decision)
+    for event in result.events:
+        log.info("job %s/%s: %s %s: %s", namespace, name, event.type, event.reason, event.message)
+    for action in result.actions:
+        log.info("job %s/%s: %s", namespace, name, describe(action))
 
 
 _PENDING: set[asyncio.Future[Any]] = set()
@@ -159,14 +199,18 @@ class PassResult:
     plan: Plan
     written: str | None
     """The ``lastReconcileTime`` written into status, or None when nothing was written.
-    The daemon waits until its watch shows it before the next pass (read-your-writes),
+    The loop waits until its watch shows it before the next pass (read-your-writes),
     so a pass never plans from a status older than the previous pass's decisions."""
+    created: tuple[tuple[str, str], ...] = ()
+    """(kind, name) of the children this pass created; the loop also waits until the
+    watch shows them, so the next pass does not create them again."""
 
 
 async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, settings: OperatorSettings,
-                    now: datetime | None = None, slots: Slots | None = None) -> PassResult:
+                    now: datetime | None = None, slots: Slots | None = None, gate: WriteGate | None = None) -> PassResult:
     """One pass. With ``slots``, the API work waits for a free slot; trainers are scraped
-    before, outside it (see slots.py). The pass duration excludes that wait."""
+    before, outside it (see slots.py). The pass duration excludes that wait. With
+    ``gate`` (the leader Lease), nothing is written unless this replica holds it."""
     started = time.perf_counter()
     meta = body["metadata"]
     ns, name = meta.get("namespace", "default"), meta["name"]
@@ -178,11 +222,11 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
     async with slots.held() if slots is not None else no_slot() as waited:
         return await _decide_and_write(k8s, body, settings, now or datetime.now(timezone.utc), started + waited,
                                        Observed(pods=pods, nodes=nodes, services=children.services,
-                                                configmaps=children.configmaps, probes=probes))
+                                                configmaps=children.configmaps, probes=probes), gate)
 
 
 async def _decide_and_write(k8s: K8s, body: dict[str, Any], settings: OperatorSettings, now: datetime,
-                            started: float, observed: Observed) -> PassResult:
+                            started: float, observed: Observed, gate: WriteGate | None) -> PassResult:
     meta = body["metadata"]
     ns, name = meta.get("namespace", "default"), meta["name"]
     if _needs_dependency_check(body):
@@ -190,15 +234,19 @@ async def _decide_and_write(k8s: K8s, body: dict[str, Any], settings: OperatorSe
     result = plan(body, observed, now)
     old_status = body.get("status") or {}
     changed = status_changed(old_status, result.status, settings.status_flush_seconds, now)
-    action_error, status_error = await write(k8s, body, result, merge_patch(old_status, result.status) if changed else None)
+    _check(gate)
+    action_error, status_error = await write(k8s, body, result, merge_patch(old_status, result.status) if changed else None, gate)
     for err in (action_error, status_error):
         if err is not None and not isinstance(err, TransientApiError):
             raise err
     if status_error is not None:
         raise status_error  # decisions not recorded: no Events or metrics for them; the next pass re-plans
+    log_decisions(ns, name, result)
     for event in result.events:  # best effort, off the pass's critical path
-        _background(asyncio.to_thread(k8s.post_event, body, event.type, event.reason, event.message))
+        if gate is None or gate.holds():
+            _background(asyncio.to_thread(k8s.post_event, body, event.type, event.reason, event.message))
     metrics.record_pass(ns, name, old_status, result.status, time.perf_counter() - started)
     if action_error is not None:
         raise action_error  # the status is recorded; the next pass retries what failed
-    return PassResult(result, result.status.get("lastReconcileTime") if changed else None)
+    created = tuple((a.kind, a.name) for a in result.actions if isinstance(a, CreateObject))
+    return PassResult(result, result.status.get("lastReconcileTime") if changed else None, created)

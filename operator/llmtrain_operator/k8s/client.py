@@ -5,7 +5,7 @@
 | 409 on create                    | it exists already (idempotent)                 |
 | 404 on delete                    | it is gone already (idempotent)                |
 | 404 on a status patch            | the job is gone: nothing to record             |
-| 409 on a status patch            | someone wrote first: retry with a fresh read   |
+| 409 on a status patch            | the pass planned from an older status (its resourceVersion precondition failed): retry once the watch caught up |
 | 410, 429, 5xx, timeouts, resets  | transient: retry the pass after a delay        |
 | 400, 403, 422                    | permanent for this object: reported, not retried in a tight loop |
 """
@@ -31,6 +31,11 @@ TIMEOUT = (5, 20)
 """(connect, read) seconds for every call: a hung API server must not hang a pass."""
 
 
+CONFLICT_RETRY_SECONDS = 1.0
+"""A stale pass is retried as soon as the watch is likely to have delivered the newer
+object (usually milliseconds)."""
+
+
 class TransientApiError(Exception):
     """Retry later (the pass is repeated after ``delay`` seconds)."""
 
@@ -46,7 +51,7 @@ class PermanentApiError(Exception):
 def _classify(err: Exception, what: str) -> Exception:
     if isinstance(err, ApiException):
         if err.status in (410, 429) or (err.status or 0) >= 500 or err.status == 409:
-            return TransientApiError(f"{what}: HTTP {err.status} {err.reason}", delay=2.0 if err.status == 409 else 5.0)
+            return TransientApiError(f"{what}: HTTP {err.status} {err.reason}", delay=CONFLICT_RETRY_SECONDS if err.status == 409 else 5.0)
         return PermanentApiError(f"{what}: HTTP {err.status} {err.reason}: {(err.body or '')[:500]}")
     return TransientApiError(f"{what}: {type(err).__name__}: {err}")
 
@@ -62,15 +67,19 @@ class K8s:
         self.custom = client.CustomObjectsApi(api_client)
 
     @classmethod
-    def from_environment(cls) -> "K8s":
-        """In-cluster credentials if present, else the kubeconfig (``$KUBECONFIG``)."""
+    def from_environment(cls, user_agent: str | None = None) -> "K8s":
+        """In-cluster credentials if present, else the kubeconfig (``$KUBECONFIG``).
+        ``user_agent`` names this replica in the API server's audit log."""
         try:
             config.load_incluster_config()
         except config.ConfigException:
             # Read $KUBECONFIG now: the client library reads it once, at import time.
             path = (os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep)[0]
             config.load_kube_config(config_file=os.path.expanduser(path))
-        return cls(client.ApiClient())
+        api = client.ApiClient()
+        if user_agent:
+            api.user_agent = user_agent
+        return cls(api)
 
     @classmethod
     def for_url(cls, url: str, timeout: tuple[float, float] = TIMEOUT) -> "K8s":
@@ -127,12 +136,19 @@ class K8s:
                                                                        _request_timeout=self.timeout, _preload_content=False),
                    f"delete LLMTrainJob {namespace}/{name}", tolerated=404)
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None = None) -> bool:
         """One JSON merge patch of the status subresource per pass (see patches.py).
-        False when the job is gone (404): deleted meanwhile, e.g. by its own TTL in the
-        same pass; there is nothing left to record."""
+
+        ``resource_version``: the version the pass planned from. The API server applies
+        the patch only if the object is still at that version, else answers 409: a pass
+        that planned from an older status (a lagging watch, a second replica) can never
+        record a decision twice. False when the job is gone (404): deleted meanwhile,
+        e.g. by its own TTL in the same pass; there is nothing left to record."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
         return self._send(lambda: self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=self.timeout, _preload_content=False,
+            GROUP, VERSION, namespace, PLURAL, name, body, _request_timeout=self.timeout, _preload_content=False,
             _content_type="application/merge-patch+json"), f"patch status of LLMTrainJob {namespace}/{name}", tolerated=404)
 
     def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -75,6 +77,7 @@ class LocalPod:
     folder: Path
     deleting: bool = False
     kill_at: float | None = None
+    uid: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def view(self) -> PodView:
         code = self.proc.poll()
@@ -88,7 +91,7 @@ class LocalPod:
         exit_code = None if code is None else (128 - code if code < 0 else code)
         phase = "Running" if code is None else ("Succeeded" if code == 0 else "Failed")
         return PodView(
-            name=self.name, role=self.role, slot=self.slot, generation=self.generation, phase=phase,
+            name=self.name, role=self.role, slot=self.slot, generation=self.generation, phase=phase, uid=self.uid,
             node=f"local-{self.slot}" if self.slot is not None else "local", ready=False, deleting=self.deleting,
             created=self.created, exit_code=exit_code, reason="Error" if code else None, termination=termination,
         )
@@ -154,6 +157,9 @@ class LocalCluster:
         run_dir = folder / "run"
         for stale in run_dir.glob("metrics-local-rank-*.json"):
             stale.unlink()  # a previous process's port must not make the new one look ready
+        # A new pod's run dir is a fresh emptyDir: the exit records of the slot's earlier
+        # pod must not be read as this one's failed attempts.
+        shutil.rmtree(run_dir / "exit", ignore_errors=True)
         flags = torchrun_args(
             nnodes_min=spec.replicas.min, nnodes_max=spec.replicas.max, nproc_per_node=spec.procs_per_node,
             rdzv_endpoint=f"127.0.0.1:{self.store_port}", rdzv_id=self.job.metadata.name,

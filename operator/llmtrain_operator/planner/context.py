@@ -68,6 +68,8 @@ class Plan:
     """The whole new status, wire form; written in one patch."""
     requeue_after: float | None
     """Seconds until the next pass is needed even if nothing changes (timers)."""
+    decisions: list[str] = field(default_factory=list)
+    """What was decided and why, beyond the Events (charges, quarantines), for the log."""
 
 
 @dataclass
@@ -79,6 +81,7 @@ class Pass:
     actions: list[Action] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     timers: list[float] = field(default_factory=list)
+    decisions: list[str] = field(default_factory=list)
 
     @property
     def spec(self):
@@ -97,6 +100,9 @@ class Pass:
 
     def condition(self, type_: str, status: bool, reason: str, message: str = "") -> bool:
         return set_condition(self.status.conditions, type_, status, reason, message, self.stamp, self.generation)
+
+    def decide(self, what: str) -> None:
+        self.decisions.append(what)
 
     def after(self, seconds: float) -> None:
         """Ask for another pass in ``seconds`` (clamped to at least a second)."""

@@ -17,12 +17,14 @@ from datetime import datetime
 
 from llmtrain_trainer.exitcodes import Classification, FailureClass, classify_exit
 
-from ..api.observed import PodView
+from ..api.observed import PodView, format_time
 from ..api.status import FailureRecord, QuarantinedNode
 from .context import DeletePod, Pass
 from .lifecycle import finish
 
-MAX_COUNTED = 50
+MAX_COUNTED = 200
+"""Failure keys kept in status (oldest dropped first). Only a key whose pod still exists
+matters, and a failed pod is deleted right after its failure is charged."""
 
 
 def backoff_seconds(ctx: Pass, restarts: int) -> float:
@@ -40,12 +42,15 @@ def record_failure(ctx: Pass, kind: str, reason: str, pod: PodView | None = None
         exit_code=exit_code, message=(message or "")[:2000] or None, time=ctx.stamp,
         detect_seconds=round((ctx.now - happened).total_seconds(), 3) if happened else None,
     )
+    record = ctx.status.last_failure
+    ctx.decide(f"failure recorded: {kind}/{reason} pod={record.pod or '-'} node={record.node or '-'} exit={exit_code}")
 
 
 def count_restart(ctx: Pass, reason: str) -> bool:
-    """Count one restart against the budget. Returns False (and fails the job) when the
-    budget is exhausted. Survivors restart in place after every failure; that one
-    in-place restart is expected and not counted again."""
+    """Count one restart against the budget and start the backoff before replacements.
+    Returns False (and fails the job) when the budget is exhausted. The survivors' worker
+    groups fail too when a peer vanishes; those are victims, never charged
+    (``handle_in_place_restarts``)."""
     if not charge_budget(ctx, reason):
         return False
     delay = backoff_seconds(ctx, ctx.status.restarts)
@@ -61,6 +66,7 @@ def charge_budget(ctx: Pass, reason: str) -> bool:
     status.restarts += 1
     status.restarts_by_reason[reason] = status.restarts_by_reason.get(reason, 0) + 1
     budget = ctx.spec.fault_tolerance.max_restarts
+    ctx.decide(f"restart charged ({reason}): {status.restarts} of faultTolerance.maxRestarts={budget}")
     if status.restarts > budget:
         finish(ctx, False, "BackoffLimitExceeded", f"{status.restarts} restarts exceed faultTolerance.maxRestarts={budget}; last: {reason}")
         return False
@@ -76,12 +82,40 @@ def restart_all(ctx: Pass, reason: str, message: str) -> None:
             ctx.actions.append(DeletePod(pod.name))
 
 
-def _already_counted(ctx: Pass, pod: PodView) -> bool:
-    key = f"{pod.name}@{pod.created.isoformat() if pod.created else ''}"
-    if key in ctx.status.counted_failures:
-        return True
-    ctx.status.counted_failures = (ctx.status.counted_failures + [key])[-MAX_COUNTED:]
-    return False
+def pod_key(pod: PodView) -> str:
+    """The identity of a pod's failure: its uid (a replacement under the same stable name
+    is another pod, so another failure)."""
+    return f"pod:{pod.uid}" if pod.uid else f"pod:{pod.name}@{pod.created.isoformat() if pod.created else ''}"
+
+
+def node_key(ctx: Pass, name: str) -> str:
+    """The identity of a node failure: the node and when its Ready condition last changed
+    (a node that heals and fails again fails anew). A node whose object is gone has no
+    transition time; that key lasts until the node is seen Ready again."""
+    view = ctx.observed.nodes.get(name)
+    return f"node:{name}@{format_time(view.since)}" if view is not None and view.since else f"node:{name}@gone"
+
+
+def charged(ctx: Pass, key: str) -> bool:
+    return key in ctx.status.counted_failures
+
+
+def remember(ctx: Pass, *keys: str) -> None:
+    """Record failure keys in the status being built. They go out in the same status
+    write as the charge itself, and every charge checks them first, so a failure is
+    charged once whatever the order and timing of passes (a pass planned from an older
+    status cannot write: status writes are conditional on its resourceVersion)."""
+    new = [k for k in dict.fromkeys(keys) if k not in ctx.status.counted_failures]
+    if new:
+        ctx.status.counted_failures = (ctx.status.counted_failures + new)[-MAX_COUNTED:]
+
+
+def forget_healed_nodes(ctx: Pass) -> None:
+    """A node seen Ready again starts a new history: its next failure is a new one."""
+    healthy = {n.name for n in ctx.observed.nodes.values() if not n.failed}
+    kept = [k for k in ctx.status.counted_failures if not (k.startswith("node:") and k[5:].rsplit("@", 1)[0] in healthy)]
+    if len(kept) != len(ctx.status.counted_failures):
+        ctx.status.counted_failures = kept
 
 
 def classify_pod(pod: PodView) -> Classification:
@@ -96,19 +130,21 @@ def classify_pod(pod: PodView) -> Classification:
 def handle_pod_failures(ctx: Pass) -> bool:
     """Returns True when the job reached a terminal phase."""
     for pod in ctx.observed.workers():
-        if pod.deleting and pod.disruption and not _already_counted(ctx, pod):
+        if pod.deleting and pod.disruption and not charged(ctx, pod_key(pod)):
             # Evicted through the Eviction API (drain, preemption): the pod is already on
             # its way out; count the disruption once, the slot is refilled when it is gone.
+            remember(ctx, pod_key(pod))
             ctx.status.disruptions += 1
-            ctx.status.expected_in_place += SURVIVOR_RESTARTS_PER_REPLACEMENT
+            ctx.decide(f"disruption counted: {pod.name} is being evicted")
             record_failure(ctx, "Eviction", "DisruptionTarget", pod, message=pod.message)
             ctx.event("PodDisrupted", f"pod {pod.name} is being evicted; it will be replaced (not counted as a restart)", warning=True)
             continue
         if pod.phase != "Failed" or pod.deleting:
             continue
-        if _already_counted(ctx, pod):
+        if charged(ctx, pod_key(pod)):
             ctx.actions.append(DeletePod(pod.name))  # an earlier delete did not go through
             continue
+        remember(ctx, pod_key(pod))
         verdict = classify_pod(pod)
         code = pod.termination.get("code", pod.exit_code)
         detail = pod.termination.get("message") or pod.message or ""
@@ -121,7 +157,6 @@ def handle_pod_failures(ctx: Pass) -> bool:
             ctx.status.disruptions += 1
             record_failure(ctx, "Eviction", verdict.reason, pod, exit_code=code, message=detail)
             ctx.event("PodDisrupted", f"{where} was disrupted ({verdict.reason}); replacing it (not counted as a restart)", warning=True)
-            ctx.status.expected_in_place += SURVIVOR_RESTARTS_PER_REPLACEMENT
             ctx.actions.append(DeletePod(pod.name))
             continue
         kind = "Hang" if verdict.reason == "Hang" else "ProcessCrash"
@@ -132,7 +167,6 @@ def handle_pod_failures(ctx: Pass) -> bool:
         if ctx.spec.fault_tolerance.restart_policy == "RestartAll":
             restart_all(ctx, verdict.reason, f"{where} failed")
         else:
-            ctx.status.expected_in_place += SURVIVOR_RESTARTS_PER_REPLACEMENT
             ctx.actions.append(DeletePod(pod.name))
     return False
 
@@ -142,6 +176,7 @@ def handle_node_failures(ctx: Pass) -> bool:
     grace are force-deleted (the kubelet cannot confirm anything) and the node is
     quarantined for this job. Returns True when the job reached a terminal phase."""
     grace = ctx.spec.fault_tolerance.node_failure_grace_seconds
+    forget_healed_nodes(ctx)
     failed_nodes: dict[str, list[PodView]] = {}
     for pod in ctx.observed.workers():
         if pod.node is None or pod.terminated:
@@ -166,9 +201,15 @@ def handle_node_failures(ctx: Pass) -> bool:
         names = ", ".join(p.name for p in pods)
         for pod in pods:
             ctx.actions.append(DeletePod(pod.name, grace_seconds=0, force=True))
+        # One charge per node failure: new only if this episode of the node was not
+        # charged yet and it took a pod not charged yet (a pod lost with the node is
+        # never charged again, as a node failure or as a pod failure).
+        key = node_key(ctx, node_name)
+        fresh = not charged(ctx, key) and any(not charged(ctx, pod_key(p)) for p in pods)
+        remember(ctx, key, *(pod_key(p) for p in pods))
+        if not fresh:
+            continue  # only the force-deletes are repeated, until the pods are gone
         quarantine(ctx, node_name)
-        if all(p.deleting for p in pods) and _already_counted_node(ctx, node_name):
-            continue
         node_view = ctx.observed.nodes.get(node_name)
         record_failure(ctx, "NodeFailure", "NodeNotReady", pods[0], node=node_name,
                        message=f"node {node_name} failed for more than {grace}s",
@@ -176,15 +217,6 @@ def handle_node_failures(ctx: Pass) -> bool:
         ctx.event("NodeFailure", f"node {node_name} is NotReady/unreachable for more than {grace}s: force-deleting {names} and keeping this job off the node", warning=True)
         if not count_restart(ctx, "NodeFailure"):
             return True
-        ctx.status.expected_in_place += SURVIVOR_RESTARTS_PER_REPLACEMENT
-    return False
-
-
-def _already_counted_node(ctx: Pass, node: str) -> bool:
-    key = f"node:{node}"
-    if key in ctx.status.counted_failures:
-        return True
-    ctx.status.counted_failures = (ctx.status.counted_failures + [key])[-MAX_COUNTED:]
     return False
 
 
@@ -194,6 +226,7 @@ def quarantine(ctx: Pass, node: str) -> None:
         return
     kept = [q for q in ctx.status.quarantined_nodes if q.node != node]
     ctx.status.quarantined_nodes = kept + [QuarantinedNode(node=node, until=ctx.at(seconds))]
+    ctx.decide(f"node {node} quarantined for this job until {ctx.at(seconds)}")
 
 
 def active_quarantine(ctx: Pass) -> list[str]:
@@ -208,39 +241,39 @@ def active_quarantine(ctx: Pass) -> list[str]:
     return [q.node for q in live]
 
 
-SURVIVOR_RESTARTS_PER_REPLACEMENT = 1
-"""A lost pod makes each survivor's worker group fail once (its peer vanished) and
-torchrun counts that restart; growing back later is a membership change, not counted."""
+CHARGED_CAUSES = {"crash": ("RestartedInPlace", "ProcessCrash"), "hang": ("Hang", "Hang")}
+"""Causes of an in-place restart that are charged, with their reason and failure kind.
+A ``victim`` attempt (every rank failed because a peer elsewhere vanished) is the
+consequence of a failure charged where it happened (a pod crash, a node loss, a hang),
+so it is never charged itself."""
 
 
 def handle_in_place_restarts(ctx: Pass) -> bool:
-    """torchrun restarts a pod's workers in place when a local rank fails. One failure
-    restarts every pod's group once, so the job-level count is the *largest* increase
-    any worker reports, minus the re-rendezvous expected from failures already counted.
-    Returns True when the budget ran out."""
+    """torchrun restarts a pod's workers in place when a local rank fails; the trainers
+    report why each failed attempt ended. Each new crash or hang attempt of a pod is one
+    failure, charged once (keyed by pod uid and cause). Returns True when the budget ran
+    out."""
     status = ctx.status
-    live = {f"{p.name}@{p.created.isoformat() if p.created else ''}": p for p in ctx.observed.workers() if p.active}
-    seen = {k: v for k, v in status.torchrun_restarts.items() if k in live}
-    hangs = {k: v for k, v in status.hangs_seen.items() if k in live}
-    increase = hung = 0
+    live = {pod_key(p): p for p in ctx.observed.workers() if p.active}
+    seen = {k: v for k, v in status.attempts_seen.items() if k.split("/", 1)[0] in live}
+    charges: list[tuple[str, PodView, str]] = []
     for key, pod in live.items():
         probe = ctx.observed.probes.get(pod.name)
-        if probe is None or probe.restarts is None:
+        if probe is None:
             continue
-        increase = max(increase, probe.restarts - seen.get(key, 0))
-        seen[key] = max(probe.restarts, seen.get(key, 0))
-        if probe.hangs is not None:
-            hung = max(hung, probe.hangs - hangs.get(key, 0))
-            hangs[key] = max(probe.hangs, hangs.get(key, 0))
-    status.torchrun_restarts, status.hangs_seen = seen, hangs
-    absorbed = min(increase, status.expected_in_place)
-    status.expected_in_place -= absorbed
-    for i in range(increase - absorbed):
-        # The trainers tell a hang (watchdog exit) apart from other rank failures.
-        reason, kind = ("Hang", "Hang") if i < hung else ("RestartedInPlace", "ProcessCrash")
-        record_failure(ctx, kind, reason, message="torchrun restarted a worker group in place"
-                       + (" after the hang watchdog fired" if kind == "Hang" else ""))
-        ctx.event("RestartedInPlace", f"a rank failed ({reason}) and torchrun restarted the worker groups in place", warning=True)
+        for cause, count in probe.failed_attempts.items():
+            if cause not in CHARGED_CAUSES:
+                continue
+            slot = f"{key}/{cause}"
+            charges += [(cause, pod, slot)] * max(0, count - seen.get(slot, 0))
+            seen[slot] = max(count, seen.get(slot, 0))
+    status.attempts_seen = seen
+    for cause, pod, _ in charges:
+        reason, kind = CHARGED_CAUSES[cause]
+        record_failure(ctx, kind, reason, pod, message=f"a rank in {pod.name} {'hung' if cause == 'hang' else 'failed'} "
+                       "and torchrun restarted the worker group in place")
+        ctx.event("RestartedInPlace", f"a rank in pod {pod.name} failed ({reason}); torchrun restarted the worker groups in place",
+                  warning=True)
         if not charge_budget(ctx, reason):
             return True
     return False

@@ -43,6 +43,10 @@ def finish(ctx: Pass, succeeded: bool, reason: str, message: str) -> None:
     status = ctx.status
     status.phase = "Succeeded" if succeeded else "Failed"
     status.completion_time = ctx.stamp
+    # Nothing trains any more (a success needs every worker finished; a failure stops
+    # the rest): the counts say so, not whatever the last running pass saw.
+    status.replicas.ready = status.replicas.active = 0
+    status.workers = f"0/{status.replicas.desired or ctx.spec.replicas.max}"
     ctx.condition("Succeeded" if succeeded else "Failed", True, reason, message)
     for other in ("Running", "Restarting", "Degraded"):
         ctx.condition(other, False, reason, message)

@@ -101,7 +101,7 @@ def _succeeded(ctx: Pass) -> bool:
 
 def _done(ctx: Pass) -> Plan:
     requeue = min(ctx.timers) if ctx.timers else None
-    return Plan(_dedupe(ctx.actions), ctx.events, ctx.status.to_wire(), requeue)
+    return Plan(_dedupe(ctx.actions), ctx.events, ctx.status.to_wire(), requeue, ctx.decisions)
 
 
 def _dedupe(actions: list) -> list:
