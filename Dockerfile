@@ -8,6 +8,7 @@ FROM python:3.11-slim AS base
 ENV PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /src
 COPY pyproject.toml constraints.txt README.md ./
+COPY common/ common/
 COPY operator/ operator/
 COPY trainer_image/ trainer_image/
 

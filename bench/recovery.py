@@ -1,4 +1,4 @@
-"""Detection and recovery times on the local cluster, against DESIGN §7's targets.
+"""Detection and recovery times on the local cluster, against the targets in docs/design.md.
 
 The operator is installed with helm; each round runs one job per failure kind and injects
 it mid-training:

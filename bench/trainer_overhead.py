@@ -92,7 +92,7 @@ def main() -> None:
 
     import torch  # noqa: PLC0415
 
-    from llmtrain_trainer.config import TrainerConfig  # noqa: PLC0415
+    from llmtrain_contract.config import TrainerConfig  # noqa: PLC0415
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))  # leave a core for I/O threads, as in a pod
     cfg = TrainerConfig.model_validate({

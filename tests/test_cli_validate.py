@@ -36,7 +36,8 @@ def test_a_broken_copy_fails_and_names_the_field(tmp_path):
     assert result.returncode == 1
     assert "02-three-tier-checkpoints.yaml (three-tier): ok" in result.stdout
     assert "broken.yaml (three-tier): INVALID" in result.stderr
-    assert "spec.checkpoint.shared.intervalSteps: must be a multiple of checkpoint.intervalSteps" in result.stderr
+    assert ("spec.checkpoint.shared.intervalSteps: checkpoint.shared.intervalSteps must be a multiple of "
+            "checkpoint.intervalSteps (25 % 10 != 0)") in result.stderr
 
 
 def test_unreadable_and_non_yaml_files_are_reported_not_raised(tmp_path):

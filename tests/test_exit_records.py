@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from llmtrain_trainer import exitrecord
-from llmtrain_trainer.exitcodes import ExitCode
+from llmtrain_contract.exitcodes import ExitCode
 
 
 def run(run_dir, attempt, local_rank, code=None, rank=None):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from llmtrain_trainer.exitcodes import ExitCode, FailureClass, classify_exit, table
+from llmtrain_contract.exitcodes import ExitCode, FailureClass, classify_exit, table
 
 
 @pytest.mark.parametrize(

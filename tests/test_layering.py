@@ -22,7 +22,7 @@ def test_operator_modules_import_without_torch_at_runtime():
         "import sys, pkgutil, importlib, llmtrain_operator\n"
         "for m in pkgutil.walk_packages(llmtrain_operator.__path__, 'llmtrain_operator.'):\n"
         "    importlib.import_module(m.name)\n"
-        "import llmtrain_trainer.config, llmtrain_trainer.exitcodes\n"
+        "import llmtrain_contract.config, llmtrain_contract.exitcodes\n"
         "heavy = sorted(n for n in ('torch', 'deepspeed', 'numpy') if n in sys.modules)\n"
         "print(heavy)\n"
     )

@@ -1,4 +1,4 @@
-"""The pure planner, table by table: every row of DESIGN §4's failure taxonomy, elastic
+"""The pure planner, table by table: every row of the failure taxonomy (docs/design.md), elastic
 scaling, the restart budget, and the job lifecycle."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from llmtrain_operator.api.observed import TrainerProbe
+from llmtrain_operator.api.observed import PodView, TrainerProbe
 from llmtrain_operator.planner import plan
 from support.planning import NOW, ago, job, node, observed, running_status, summary, worker
 
@@ -279,8 +279,8 @@ def test_below_min_nodes_the_job_is_restarting_after_a_short_readiness_grace():
     pods = [worker(0), worker(1, phase="Pending", ready=False)]
     raw = job({"spec.replicas": {"min": 2, "max": 2}}, status=running_status())
     _, status, _, _ = run(raw, observed(raw, pods))
-    assert status["phase"] == "Running" and status["notReadySince"] == ago(0)  # one missed probe is not a failure
-    raw = job({"spec.replicas": {"min": 2, "max": 2}}, status=running_status(notReadySince=ago(30)))
+    assert status["phase"] == "Running" and status["internal"]["notReadySince"] == ago(0)  # one missed probe is not a failure
+    raw = job({"spec.replicas": {"min": 2, "max": 2}}, status=running_status(internal={"notReadySince": ago(30)}))
     _, status, _, _ = run(raw, observed(raw, pods))
     assert status["phase"] == "Restarting"
 
@@ -425,3 +425,43 @@ def test_a_node_that_is_ready_again_is_not_failed_while_its_taint_lingers():
     nodes = [node("node-0"), node("node-1", ready="True", since_seconds=1, unreachable=True)]
     _, status, actions, _ = run(raw, observed(raw, [worker(0), worker(1)], nodes=nodes))
     assert actions == [] and status["restarts"] == 0
+
+
+def test_a_status_written_by_an_earlier_version_keeps_its_bookkeeping():
+    # Earlier versions kept the bookkeeping at the top of the status; an operator upgrade
+    # must neither reset the counters nor charge an already charged failure again.
+    legacy = running_status(restarts=1, countedFailures=["pod:uid-0"], notReadySince=ago(3),
+                            torchrunRestarts={"x@y": 1}, hangsSeen={}, expectedInPlace=1)
+    raw = job(status=legacy)
+    failed = PodView(name=W0, role="worker", slot=0, generation=0, phase="Failed", uid="uid-0", node="node-0", exit_code=137)
+    _, status, actions, _ = run(raw, observed(raw, [failed, worker(1)]))
+    assert status["restarts"] == 1 and actions == [f"delete {W0}"]  # already charged: only the delete is repeated
+    assert status["internal"]["chargedFailures"] == ["pod:uid-0"]
+    assert not {"countedFailures", "torchrunRestarts", "hangsSeen", "expectedInPlace", "notReadySince"} & set(status)
+
+
+def test_the_pod_template_merges_over_the_worker_pod_and_operator_fields_win():
+    from llmtrain_operator.api import parse_job
+    from llmtrain_operator.planner.manifests import worker_pod
+
+    raw = job({"spec.podTemplate": {
+        "metadata": {"labels": {"team": "nlp", "llmtrain.io/slot": "7"}, "annotations": {"note": "x"}},
+        "spec": {"volumes": [{"name": "data", "emptyDir": {}}],
+                 "containers": [{"name": "trainer", "command": ["evil"],
+                                 "env": [{"name": "EXTRA", "value": "1"}, {"name": "LLMTRAIN_JOB", "value": "hijack"}],
+                                 "volumeMounts": [{"name": "data", "mountPath": "/data"}]},
+                                {"name": "sidecar", "image": "busybox"}],
+                 "restartPolicy": "Always"}}})
+    pod = worker_pod(parse_job(raw), 1, 0)
+    labels, spec = pod["metadata"]["labels"], pod["spec"]
+    assert labels["team"] == "nlp" and labels["llmtrain.io/slot"] == "1"  # the operator's label wins
+    assert pod["metadata"]["annotations"]["note"] == "x"
+    # Volumes and mounts merge by key (strategic merge): the operator's own stay.
+    assert {v["name"] for v in spec["volumes"]} == {"run", "dshm", "config", "ckpt-local", "data"}
+    trainer = next(c for c in spec["containers"] if c["name"] == "trainer")
+    assert {m["mountPath"] for m in trainer["volumeMounts"]} >= {"/run/llmtrain", "/etc/llmtrain", "/ckpt/local", "/data"}
+    assert trainer["command"][:3] == ["python", "-m", "llmtrain_trainer.launcher"]  # the command is the operator's
+    assert {"name": "EXTRA", "value": "1"} in trainer["env"]
+    assert [e.get("value") for e in trainer["env"] if e["name"] == "LLMTRAIN_JOB"] == ["tiny-elastic"]  # owned env wins
+    assert [c["name"] for c in spec["containers"]] == ["trainer", "sidecar"]
+    assert spec["restartPolicy"] == "Never"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from llmtrain_trainer.config import TrainerConfig, TrainSpec, valid_world_sizes
+from llmtrain_contract.config import TrainerConfig, TrainSpec, valid_world_sizes
 
 
 @pytest.mark.parametrize(

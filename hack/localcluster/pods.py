@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -87,6 +88,8 @@ class PodRunner:
     lock: threading.Lock = field(default_factory=threading.Lock)
     dirty: bool = True
     next_config_retry: float = 0.0
+    transitions: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Condition type -> (status, when it last changed)."""
 
     @property
     def uid(self) -> str:
@@ -255,8 +258,6 @@ class PodRunner:
             except OSError:
                 return False
         if "tcpSocket" in probe:
-            import socket  # noqa: PLC0415
-
             try:
                 with socket.create_connection((self.ip, self._port(probe["tcpSocket"]["port"])), timeout=timeout):
                     return True
@@ -370,14 +371,18 @@ class PodRunner:
             {"type": "Ready", "status": "True" if ready else "False"},
         ]
         for cond in conditions:
-            cond["lastTransitionTime"] = stamp
+            # A condition's transition time moves only when its status flips, as the
+            # kubelet reports it (the operator reads when a pod became (un)ready).
+            previous = self.transitions.get(cond["type"])
+            if previous is None or previous[0] != cond["status"]:
+                self.transitions[cond["type"]] = (cond["status"], stamp)
+            cond["lastTransitionTime"] = self.transitions[cond["type"]][1]
         return {"phase": phase, "podIP": self.ip, "podIPs": [{"ip": self.ip}], "hostIP": GATEWAY, "hostIPs": [{"ip": GATEWAY}],
                 "startTime": self.pod.get("status", {}).get("startTime") or stamp, "conditions": conditions,
                 "containerStatuses": statuses}
 
     def report(self) -> None:
-        """Write the pod's status if something changed. The conditions' transition times
-        are kept when the status does not change."""
+        """Write the pod's status if something changed."""
         if not self.dirty:
             return
         body = {"status": self.status()}

@@ -72,7 +72,7 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 
 def cmd_exit_codes(_: argparse.Namespace) -> int:
-    from llmtrain_trainer.exitcodes import table
+    from llmtrain_contract.exitcodes import table
 
     print(f"{'code':>4}  {'name':<20} {'class':<11} reason")
     for code, name, klass, reason in table():
@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("exit-codes", help="print the exit-code table")
     p.set_defaults(func=cmd_exit_codes)
 
+    # The local runner needs the trainer's dependencies (prometheus-client, tqdm,
+    # matplotlib): validate/crd/exit-codes must work on the base install without them.
     from .localrun.cli import add_run_parser  # noqa: PLC0415
 
     add_run_parser(sub)

@@ -10,6 +10,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from .api.vocabulary import Phase
+from .planner.decisions import Decision, FailureRecorded, JobFinished, JobStarted, RecoveryMeasured, RestartCharged
+
 REGISTRY = CollectorRegistry()
 NS = ("job_namespace",)
 
@@ -22,7 +25,7 @@ RESTARTS = Counter("llmtrain_operator_restarts_total", "Restarts counted against
 FAILURES = Counter("llmtrain_operator_failures_detected_total", "Failures detected, by kind", ["kind"], registry=REGISTRY)
 DETECT = Histogram("llmtrain_operator_time_to_detect_seconds", "From a failure to the operator acting on it",
                    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300), registry=REGISTRY)
-RECOVER = Histogram("llmtrain_operator_time_to_recover_seconds", "From a detected failure to Running again",
+RECOVER = Histogram("llmtrain_operator_time_to_recover_seconds", "From a detected failure to the first training step after it",
                     buckets=(1, 2, 5, 10, 15, 30, 60, 120, 300, 600), registry=REGISTRY)
 # Log-spaced (x1.5) from 1 ms to ~13 s: fine enough to read p50/p99 off the buckets.
 RECONCILE_BUCKETS = tuple(round(0.001 * 1.5**i, 6) for i in range(24))
@@ -50,32 +53,26 @@ def record_queue_wait(seconds: float) -> None:
     QUEUE.observe(seconds)
 
 
-def record_pass(namespace: str, name: str, old: dict[str, Any], new: dict[str, Any], seconds: float) -> None:
-    """Turn one pass's status transition into metrics (old -> new status)."""
+def record_pass(namespace: str, name: str, decisions: list[Decision], status: dict[str, Any], seconds: float) -> None:
+    """One recorded pass: its duration, each of its decisions, the job's phase and goodput."""
     RECONCILE.observe(seconds)
-    phase_old, phase_new = old.get("phase"), new.get("phase")
-    if not old.get("startTime") and new.get("startTime"):
-        JOBS_CREATED.labels(namespace).inc()
-    if phase_new != phase_old:
-        if phase_new == "Succeeded":
-            JOBS_SUCCESSFUL.labels(namespace).inc()
-        elif phase_new == "Failed":
-            JOBS_FAILED.labels(namespace).inc()
-    if new.get("lastRecoverySeconds") is not None and old.get("lastRecoverySeconds") is None:
-        RECOVER.observe(new["lastRecoverySeconds"])
-    for reason, count in (new.get("restartsByReason") or {}).items():
-        delta = count - (old.get("restartsByReason") or {}).get(reason, 0)
-        if delta > 0:
-            RESTARTS.labels(reason).inc(delta)
-            JOBS_RESTARTED.labels(namespace).inc(delta)
-    failure_old, failure_new = old.get("lastFailure") or {}, new.get("lastFailure") or {}
-    if failure_new and failure_new != failure_old:
-        FAILURES.labels(failure_new.get("kind", "Unknown")).inc()
-        if failure_new.get("detectSeconds") is not None:
-            DETECT.observe(failure_new["detectSeconds"])
-    if new.get("goodput") is not None:
-        GOODPUT.labels(namespace, name).set(new["goodput"])
-    _PHASES[(namespace, name)] = phase_new or "Pending"
+    for decision in decisions:
+        if isinstance(decision, JobStarted):
+            JOBS_CREATED.labels(namespace).inc()
+        elif isinstance(decision, JobFinished):
+            (JOBS_SUCCESSFUL if decision.succeeded else JOBS_FAILED).labels(namespace).inc()
+        elif isinstance(decision, RestartCharged):
+            RESTARTS.labels(decision.reason).inc()
+            JOBS_RESTARTED.labels(namespace).inc()
+        elif isinstance(decision, FailureRecorded):
+            FAILURES.labels(decision.kind).inc()
+            if decision.detect_seconds is not None:
+                DETECT.observe(decision.detect_seconds)
+        elif isinstance(decision, RecoveryMeasured):
+            RECOVER.observe(decision.seconds)
+    if status.get("goodput") is not None:
+        GOODPUT.labels(namespace, name).set(status["goodput"])
+    _PHASES[(namespace, name)] = status.get("phase") or Phase.PENDING
     _refresh_phases()
 
 
@@ -92,5 +89,5 @@ def _refresh_phases() -> None:
     counts: dict[str, int] = {}
     for phase in _PHASES.values():
         counts[phase] = counts.get(phase, 0) + 1
-    for phase in ("Pending", "Created", "Running", "Restarting", "Degraded", "Suspended", "Succeeded", "Failed", "Invalid"):
-        JOBS_BY_PHASE.labels(phase).set(counts.get(phase, 0))
+    for phase in Phase:
+        JOBS_BY_PHASE.labels(phase.value).set(counts.get(phase, 0))

@@ -10,11 +10,14 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 
+from llmtrain_contract.names import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from .api.observed import TrainerProbe
 
-PREFIX = "llmtrain_trainer_"
+RESTARTS = Metric.total(Metric.WORKER_GROUP_RESTARTS)
+FAILED_ATTEMPTS = Metric.total(Metric.FAILED_ATTEMPTS)
+READ = (Metric.STEP, Metric.WORLD_SIZE, RESTARTS, Metric.LAST_STEP_TIMESTAMP)
 
 
 def parse(text: str) -> TrainerProbe:
@@ -23,20 +26,19 @@ def parse(text: str) -> TrainerProbe:
     failed: dict[str, int] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == PREFIX + "checkpoint_last_step":
+            if sample.name == Metric.CHECKPOINT_LAST_STEP:
                 checkpoints[sample.labels.get("tier", "local")] = int(sample.value)
-            elif sample.name == PREFIX + "failed_attempts_total":
+            elif sample.name == FAILED_ATTEMPTS:
                 failed[sample.labels.get("cause", "crash")] = int(sample.value)
-            elif sample.name in (PREFIX + "step", PREFIX + "world_size", PREFIX + "worker_group_restarts_total",
-                                 PREFIX + "last_step_timestamp_seconds"):
+            elif sample.name in READ:
                 values[sample.name] = sample.value
     as_int = lambda key: int(values[key]) if key in values else None  # noqa: E731
     return TrainerProbe(
-        step=as_int(PREFIX + "step"),
-        world_size=as_int(PREFIX + "world_size"),
-        restarts=as_int(PREFIX + "worker_group_restarts_total"),
+        step=as_int(Metric.STEP),
+        world_size=as_int(Metric.WORLD_SIZE),
+        restarts=as_int(RESTARTS),
         failed_attempts=failed,
-        last_step_time=values.get(PREFIX + "last_step_timestamp_seconds") or None,
+        last_step_time=values.get(Metric.LAST_STEP_TIMESTAMP) or None,
         last_checkpoint=checkpoints,
     )
 

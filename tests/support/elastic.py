@@ -2,7 +2,7 @@
 launcher -> torchrun -> trainer process tree with its own run dir and local tier.
 
 Used by the trainer suite (tests/trainer/). The command lines come from
-``llmtrain_trainer.command``, exactly as the operator renders them into pods.
+``llmtrain_contract.command``, exactly as the operator renders them into pods.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from llmtrain_trainer.command import store_command, torchrun_args, trainer_program, worker_command
+from llmtrain_contract.command import store_command, torchrun_args, trainer_program, worker_command
 
 PY = sys.executable
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from llmtrain_operator.api.rules import table
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -44,6 +45,13 @@ class InvalidCase:
 
 
 def invalid_cases() -> list[InvalidCase]:
+    """The table's rows, and one case per cross-field rule (its own example); ``server``
+    is the rule's message when the API server checks it, else None."""
     rows = yaml.safe_load((ROOT / "tests" / "data" / "invalid_specs.yaml").read_text())
     base = load_job()
-    return [InvalidCase(r["name"], apply_set(base, r["set"]), r["field"], r["server"]) for r in rows]
+    cases = [InvalidCase(r["name"], apply_set(base, r["set"]), r["field"], r["server"]) for r in rows]
+    for placed in table():
+        rule = placed.rule
+        cases.append(InvalidCase(f"rule-{rule.name}", apply_set(base, placed.example()), placed.field,
+                                 rule.message if rule.cel else None))
+    return cases

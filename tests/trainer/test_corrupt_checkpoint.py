@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmtrain_trainer.exitcodes import ExitCode
+from llmtrain_contract.exitcodes import ExitCode
 from support.elastic import base_config, run_job
 
 CFG = base_config(maxSteps=15, checkpoint={"intervalSteps": 5})

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import yaml
-from llmtrain_trainer.exitcodes import ExitCode
+from llmtrain_contract.exitcodes import ExitCode
 from support.elastic import ElasticJob, base_config, run_job
 
 HANG_TIMEOUT = 8

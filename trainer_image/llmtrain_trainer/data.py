@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from .config import DataConfig
+from llmtrain_contract.config import DataConfig
 
 BUILTIN_SHARD = Path(__file__).with_name("data") / "tiny_shard.bin"
 

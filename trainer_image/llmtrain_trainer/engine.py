@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from .config import TrainerConfig
+from llmtrain_contract.config import TrainerConfig
 from .dist import DistInfo, device
 from .model import GPT, build_model
 from .schedule import lr_at, param_groups
@@ -28,6 +28,12 @@ class Engine(Protocol):
     """What the trainer and the checkpoint manager need from a strategy."""
 
     kind: str
+
+    @classmethod
+    def create(cls, cfg: TrainerConfig, info: DistInfo, restoring_universal: bool) -> "Engine":
+        """Build the engine; ``restoring_universal``: the restore will load a universal
+        checkpoint (another world size of a sharded state)."""
+        ...
     # False when snapshot() cannot copy state off the training path (DeepSpeed writes
     # straight from its partitioned buffers), so a save must write synchronously.
     async_capable: bool
@@ -59,6 +65,16 @@ class Engine(Protocol):
         ...
 
 
+def engine_class(kind: str) -> Any:
+    """The engine of a strategy, the one place that chooses it. DeepSpeed is imported
+    only when chosen: it is heavy, and a DDP job never needs it."""
+    if kind == "deepspeed":
+        from .engine_deepspeed import DeepSpeedEngine  # noqa: PLC0415 - heavy, and engine_deepspeed imports this module
+
+        return DeepSpeedEngine
+    return DDPEngine
+
+
 def _dtype(cfg: TrainerConfig) -> torch.dtype:
     if cfg.model.dtype == "bfloat16" or (
         cfg.model.dtype == "auto" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
@@ -88,6 +104,11 @@ class DDPEngine:
 
     kind = "ddp"
     async_capable = True
+
+    @classmethod
+    def create(cls, cfg: TrainerConfig, info: DistInfo, restoring_universal: bool) -> "DDPEngine":
+        # The state is replicated: any copy restores any world size, there is no universal form.
+        return cls(cfg, info)
 
     def __init__(self, cfg: TrainerConfig, info: DistInfo):
         self.cfg = cfg

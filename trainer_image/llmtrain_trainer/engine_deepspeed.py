@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from .config import TrainerConfig
+from llmtrain_contract.config import TrainerConfig
 from .dist import DistInfo
 from .engine import Batch, make_model
 from .schedule import lr_at, param_groups
@@ -86,6 +86,10 @@ class DeepSpeedEngine:
     kind = "deepspeed"
     # DeepSpeed's save is collective and synchronous; there is no separate snapshot.
     async_capable = False
+
+    @classmethod
+    def create(cls, cfg: TrainerConfig, info: DistInfo, restoring_universal: bool) -> "DeepSpeedEngine":
+        return cls(cfg, info, load_universal=restoring_universal)
 
     def __init__(self, cfg: TrainerConfig, info: DistInfo, load_universal: bool = False):
         import deepspeed  # noqa: PLC0415 - heavy; only when this strategy is chosen

@@ -25,7 +25,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from .exitcodes import ExitCode, FailureClass, classify_exit
+from llmtrain_contract.exitcodes import ExitCode, FailureClass, classify_exit
 
 # When ranks disagree, the code that best explains the failure wins: a permanent error
 # over a hang over a preemption over a timeout seen by the survivors of a dead peer.

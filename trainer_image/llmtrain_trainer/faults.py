@@ -26,8 +26,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ENV = "LLMTRAIN_FAULT_INJECT"
-STATE_ENV = "LLMTRAIN_FAULT_STATE_DIR"
+from llmtrain_contract.names import Env
+
+ENV = Env.FAULT_INJECT
+STATE_ENV = Env.FAULT_STATE_DIR
 KINDS = {"crash", "hang", "slow", "exit", "sigterm"}
 
 

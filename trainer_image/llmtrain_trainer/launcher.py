@@ -21,20 +21,22 @@ import time
 from pathlib import Path
 
 from . import exitrecord
-from .exitcodes import classify_exit
+from llmtrain_contract.exitcodes import classify_exit
+from llmtrain_contract.names import TERMINATION_LOG, Env, Termination
 
 
 def decide(returncode: int, records: list[dict]) -> tuple[int, dict]:
     """The pod's exit code and termination message from torchrun's code and the records."""
+    T = Termination
     if returncode == 0:
-        return 0, {"code": 0, "reason": "Completed"}
+        return 0, {T.CODE: 0, T.REASON: "Completed"}
     best = exitrecord.most_significant(records)
     if best is not None and best["code"] != 0:
         code = int(best["code"])
-        return code, {"code": code, "reason": classify_exit(code).reason, "rank": best["rank"],
-                      "step": best.get("step"), "message": best.get("message", "")[:2000]}
+        return code, {T.CODE: code, T.REASON: classify_exit(code).reason, T.RANK: best["rank"],
+                      T.STEP: best.get("step"), T.MESSAGE: best.get("message", "")[:2000]}
     code = 128 - returncode if returncode < 0 else returncode
-    return code, {"code": code, "reason": classify_exit(code).reason, "message": "torchrun exited without an exit record"}
+    return code, {T.CODE: code, T.REASON: classify_exit(code).reason, T.MESSAGE: "torchrun exited without an exit record"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         return 64
     split = argv.index("--")
     parser = argparse.ArgumentParser(prog="llmtrain_trainer.launcher")
-    parser.add_argument("--run-dir", default=os.environ.get("LLMTRAIN_RUN_DIR", "/tmp/llmtrain"))
-    parser.add_argument("--termination-log", default=os.environ.get("LLMTRAIN_TERMINATION_LOG", "/dev/termination-log"))
+    parser.add_argument("--run-dir", default=os.environ.get(Env.RUN_DIR, "/tmp/llmtrain"))
+    parser.add_argument("--termination-log", default=os.environ.get(Env.TERMINATION_LOG, TERMINATION_LOG))
     args = parser.parse_args(argv[:split])
     command = argv[split + 1:]
     run_dir = Path(args.run_dir)
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.termination_log).write_text(json.dumps(message))
     except OSError:
         pass  # outside Kubernetes there may be no termination log; the exit code suffices
-    print(f"llmtrain launcher: torchrun exited {returncode}; pod exit code {code} ({message['reason']})", file=sys.stderr, flush=True)
+    print(f"llmtrain launcher: torchrun exited {returncode}; pod exit code {code} ({message[Termination.REASON]})", file=sys.stderr, flush=True)
     return code
 
 

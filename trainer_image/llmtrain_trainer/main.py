@@ -19,8 +19,9 @@ import yaml
 from pydantic import ValidationError
 
 from . import exitrecord
-from .config import TrainerConfig
-from .exitcodes import ExitCode
+from llmtrain_contract.config import TrainerConfig, WorldSizeInvalid
+from llmtrain_contract.exitcodes import ExitCode
+from llmtrain_contract.names import Env
 
 
 STARTUP: dict[str, float] = {}
@@ -55,7 +56,7 @@ def load_config(path: str) -> TrainerConfig:
 
 def _configure_logging() -> None:
     logging.basicConfig(
-        level=os.environ.get("LLMTRAIN_LOG_LEVEL", "WARNING").upper(),
+        level=os.environ.get(Env.LOG_LEVEL, "WARNING").upper(),
         format=f"[rank {_rank()}] %(asctime)s %(name)s %(levelname)s: %(message)s",
         stream=sys.stderr,
     )
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="trainer config (YAML/JSON) rendered by the operator")
     args = parser.parse_args(argv)
     _configure_logging()
-    fallback_dir = Path(os.environ.get("LLMTRAIN_RUN_DIR", "/tmp/llmtrain"))
+    fallback_dir = Path(os.environ.get(Env.RUN_DIR, "/tmp/llmtrain"))
     try:
         cfg = load_config(args.config)
     except OSError as err:
@@ -115,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(cfg: TrainerConfig) -> int:
+    # Everything below imports torch: only after the config was read, so that a bad
+    # config exits in a fraction of a second with its documented code.
     from . import dist as distmod  # noqa: PLC0415
     from .checkpoint.restore import NoLoadableCheckpoint  # noqa: PLC0415
     from .data import DataError  # noqa: PLC0415
@@ -140,10 +143,8 @@ def run(cfg: TrainerConfig) -> int:
                         exitrecord.failed_attempts(run_dir, info.restart_count, info.local_world_size))
         try:
             trainer = Trainer(cfg, info, metrics, run_dir)
-        except ValueError as err:
-            if "world size" in str(err):
-                return _fail(run_dir, ExitCode.WORLD_SIZE_INVALID, str(err))
-            raise
+        except WorldSizeInvalid as err:
+            return _fail(run_dir, ExitCode.WORLD_SIZE_INVALID, str(err))
         trainer.startup = STARTUP
         code = trainer.run()
         exitrecord.write(run_dir, info.restart_count, info.rank, info.local_rank, code, ExitCode(code).name.lower(), trainer.step)

@@ -12,11 +12,11 @@ import logging
 import time
 from pathlib import Path
 
+from llmtrain_contract.names import Metric
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 log = logging.getLogger("llmtrain.metrics")
 
-PREFIX = "llmtrain_trainer"
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 CKPT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
 
@@ -25,25 +25,25 @@ class TrainerMetrics:
     def __init__(self, rank: int, strategy: str, config_hash: str, job: str):
         r = self.registry = CollectorRegistry()
         labels = {"rank": str(rank)}
-        self._step = Gauge(f"{PREFIX}_step", "Newest completed optimizer step", registry=r)
-        self._samples = Gauge(f"{PREFIX}_samples_consumed", "Global samples consumed so far", registry=r)
-        self._loss = Gauge(f"{PREFIX}_loss", "Training loss of the last step (mean over the global batch)", registry=r)
-        self._tps = Gauge(f"{PREFIX}_tokens_per_second", "Global tokens per second over the last step", registry=r)
-        self._step_seconds = Histogram(f"{PREFIX}_step_seconds", "Wall time of one optimizer step", buckets=STEP_BUCKETS, registry=r)
-        self._world = Gauge(f"{PREFIX}_world_size", "Ranks in the current rendezvous round", registry=r)
+        self._step = Gauge(Metric.STEP, "Newest completed optimizer step", registry=r)
+        self._samples = Gauge(Metric.SAMPLES, "Global samples consumed so far", registry=r)
+        self._loss = Gauge(Metric.LOSS, "Training loss of the last step (mean over the global batch)", registry=r)
+        self._tps = Gauge(Metric.TOKENS_PER_SECOND, "Global tokens per second over the last step", registry=r)
+        self._step_seconds = Histogram(Metric.STEP_SECONDS, "Wall time of one optimizer step", buckets=STEP_BUCKETS, registry=r)
+        self._world = Gauge(Metric.WORLD_SIZE, "Ranks in the current rendezvous round", registry=r)
         # Counters that outlive a process: each run adds what happened before it in this
         # pod (torchrun's restart count, the exit records of earlier attempts).
-        self._restarts = Counter(f"{PREFIX}_worker_group_restarts", "Failure restarts torchrun made in this pod", registry=r)
-        self._failed = Counter(f"{PREFIX}_failed_attempts", "Failed attempts in this pod, by cause: a rank here crashed or "
+        self._restarts = Counter(Metric.WORKER_GROUP_RESTARTS, "Failure restarts torchrun made in this pod", registry=r)
+        self._failed = Counter(Metric.FAILED_ATTEMPTS, "Failed attempts in this pod, by cause: a rank here crashed or "
                                "hung, or every rank was the victim of a peer that vanished elsewhere", ["cause"], registry=r)
-        self._last_step_ts = Gauge(f"{PREFIX}_last_step_timestamp_seconds", "Unix time of the newest step", registry=r)
-        self._stall = Histogram(f"{PREFIX}_checkpoint_stall_seconds", "Seconds the training loop was blocked by one checkpoint", buckets=CKPT_BUCKETS, registry=r)
-        self._save = Histogram(f"{PREFIX}_checkpoint_save_seconds", "Seconds to persist and commit a checkpoint, per tier", ["tier"], buckets=CKPT_BUCKETS, registry=r)
-        self._restore = Histogram(f"{PREFIX}_checkpoint_restore_seconds", "Seconds to restore, per tier", ["tier"], buckets=CKPT_BUCKETS, registry=r)
-        self._last_ckpt = Gauge(f"{PREFIX}_checkpoint_last_step", "Newest committed checkpoint step, per tier", ["tier"], registry=r)
-        self._last_ckpt_ts = Gauge(f"{PREFIX}_checkpoint_last_timestamp_seconds", "Unix time of the newest commit, per tier", ["tier"], registry=r)
-        self._ckpt_fail = Counter(f"{PREFIX}_checkpoint_failures", "Checkpoint writes that failed, per tier", ["tier"], registry=r)
-        info = Gauge(f"{PREFIX}_info", "Static facts about this trainer", ["job", "strategy", "config_hash", "rank"], registry=r)
+        self._last_step_ts = Gauge(Metric.LAST_STEP_TIMESTAMP, "Unix time of the newest step", registry=r)
+        self._stall = Histogram(Metric.CHECKPOINT_STALL_SECONDS, "Seconds the training loop was blocked by one checkpoint", buckets=CKPT_BUCKETS, registry=r)
+        self._save = Histogram(Metric.CHECKPOINT_SAVE_SECONDS, "Seconds to persist and commit a checkpoint, per tier", ["tier"], buckets=CKPT_BUCKETS, registry=r)
+        self._restore = Histogram(Metric.CHECKPOINT_RESTORE_SECONDS, "Seconds to restore, per tier", ["tier"], buckets=CKPT_BUCKETS, registry=r)
+        self._last_ckpt = Gauge(Metric.CHECKPOINT_LAST_STEP, "Newest committed checkpoint step, per tier", ["tier"], registry=r)
+        self._last_ckpt_ts = Gauge(Metric.CHECKPOINT_LAST_TIMESTAMP, "Unix time of the newest commit, per tier", ["tier"], registry=r)
+        self._ckpt_fail = Counter(Metric.CHECKPOINT_FAILURES, "Checkpoint writes that failed, per tier", ["tier"], registry=r)
+        info = Gauge(Metric.INFO, "Static facts about this trainer", ["job", "strategy", "config_hash", "rank"], registry=r)
         info.labels(job=job, strategy=strategy, config_hash=config_hash, **labels).set(1)
 
     def serve(self, host: str, port: int, run_dir: Path, local_rank: int) -> int:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
-from .config import ModelShape
+from llmtrain_contract.config import ModelShape
 
 
 class CausalSelfAttention(nn.Module):

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=29400)
     args = parser.parse_args(argv)
 
-    from torch.distributed import TCPStore  # noqa: PLC0415
+    from torch.distributed import TCPStore  # noqa: PLC0415 - a bad flag fails before torch loads
 
     store = TCPStore(
         args.host, args.port, is_master=True, wait_for_workers=False,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .config import OptimizerConfig
+from llmtrain_contract.config import OptimizerConfig
 
 
 def lr_at(step: int, cfg: OptimizerConfig, max_steps: int) -> float:

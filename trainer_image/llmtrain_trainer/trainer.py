@@ -19,13 +19,15 @@ import torch
 import torch.distributed as dist
 
 from . import exitrecord, rng
-from .checkpoint.manager import CheckpointManager, rng_file
-from .checkpoint.restore import Choice, NoLoadableCheckpoint, find_restore_point
+from .checkpoint.manager import CheckpointManager, NoCheckpoints, rng_file
+from .checkpoint.restore import Choice, NoLoadableCheckpoint
 from .checkpoint.tier import DirTier
-from .config import TrainerConfig
+from llmtrain_contract.config import TrainerConfig
 from .data import build_source, micro_batch_indices
 from .dist import DistInfo
-from .exitcodes import ExitCode
+from .engine import engine_class
+from .engine_deepspeed import convert_to_universal, wait_for_universal
+from llmtrain_contract.exitcodes import ExitCode
 from .faults import FaultInjector
 from .schedule import lr_at
 from .watchdog import Watchdog, dump_stacks_and_exit
@@ -60,14 +62,19 @@ class Trainer:
         self.accum = cfg.grad_accum_steps(info.world_size)  # raises for an invalid world size
         shape = cfg.model.shape(cfg.data.seq_len)
         self.source = build_source(cfg.data, cfg.seed, shape.vocab_size)
-        self.tiers = build_tiers(cfg) if cfg.checkpoint.tiers else []
         self.strategy = cfg.strategy.kind
         self.faults = FaultInjector.from_env(info.rank, info.restart_count, run_dir)
         self.step = 0
         self._stop = threading.Event()
         self.watchdog = Watchdog(cfg.fault_tolerance.hang_timeout_seconds, self._on_hang)
         self.engine: Any = None
-        self.ckpt: CheckpointManager | None = None
+        tiers = build_tiers(cfg)
+        meta = {"config_hash": cfg.config_hash(), "strategy": self.strategy, "job": cfg.job_name, "max_steps": cfg.max_steps}
+        self.ckpt: CheckpointManager | NoCheckpoints = CheckpointManager(
+            tiers, info, cfg.checkpoint.interval_steps, meta,
+            commit_timeout=max(60.0, cfg.fault_tolerance.collective_timeout_seconds),
+            metrics=metrics, heartbeat=self.watchdog.beat,
+        ) if tiers else NoCheckpoints()
         self.startup: dict[str, float] = {}
         self._first_step = True
         self._log_file: Any = None
@@ -91,57 +98,22 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
 
-    def _sharded(self) -> bool:
-        return self.strategy == "deepspeed"
-
-    def _engine_class(self) -> Any:
-        if self.strategy == "deepspeed":
-            from .engine_deepspeed import DeepSpeedEngine  # noqa: PLC0415
-
-            return DeepSpeedEngine
-        from .engine import DDPEngine  # noqa: PLC0415
-
-        return DDPEngine
-
-    def _file_rank(self, name: str) -> int | None:
-        from .checkpoint.manager import file_rank  # noqa: PLC0415
-
-        return file_rank(name, self._engine_class())
-
-    def restore_point(self) -> Choice | None:
-        return find_restore_point(
-            self.tiers, self.info.rank, self.info.world_size, self.cfg.config_hash(), self.strategy,
-            self._sharded(), self._file_rank, lambda o: _gather(o, self.info.world_size),
-        )
-
     def setup(self) -> None:
         try:
-            choice = self.restore_point() if self.tiers else None
+            choice = self.ckpt.restore_point(self.strategy, self.strategy == "deepspeed",
+                                             lambda o: _gather(o, self.info.world_size))
         except NoLoadableCheckpoint as err:
             if not self.cfg.checkpoint.allow_fresh_start:
                 raise
             log.error("%s; starting from step 0 because checkpoint.allowFreshStart is set", err)
             choice = None
-        universal = choice is not None and choice.mode == "universal"
-        if self.strategy == "deepspeed":
-            from .engine_deepspeed import DeepSpeedEngine  # noqa: PLC0415
-
-            self.engine = DeepSpeedEngine(self.cfg, self.info, load_universal=universal)
-        else:
-            from .engine import DDPEngine  # noqa: PLC0415
-
-            self.engine = DDPEngine(self.cfg, self.info)
-        meta = {"config_hash": self.cfg.config_hash(), "strategy": self.strategy, "job": self.cfg.job_name}
-        self.ckpt = CheckpointManager(
-            self.tiers, self.info, self.engine, meta, commit_timeout=max(60.0, self.cfg.fault_tolerance.collective_timeout_seconds),
-            metrics=self.metrics, heartbeat=self.watchdog.beat,
-        )
+        self.engine = engine_class(self.strategy).create(self.cfg, self.info, choice is not None and choice.mode == "universal")
+        self.ckpt.bind(self.engine)
         if choice is not None:
             self._load(choice)
         else:
             rng.seed_all(self.cfg.seed + self.info.rank)
-        if self.tiers:
-            self.ckpt.prepare(self._barrier)
+        self.ckpt.prepare(self._barrier)
 
     def _barrier(self) -> None:
         if self.info.world_size > 1:
@@ -158,8 +130,6 @@ class Trainer:
             dist.broadcast_object_list(box, src=choice.source_rank)
             self.engine.load_state(box[0])
         elif choice.mode == "universal":
-            from .engine_deepspeed import convert_to_universal, wait_for_universal  # noqa: PLC0415
-
             if self.info.rank == choice.source_rank:
                 convert_to_universal(choice.path, heartbeat=self.watchdog.beat)
             wait_for_universal(choice.path, timeout=3600, heartbeat=self.watchdog.beat)
@@ -185,6 +155,15 @@ class Trainer:
                 "resumed from step %d (%s tier, %s%s, saved at world size %d, now %d) in %.2fs",
                 choice.step, tier, choice.mode, via, choice.saved_world, self.info.world_size, seconds,
             )
+            saved_max = choice.saved_max_steps
+            if saved_max is not None and saved_max != self.cfg.max_steps:
+                opt = self.cfg.optimizer
+                log.warning(
+                    "maxSteps changed from %d to %d since step %d was saved: the learning-rate schedule now spans %d "
+                    "steps, so step %d trains at lr %.3g instead of %.3g (steps already taken and the data order are "
+                    "unchanged)", saved_max, self.cfg.max_steps, choice.step, self.cfg.max_steps, choice.step + 1,
+                    lr_at(choice.step, opt, self.cfg.max_steps), lr_at(choice.step, opt, saved_max),
+                )
 
     # ------------------------------------------------------------------ loop
 
@@ -195,8 +174,7 @@ class Trainer:
             while self.step < self.cfg.max_steps:
                 if self.step_once():
                     return self._preempted(self.step * self.cfg.global_batch_size)
-            if self.tiers:
-                self.ckpt.save(self.step, self.step * self.cfg.global_batch_size, sync=True)
+            self.ckpt.save(self.step, self.step * self.cfg.global_batch_size, sync=True)
             return ExitCode.SUCCESS
         finally:
             self.close()
@@ -237,14 +215,13 @@ class Trainer:
             log.warning("first step done; start-up phases: %s", ", ".join(f"{k} {v:.2f}s" for k, v in self.startup.items()))
         if stop:
             return True
-        if self.tiers and self.step % cfg.checkpoint.interval_steps == 0 and self.step < cfg.max_steps:
+        if self.ckpt.due(self.step, cfg.max_steps):
             self.ckpt.save(self.step, samples)
         return False
 
     def close(self) -> None:
         self.watchdog.stop()
-        if self.ckpt is not None:
-            self.ckpt.close()
+        self.ckpt.close()
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -267,7 +244,7 @@ class Trainer:
         fh.write(json.dumps(record) + "\n")
         fh.flush()
         if self.step % cfg.log_interval_steps == 0 or self.step == cfg.max_steps:
-            ckpt = self.ckpt.last_committed.get(self.tiers[0].name) if self.tiers else None
+            ckpt = self.ckpt.newest_local()
             print(
                 f"step {self.step:>6}/{cfg.max_steps} | loss {loss:.4f} | lr {record['lr']:.2e} | "
                 f"{tokens / seconds:,.0f} tok/s | world {self.info.world_size} x accum {self.accum}"
@@ -282,12 +259,11 @@ class Trainer:
         timer.daemon = True
         timer.start()
         began = time.perf_counter()
-        if self.tiers:
-            try:
-                self.ckpt.wait()
-            except Exception as err:  # noqa: BLE001 - the emergency save still runs
-                log.error("pending checkpoint failed before the emergency save: %s", err)
-            self.ckpt.save(self.step, samples, sync=True)
+        try:
+            self.ckpt.wait()
+        except Exception as err:  # noqa: BLE001 - the emergency save still runs
+            log.error("pending checkpoint failed before the emergency save: %s", err)
+        self.ckpt.save(self.step, samples, sync=True)
         if self.info.rank == 0:
             log.warning("SIGTERM: emergency checkpoint of step %d in %.2fs; exiting", self.step, time.perf_counter() - began)
         timer.cancel()

@@ -10,12 +10,11 @@ from .job import (
     LLMTrainJob,
     SpecInvalid,
     parse_job,
-    parse_spec,
 )
 from .spec import LLMTrainJobSpec
 from .status import Condition, LLMTrainJobStatus
 
 __all__ = [
     "API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION", "Condition", "FieldError",
-    "LLMTrainJob", "LLMTrainJobSpec", "LLMTrainJobStatus", "SpecInvalid", "parse_job", "parse_spec",
+    "LLMTrainJob", "LLMTrainJobSpec", "LLMTrainJobStatus", "SpecInvalid", "parse_job",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from llmtrain_trainer.config import CamelModel, FieldRuleError
+from llmtrain_contract.base import CamelModel, FieldRuleError
 from pydantic import Field, ValidationError
 
 from .spec import LLMTrainJobSpec
@@ -133,13 +133,3 @@ def parse_job(obj: Any) -> LLMTrainJob:
         return LLMTrainJob.model_validate(obj)
     except ValidationError as exc:
         raise SpecInvalid(errors_from(exc)) from None
-
-
-def parse_spec(spec: Any) -> LLMTrainJobSpec:
-    """Validate only ``spec`` (for kopf handlers, which see ``spec`` separately)."""
-    try:
-        return LLMTrainJobSpec.model_validate(spec if spec is not None else {})
-    except ValidationError as exc:
-        raise SpecInvalid(
-            [FieldError(f"spec.{e.path}" if e.path != "(root)" else "spec", e.message) for e in errors_from(exc)]
-        ) from None

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from .vocabulary import PodPhase
+
 LABEL_JOB = "llmtrain.io/job"
 LABEL_ROLE = "llmtrain.io/role"
 LABEL_SLOT = "llmtrain.io/slot"
@@ -68,11 +70,11 @@ class PodView:
 
     @property
     def active(self) -> bool:
-        return not self.deleting and self.phase in ("Pending", "Running", "Unknown")
+        return not self.deleting and self.phase in (PodPhase.PENDING, PodPhase.RUNNING, PodPhase.UNKNOWN)
 
     @property
     def terminated(self) -> bool:
-        return self.phase in ("Succeeded", "Failed")
+        return self.phase in (PodPhase.SUCCEEDED, PodPhase.FAILED)
 
 
 def _container_state(pod: dict[str, Any]) -> dict[str, Any]:
@@ -88,7 +90,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
     status = pod.get("status") or {}
     cstatus = _container_state(pod)
     terminated = (cstatus.get("state") or {}).get("terminated") or (cstatus.get("lastState") or {}).get("terminated")
-    if status.get("phase") not in ("Succeeded", "Failed"):
+    if status.get("phase") not in (PodPhase.SUCCEEDED, PodPhase.FAILED):
         terminated = (cstatus.get("state") or {}).get("terminated")
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
     termination: dict[str, Any] = {}
@@ -105,7 +107,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         role=labels.get(LABEL_ROLE, ""),
         slot=int(slot) if slot is not None and str(slot).isdigit() else None,
         generation=int(labels.get(LABEL_GENERATION, "0") or 0),
-        phase=status.get("phase") or "Pending",
+        phase=status.get("phase") or PodPhase.PENDING,
         uid=meta.get("uid") or "",
         node=(pod.get("spec") or {}).get("nodeName"),
         ready=(conditions.get("Ready") or {}).get("status") == "True",

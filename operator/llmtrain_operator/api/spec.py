@@ -1,11 +1,11 @@
 """``LLMTrainJob.spec``: the typed model that the CRD is generated from.
 
 Every field's docstring becomes its CRD description (and ``kubectl explain`` text):
-it states the unit, the default and why. Cross-field rules are written twice on
-purpose: as CEL (``x-kubernetes-validations``, enforced by the API server) and as a
-pydantic validator (enforced by ``llmtrain validate`` and the operator). The
-``tests/test_api_invalid_specs.py`` table checks the pydantic side; the cluster suite
-sends the same specs to a real API server to check the CEL side.
+it states the unit, the default and why. Each cross-field rule is written once, as a
+``Rule`` beside its model (``llmtrain_contract.rules``): the Python check enforced by
+``llmtrain validate`` and the operator, and the same rule in CEL for the API server,
+with one message. ``api/rules.py`` gathers them into one table; the tests check every
+rule against the model and, where the server can check it, against a real API server.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from llmtrain_trainer.config import CamelModel, FieldRuleError, TrainSpec, valid_world_sizes
-from pydantic import Field, field_validator, model_validator
+from llmtrain_contract.base import CamelModel, FieldRuleError
+from llmtrain_contract.rules import Rule, Ruled, cel_get, cel_literal, default_of
+from llmtrain_contract.config import TrainSpec, valid_world_sizes
+from pydantic import Field, field_validator
 
 QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
@@ -33,6 +35,12 @@ Quantity = Annotated[int | str, Field(json_schema_extra={"x-llmtrain-quantity": 
 """A Kubernetes resource quantity: an integer or a string such as ``500m`` or ``16Gi``."""
 
 
+MAX_NODES = 1024
+"""The largest ``replicas.max``. Bounded, so that the API server can check a rule at every
+node count of the elastic range: CEL has no loop over an unbounded range within its cost
+budget, but it walks a constant list of this many offsets."""
+
+
 def cel(rule: str, message: str, **extra: Any) -> dict[str, Any]:
     """One ``x-kubernetes-validations`` entry."""
     return {"rule": rule, "message": message, **extra}
@@ -41,20 +49,8 @@ def cel(rule: str, message: str, **extra: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- trainer
 
 
-class TrainerSpec(CamelModel):
+class TrainerSpec(Ruled):
     """What runs in each worker: the built-in trainer, or the user's own script."""
-
-    model_config = {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                cel(
-                    "has(self.builtin) != has(self.command)",
-                    "set exactly one of trainer.builtin (the built-in trainer) or trainer.command (your own torchrun script)",
-                ),
-                cel("!has(self.args) || has(self.command)", "trainer.args needs trainer.command"),
-            ]
-        }
-    }
 
     builtin: TrainSpec | None = None
     """The built-in DeepSpeed/DDP trainer: model preset, data, optimizer, batch sizes and
@@ -69,47 +65,19 @@ class TrainerSpec(CamelModel):
     args: list[str] | None = None
     """Arguments appended after ``command``."""
 
-    @model_validator(mode="after")
-    def _exactly_one(self) -> TrainerSpec:
-        if (self.builtin is None) == (self.command is None):
-            raise FieldRuleError(
-                "builtin",
-                "set exactly one of trainer.builtin (the built-in trainer) or trainer.command "
-                "(your own torchrun script)",
-            )
-        if self.args is not None and self.command is None:
-            raise FieldRuleError("args", "needs trainer.command")
-        return self
-
-
 # -------------------------------------------------------------------------- replicas
 
 
-class ReplicasSpec(CamelModel):
+class ReplicasSpec(Ruled):
     """The elastic range, in nodes (pods). Each pod runs ``procsPerNode`` ranks."""
 
-    model_config = {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                cel("self.min <= self.max", "replicas.min must be <= replicas.max"),
-            ]
-        }
-    }
-
-    min: int = Field(1, ge=1, le=1024)
+    min: int = Field(1, ge=1, le=MAX_NODES)
     """Fewest healthy nodes that keep training going, 1..1024. Default 1. Below it the
     job waits (Degraded) for replacements instead of training."""
 
-    max: int = Field(1, ge=1, le=1024)
+    max: int = Field(1, ge=1, le=MAX_NODES)
     """Nodes to run when all are available, 1..1024. Default 1. The operator creates
     this many pods and scales back up to it after a loss."""
-
-    @model_validator(mode="after")
-    def _ordered(self) -> ReplicasSpec:
-        if self.min > self.max:
-            raise FieldRuleError("min", f"must be <= replicas.max ({self.min} > {self.max})")
-        return self
-
 
 class ResourcesSpec(CamelModel):
     """Per-pod compute resources, as in a container's ``resources``."""
@@ -229,24 +197,9 @@ class S3TierSpec(CamelModel):
     """Committed checkpoints to keep in S3, 1..10000. Default 5."""
 
 
-class CheckpointSpec(CamelModel):
+class CheckpointSpec(Ruled):
     """Tiered checkpoints. Restore takes the newest step that every rank can load, from
     the fastest tier that holds a verified copy."""
-
-    model_config = {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                cel(
-                    "!has(self.shared) || !has(self.shared.intervalSteps) || self.shared.intervalSteps % self.intervalSteps == 0",
-                    "checkpoint.shared.intervalSteps must be a multiple of checkpoint.intervalSteps",
-                ),
-                cel(
-                    "!has(self.s3) || !has(self.s3.intervalSteps) || self.s3.intervalSteps % self.intervalSteps == 0",
-                    "checkpoint.s3.intervalSteps must be a multiple of checkpoint.intervalSteps",
-                ),
-            ]
-        }
-    }
 
     enabled: bool = True
     """Take checkpoints at all. Default true. Off means a failure restarts from step 0."""
@@ -272,18 +225,6 @@ class CheckpointSpec(CamelModel):
     with ``CorruptCheckpoint``. Default false, so that committed progress is never
     silently discarded."""
 
-    @model_validator(mode="after")
-    def _cadence(self) -> CheckpointSpec:
-        for tier in ("shared", "s3"):
-            spec = getattr(self, tier)
-            if spec is not None and spec.interval_steps and spec.interval_steps % self.interval_steps:
-                raise FieldRuleError(
-                    f"{tier}.intervalSteps",
-                    f"must be a multiple of checkpoint.intervalSteps ({spec.interval_steps} % {self.interval_steps} != 0)",
-                )
-        return self
-
-
 # ------------------------------------------------------------------- fault tolerance
 
 
@@ -300,19 +241,8 @@ class BackoffSpec(CamelModel):
     """Growth per restart, 1..10. Default 2."""
 
 
-class FaultToleranceSpec(CamelModel):
+class FaultToleranceSpec(Ruled):
     """How failures are detected and what a recovery costs."""
-
-    model_config = {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                cel(
-                    "self.progressTimeoutSeconds == 0 || self.progressTimeoutSeconds > self.hangTimeoutSeconds",
-                    "faultTolerance.progressTimeoutSeconds must be 0 (off) or greater than faultTolerance.hangTimeoutSeconds",
-                ),
-            ]
-        }
-    }
 
     max_restarts: int = Field(10, ge=0, le=100_000)
     """Job-wide restart budget. Default 10. Counted in ``status.restarts`` and never
@@ -349,17 +279,6 @@ class FaultToleranceSpec(CamelModel):
 
     backoff: BackoffSpec = Field(default_factory=BackoffSpec)
     """Delay between successive restarts."""
-
-    @model_validator(mode="after")
-    def _backstop_after_watchdog(self) -> FaultToleranceSpec:
-        if self.progress_timeout_seconds and self.progress_timeout_seconds <= self.hang_timeout_seconds:
-            raise FieldRuleError(
-                "progressTimeoutSeconds",
-                f"must be 0 (off) or greater than faultTolerance.hangTimeoutSeconds "
-                f"({self.progress_timeout_seconds} <= {self.hang_timeout_seconds})",
-            )
-        return self
-
 
 # ------------------------------------------------------------------------ scheduling
 
@@ -406,6 +325,16 @@ class SchedulingSpec(CamelModel):
     """Gang scheduling hint. Default none."""
 
 
+class PodTemplateSpec(CamelModel):
+    """A partial Pod merged over the generated worker pods (see ``podTemplate``)."""
+
+    metadata: dict[str, Any] | None = None
+    """Labels and annotations to add to the worker pods."""
+
+    spec: dict[str, Any] | None = None
+    """A partial PodSpec, passed through (volumes, sidecars, securityContext ...)."""
+
+
 class MetricsSpec(CamelModel):
     """The trainer's Prometheus endpoint in each pod."""
 
@@ -417,27 +346,8 @@ class MetricsSpec(CamelModel):
 # ------------------------------------------------------------------------------ spec
 
 
-class LLMTrainJobSpec(CamelModel):
+class LLMTrainJobSpec(Ruled):
     """The desired state of an elastic training job."""
-
-    model_config = {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                cel(
-                    "!has(self.scheduling) || !has(self.scheduling.gang) || self.scheduling.gang.minAvailable <= self.replicas.max",
-                    "scheduling.gang.minAvailable must be <= replicas.max",
-                ),
-                cel(
-                    "!has(self.trainer.builtin) || self.trainer.builtin.globalBatchSize % (self.trainer.builtin.microBatchSize * self.procsPerNode * self.replicas.max) == 0",
-                    "trainer.builtin.globalBatchSize must be divisible by microBatchSize x procsPerNode x replicas.max",
-                ),
-                cel(
-                    "!has(self.trainer.builtin) || self.trainer.builtin.globalBatchSize % (self.trainer.builtin.microBatchSize * self.procsPerNode * self.replicas.min) == 0",
-                    "trainer.builtin.globalBatchSize must be divisible by microBatchSize x procsPerNode x replicas.min",
-                ),
-            ]
-        }
-    }
 
     image: str = Field(min_length=1, max_length=1024)
     """Container image of the workers (the trainer image, or yours with torchrun)."""
@@ -495,40 +405,12 @@ class LLMTrainJobSpec(CamelModel):
     """Delete the job (and through ownerReferences its children) this many seconds after
     it Succeeded or Failed. Default none (keep)."""
 
-    pod_template: dict[str, Any] | None = None
+    pod_template: PodTemplateSpec | None = None
     """Escape hatch: a partial Pod (``metadata`` and ``spec``) merged over the generated
-    worker pods. Maps merge recursively; ``containers`` merge by name; other lists are
-    replaced. Operator-owned fields (command, rendezvous env, labels) win."""
-
-    @model_validator(mode="after")
-    def _cross_field(self) -> LLMTrainJobSpec:
-        sched = self.scheduling
-        if sched and sched.gang and sched.gang.min_available > self.replicas.max:
-            raise FieldRuleError(
-                "scheduling.gang.minAvailable",
-                f"must be <= replicas.max ({sched.gang.min_available} > {self.replicas.max})",
-            )
-        builtin = self.trainer.builtin
-        if builtin is not None:
-            bad = []
-            for nodes in range(self.replicas.min, self.replicas.max + 1):
-                world = nodes * self.procs_per_node
-                if builtin.global_batch_size % (builtin.micro_batch_size * world):
-                    bad.append(world)
-            if bad:
-                valid = valid_world_sizes(builtin.global_batch_size, builtin.micro_batch_size)
-                raise FieldRuleError(
-                    "trainer.builtin.globalBatchSize",
-                    f"{builtin.global_batch_size} cannot stay fixed at world sizes {bad} with "
-                    f"microBatchSize {builtin.micro_batch_size}: it must be divisible by "
-                    f"microBatchSize x world size for every node count in replicas.min..max "
-                    f"(world size = nodes x procsPerNode); world sizes that work: {valid[:16]}",
-                )
-        if self.pod_template is not None:
-            unknown = set(self.pod_template) - {"metadata", "spec"}
-            if unknown:
-                raise FieldRuleError("podTemplate", f"may only hold 'metadata' and 'spec', not {sorted(unknown)}")
-        return self
+    worker pods, as kubectl's strategic merge would: maps merge recursively;
+    ``containers``, ``initContainers``, ``volumes``, ``env`` and ``imagePullSecrets`` merge
+    by name, ``volumeMounts`` by mountPath, ``ports`` by containerPort; other lists are
+    replaced. Operator-owned fields (command, its env, labels) win."""
 
     def world_sizes(self) -> range:
         """World sizes the job may run at, smallest first."""
@@ -537,3 +419,93 @@ class LLMTrainJobSpec(CamelModel):
             self.replicas.max * self.procs_per_node + 1,
             self.procs_per_node,
         )
+
+
+# ------------------------------------------------------------------------- the rules
+# Each cross-field rule once: the check, its CEL, one message, and an example (relative to
+# the model) that breaks it. api/rules.py gathers them into the job's one rule table.
+
+TrainerSpec.RULES = (
+    Rule("builtin-or-command", "builtin",
+         "set exactly one of trainer.builtin (the built-in trainer) or trainer.command (your own torchrun script)",
+         check=lambda t: "" if (t.builtin is None) == (t.command is None) else None,
+         cel="has(self.builtin) != has(self.command)",
+         example={"command": ["/app/train.py"]}),
+    Rule("args-need-command", "args", "trainer.args needs trainer.command",
+         check=lambda t: "" if t.args is not None and t.command is None else None,
+         cel="!has(self.args) || has(self.command)",
+         example={"args": ["--foo"]}),
+)
+
+_MIN = cel_get("self.min", default_of(ReplicasSpec, "min"))
+_MAX = cel_get("self.max", default_of(ReplicasSpec, "max"))
+ReplicasSpec.RULES = (
+    Rule("replicas-ordered", "min", "replicas.min must be <= replicas.max",
+         check=lambda r: f"{r.min} > {r.max}" if r.min > r.max else None,
+         cel=f"{_MIN} <= {_MAX}",
+         example={"min": 3, "max": 2}),
+)
+
+_INTERVAL = cel_get("self.intervalSteps", default_of(CheckpointSpec, "interval_steps"))
+
+
+def _cadence_rule(tier: str) -> Rule:
+    def check(c: CheckpointSpec) -> str | None:
+        spec = getattr(c, tier)
+        if spec is not None and spec.interval_steps and spec.interval_steps % c.interval_steps:
+            return f"{spec.interval_steps} % {c.interval_steps} != 0"
+        return None
+
+    example = {"shared": {"claimName": "ckpt", "intervalSteps": 15}} if tier == "shared" else \
+        {"s3": {"bucket": "ckpts", "credentialsSecret": {"name": "s3"}, "intervalSteps": 25}}
+    return Rule(f"{tier}-cadence-multiple", f"{tier}.intervalSteps",
+                f"checkpoint.{tier}.intervalSteps must be a multiple of checkpoint.intervalSteps", check=check,
+                cel=f"!has(self.{tier}) || !has(self.{tier}.intervalSteps) || self.{tier}.intervalSteps % {_INTERVAL} == 0",
+                example=example)
+
+
+CheckpointSpec.RULES = (_cadence_rule("shared"), _cadence_rule("s3"))
+
+_PROGRESS = cel_get("self.progressTimeoutSeconds", default_of(FaultToleranceSpec, "progress_timeout_seconds"))
+_HANG = cel_get("self.hangTimeoutSeconds", default_of(FaultToleranceSpec, "hang_timeout_seconds"))
+FaultToleranceSpec.RULES = (
+    Rule("backstop-after-watchdog", "progressTimeoutSeconds",
+         "faultTolerance.progressTimeoutSeconds must be 0 (off) or greater than faultTolerance.hangTimeoutSeconds",
+         check=lambda f: (f"{f.progress_timeout_seconds} <= {f.hang_timeout_seconds}"
+                          if f.progress_timeout_seconds and f.progress_timeout_seconds <= f.hang_timeout_seconds else None),
+         cel=f"{_PROGRESS} == 0 || {_PROGRESS} > {_HANG}",
+         example={"progressTimeoutSeconds": 20}),
+)
+
+
+def _bad_world_sizes(spec: LLMTrainJobSpec) -> str | None:
+    builtin = spec.trainer.builtin
+    if builtin is None:
+        return None
+    bad = [w for w in spec.world_sizes() if builtin.global_batch_size % (builtin.micro_batch_size * w)]
+    if not bad:
+        return None
+    valid = valid_world_sizes(builtin.global_batch_size, builtin.micro_batch_size)
+    return (f"{builtin.global_batch_size} breaks at world sizes {bad} with microBatchSize {builtin.micro_batch_size}; "
+            f"world sizes that keep it: {valid[:16]}")
+
+
+_R_MIN = cel_get("self.replicas.min", default_of(ReplicasSpec, "min"))
+_R_MAX = cel_get("self.replicas.max", default_of(ReplicasSpec, "max"))
+_GBS = cel_get("self.trainer.builtin.globalBatchSize", default_of(TrainSpec, "global_batch_size"))
+_MBS = cel_get("self.trainer.builtin.microBatchSize", default_of(TrainSpec, "micro_batch_size"))
+_PPN = cel_get("self.procsPerNode", default_of(LLMTrainJobSpec, "procs_per_node"))
+LLMTrainJobSpec.RULES = (
+    Rule("gang-within-replicas", "scheduling.gang.minAvailable", "scheduling.gang.minAvailable must be <= replicas.max",
+         check=lambda j: (f"{j.scheduling.gang.min_available} > {j.replicas.max}"
+                          if j.scheduling and j.scheduling.gang and j.scheduling.gang.min_available > j.replicas.max else None),
+         cel=f"!has(self.scheduling) || !has(self.scheduling.gang) || self.scheduling.gang.minAvailable <= {_R_MAX}",
+         example={"scheduling": {"gang": {"minAvailable": 3}}}),
+    Rule("global-batch-fixed-across-world-sizes", "trainer.builtin.globalBatchSize",
+         "trainer.builtin.globalBatchSize must be divisible by microBatchSize x procsPerNode x nodes for every node count "
+         "in replicas.min..max (it stays fixed as the world size changes)",
+         check=_bad_world_sizes,
+         cel=f"!has(self.trainer.builtin) || {cel_literal(range(MAX_NODES))}.all(i, i > {_R_MAX} - {_R_MIN} || "
+             f"{_GBS} % ({_MBS} * {_PPN} * ({_R_MIN} + i)) == 0)",
+         example={"replicas": {"min": 2, "max": 4}, "trainer.builtin.globalBatchSize": 16}),
+)

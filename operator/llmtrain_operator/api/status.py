@@ -6,22 +6,14 @@ between HA replicas) never disturbs a running job.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from llmtrain_trainer.config import CamelModel
+from llmtrain_contract.base import CamelModel
 from pydantic import Field
 
-Phase = Literal[
-    "Pending", "Created", "Running", "Restarting", "Degraded", "Suspended", "Succeeded", "Failed", "Invalid"
-]
-"""Lifecycle phase, shown in ``kubectl get ltj``. Succeeded/Failed are terminal; Invalid
-is left when the spec is fixed."""
+from .vocabulary import ConditionType, FailureKind, Phase
 
-ConditionType = Literal[
-    "Created", "Running", "Restarting", "Degraded", "Suspended", "Succeeded", "Failed", "Invalid"
-]
-
-CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
+CONDITION_TYPES: tuple[str, ...] = tuple(ConditionType)
 
 
 class Condition(CamelModel):
@@ -51,7 +43,7 @@ class WorkerCounts(CamelModel):
 class FailureRecord(CamelModel):
     """The most recent failure the operator acted on."""
 
-    kind: Literal["ProcessCrash", "NodeFailure", "Eviction", "Hang", "Wedged", "Permanent", "Deadline"]
+    kind: FailureKind
     reason: str
     """CamelCase reason, e.g. ``Signal9``, ``OOMKilled``, ``NodeNotReady``."""
     pod: str | None = None
@@ -80,10 +72,50 @@ class QuarantinedNode(CamelModel):
     """RFC 3339 time after which the job may use the node again."""
 
 
+class Internal(CamelModel):
+    """The operator's own bookkeeping. Not an API: it may change between versions. It
+    lives in the status because it must be written in the same patch as the decisions it
+    guards (a failure's key with the charge of that failure)."""
+
+    charged_failures: list[str] = Field(default_factory=list)
+    """Keys of failures already charged (``pod:<uid>``, ``node:<name>@<transition>``),
+    checked before any charge, so a failure is charged once whatever the order and timing
+    of passes (bounded, oldest dropped first)."""
+    attempts_seen: dict[str, int] = Field(default_factory=dict)
+    """``pod:<uid>/<cause>`` -> the failed attempts of that cause (``crash``, ``hang``) the
+    pod's trainer last reported; each new one is charged once."""
+    not_ready_since: str | None = None
+    """When the ready workers first dropped below ``replicas.min`` without a detected
+    failure (RFC 3339); the phase leaves Running only after a short grace."""
+
+
+LEGACY_INTERNAL = {"countedFailures": "chargedFailures", "notReadySince": "notReadySince"}
+"""Bookkeeping that earlier versions kept at the top of the status, and where it went."""
+LEGACY_DROPPED = ("torchrunRestarts", "hangsSeen", "expectedInPlace", "attemptsSeen")
+"""Earlier bookkeeping with no successor (in-place restarts are keyed by pod uid and
+cause now): dropped, so that a status written by an earlier version stays readable."""
+
+
+def migrate(raw: dict[str, Any]) -> dict[str, Any]:
+    """A status dict of an earlier version in the current shape (nothing is lost that the
+    planner still uses)."""
+    if not any(k in raw for k in (*LEGACY_INTERNAL, *LEGACY_DROPPED)):
+        return raw
+    out = {k: v for k, v in raw.items() if k not in LEGACY_INTERNAL and k not in LEGACY_DROPPED}
+    internal = dict(out.get("internal") or {})
+    for old, new in LEGACY_INTERNAL.items():
+        if old in raw and new not in internal:
+            internal[new] = raw[old]
+    out["internal"] = internal
+    return out
+
+
 class LLMTrainJobStatus(CamelModel):
     """Observed state of an LLMTrainJob."""
 
-    phase: Phase = "Pending"
+    phase: Phase = Phase.PENDING
+    """Lifecycle phase, shown in ``kubectl get ltj``. Succeeded and Failed are terminal;
+    Invalid is left when the spec is fixed."""
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = None
     workers: str = "0/0"
@@ -120,14 +152,9 @@ class LLMTrainJobStatus(CamelModel):
     """Seconds spent Running (training at or above ``replicas.min``)."""
     last_reconcile_time: str | None = None
     """When the operator last accounted time (RFC 3339)."""
-    counted_failures: list[str] = Field(default_factory=list)
-    """``pod@creationTimestamp`` of recent pod failures already counted, so that a retried
-    pass never counts one twice (bounded)."""
     last_recovery_seconds: float | None = None
-    """From the last detected failure to Running again."""
-    not_ready_since: str | None = None
-    """When the ready workers first dropped below ``replicas.min`` without a detected
-    failure (RFC 3339); the phase leaves Running only after a short grace."""
-    attempts_seen: dict[str, int] = Field(default_factory=dict)
-    """``pod:<uid>/<cause>`` -> the failed attempts of that cause (``crash``, ``hang``) the
-    pod's trainer last reported; each new one is charged once."""
+    """From the last detected failure to the first training step a trainer finished
+    after it (as the trainer timed that step)."""
+    internal: Internal = Field(default_factory=Internal)
+    """The operator's own bookkeeping, written in the same patch as the decisions it
+    guards. Not an API: it may change between versions."""

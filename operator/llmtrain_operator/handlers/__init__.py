@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
+from llmtrain_contract.names import CONFIG_HASH_ANNOTATION
 
 from .. import __version__, metrics
 from ..api.job import GROUP, PLURAL, VERSION
@@ -125,7 +126,7 @@ def services_by_job(namespace: str, name: str, labels: dict[str, str], **_: Any)
 
 @kopf.index("configmaps", labels=JOB_SELECTOR)
 def configmaps_by_job(namespace: str, name: str, labels: dict[str, str], annotations: dict[str, str], **_: Any) -> dict[Any, Any]:
-    return {(namespace, labels[LABEL_JOB]): (name, annotations.get("llmtrain.io/config-hash", ""))}
+    return {(namespace, labels[LABEL_JOB]): (name, annotations.get(CONFIG_HASH_ANNOTATION, ""))}
 
 
 # ---------------------------------------------------------------- the per-job loops

@@ -13,8 +13,11 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from llmtrain_contract.names import CONFIG_HASH_ANNOTATION
+
 from .. import metrics
-from ..api.observed import LABEL_JOB, Observed, node_view, pod_view
+from ..api.observed import LABEL_JOB, ROLE_WORKER, Observed, node_view, parse_time, pod_view
+from ..api.vocabulary import Phase, PodPhase
 from ..api.spec import LLMTrainJobSpec
 from ..k8s.client import K8s, TransientApiError
 from ..k8s.patches import merge_patch
@@ -63,7 +66,7 @@ def listing_source(k8s: K8s) -> ChildSource:
         return Children(
             pods=pods, nodes=nodes,
             services=frozenset(s["metadata"]["name"] for s in services),
-            configmaps={c["metadata"]["name"]: (c["metadata"].get("annotations") or {}).get("llmtrain.io/config-hash", "") for c in cms},
+            configmaps={c["metadata"]["name"]: (c["metadata"].get("annotations") or {}).get(CONFIG_HASH_ANNOTATION, "") for c in cms},
         )
 
     return source
@@ -74,7 +77,7 @@ def _needs_dependency_check(body: dict[str, Any]) -> bool:
     steady job costs no reads."""
     status = body.get("status") or {}
     generation = (body.get("metadata") or {}).get("generation")
-    return status.get("phase") in (None, "Pending", "Invalid") or status.get("observedGeneration") != generation
+    return status.get("phase") in (None, Phase.PENDING, Phase.INVALID) or status.get("observedGeneration") != generation
 
 
 async def missing_dependencies(k8s: K8s, body: dict[str, Any]) -> tuple[str, ...]:
@@ -93,7 +96,7 @@ async def missing_dependencies(k8s: K8s, body: dict[str, Any]) -> tuple[str, ...
 
 
 async def probe_workers(pods: list[Any], port: int, timeout: float) -> dict[str, Any]:
-    targets = [p for p in pods if p.role == "worker" and p.phase == "Running" and p.ip]
+    targets = [p for p in pods if p.role == ROLE_WORKER and p.phase == PodPhase.RUNNING and p.ip]
     results = await asyncio.gather(*(asyncio.to_thread(scrape, f"http://{p.ip}:{port}/metrics", timeout) for p in targets))
     return {p.name: r for p, r in zip(targets, results) if r is not None}
 
@@ -102,8 +105,6 @@ def status_changed(old: dict[str, Any], new: dict[str, Any], flush_seconds: floa
     strip = lambda s: {k: v for k, v in s.items() if k not in VOLATILE}  # noqa: E731
     if strip(old) != strip(new):
         return True
-    from ..api.observed import parse_time  # noqa: PLC0415
-
     last = parse_time(old.get("lastReconcileTime"))
     return last is None or (now - last).total_seconds() >= flush_seconds
 
@@ -172,8 +173,6 @@ def log_decisions(namespace: str, name: str, result: Plan) -> None:
     be diagnosed from the operator's log alone."""
     for decision in result.decisions:
         log.info("job %s/%s: %s", namespace, name, decision)
-    for event in result.events:
-        log.info("job %s/%s: %s %s: %s", namespace, name, event.type, event.reason, event.message)
     for action in result.actions:
         log.info("job %s/%s: %s", namespace, name, describe(action))
 
@@ -245,7 +244,7 @@ async def _decide_and_write(k8s: K8s, body: dict[str, Any], settings: OperatorSe
     for event in result.events:  # best effort, off the pass's critical path
         if gate is None or gate.holds():
             _background(asyncio.to_thread(k8s.post_event, body, event.type, event.reason, event.message))
-    metrics.record_pass(ns, name, old_status, result.status, time.perf_counter() - started)
+    metrics.record_pass(ns, name, result.decisions, result.status, time.perf_counter() - started)
     if action_error is not None:
         raise action_error  # the status is recorded; the next pass retries what failed
     created = tuple((a.kind, a.name) for a in result.actions if isinstance(a, CreateObject))

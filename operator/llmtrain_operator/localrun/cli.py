@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from llmtrain_contract.names import Env
 
 from ..api.job import SpecInvalid, parse_job
+from ..api.vocabulary import Phase
 from .cluster import LocalCluster
 from .runner import LocalRun, NodeKill, write_events
 
@@ -63,7 +65,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for warning in _local_limits(job):
         print(f"llmtrain run: note: {warning}", file=sys.stderr)
 
-    env = {"LLMTRAIN_FAULT_INJECT": args.inject} if args.inject else {}
+    env = {Env.FAULT_INJECT: args.inject} if args.inject else {}
     cluster = LocalCluster(job, workdir.resolve(), env=env)
     max_steps = job.spec.trainer.builtin.max_steps if job.spec.trainer.builtin else None
     reporter = _Reporter(max_steps, plain=args.no_progress)
@@ -79,14 +81,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("llmtrain run: interrupted; processes stopped, checkpoints kept", file=sys.stderr)
         return 130
     reporter.close()
+    for warning in cluster.warnings:
+        print(f"llmtrain run: note: {warning}", file=sys.stderr)
     write_events(workdir / "events.jsonl", run.events)
     _summary(status, time.time() - started, workdir)
     if job.spec.trainer.builtin is not None:
-        from .plot import plot_run  # noqa: PLC0415
+        from .plot import plot_run  # noqa: PLC0415 - matplotlib costs a second; only a finished run plots
 
         png = plot_run(run.steps(), run.events, workdir / "loss.png", f"{job.metadata.name}: loss and world size")
         print(f"  plot:        {png}")
-    return 0 if status.get("phase") == "Succeeded" else 1
+    return 0 if status.get("phase") == Phase.SUCCEEDED else 1
 
 
 def _local_limits(job) -> list[str]:
@@ -94,7 +98,8 @@ def _local_limits(job) -> list[str]:
     if job.spec.checkpoint.s3 is not None:
         notes.append("the S3 tier is not used in local runs (local and shared tiers are)")
     if any(v.value_from for v in job.spec.env or []):
-        notes.append("env entries with valueFrom are skipped in local runs")
+        notes.append("env entries with valueFrom are taken from this shell's environment when it has the variable, "
+                     "else skipped (no Secrets or ConfigMaps here)")
     if job.spec.resources and job.spec.resources.limits and "nvidia.com/gpu" in job.spec.resources.limits:
         notes.append("resources are not enforced locally; procsPerNode ranks share this machine")
     return notes
@@ -122,7 +127,7 @@ class _Reporter:
         self.bar = None
         self.last_phase = None
         if not self.plain:
-            from tqdm import tqdm  # noqa: PLC0415
+            from tqdm import tqdm  # noqa: PLC0415 - only on a terminal
 
             self.bar = tqdm(total=max_steps, unit="step", dynamic_ncols=True)
 

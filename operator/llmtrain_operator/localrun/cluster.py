@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,16 +26,38 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from llmtrain_trainer.command import store_command, torchrun_args, trainer_program, worker_command
+from llmtrain_contract.command import store_command, torchrun_args, trainer_program, worker_command
+from llmtrain_contract.names import CONFIG_HASH_ANNOTATION, Env
 
 from ..api.job import LLMTrainJob
-from ..api.observed import LABEL_SLOT, NodeView, Observed, PodView, TrainerProbe
+from ..api.observed import LABEL_GENERATION, LABEL_ROLE, LABEL_SLOT, ROLE_STORE, ROLE_WORKER, NodeView, Observed, PodView, TrainerProbe
+from ..api.vocabulary import PodPhase
 from ..planner import CreateObject, DeleteJob, DeletePod, ReplaceObject
-from ..planner.manifests import TORCHRUN_MAX_RESTARTS
+from ..planner.environment import worker_env
+from ..planner.manifests import TORCHRUN_MAX_RESTARTS, config_map
 from ..planner.render import config_text, trainer_config
 from ..probe import scrape
 
 PY = sys.executable
+
+
+def resolve_env(entries: list[dict[str, Any]], fields: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Kubernetes EnvVars to a process environment: downward-API fields from ``fields``;
+    a Secret or ConfigMap reference from this process's own environment when it has the
+    variable (e.g. exported AWS credentials), else skipped. Returns (env, skipped)."""
+    env: dict[str, str] = {}
+    skipped: list[str] = []
+    for entry in entries:
+        name, source = entry["name"], entry.get("valueFrom")
+        if source is None:
+            env[name] = str(entry.get("value", ""))
+        elif "fieldRef" in source and source["fieldRef"].get("fieldPath") in fields:
+            env[name] = fields[source["fieldRef"]["fieldPath"]]
+        elif name in os.environ:
+            env[name] = os.environ[name]
+        else:
+            skipped.append(name)
+    return env, skipped
 
 
 def descendants(pid: int) -> list[int]:
@@ -59,8 +82,6 @@ def descendants(pid: int) -> list[int]:
 
 
 def _free_port() -> int:
-    import socket  # noqa: PLC0415
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -89,7 +110,7 @@ class LocalPod:
             except ValueError:
                 termination = {}
         exit_code = None if code is None else (128 - code if code < 0 else code)
-        phase = "Running" if code is None else ("Succeeded" if code == 0 else "Failed")
+        phase = PodPhase.RUNNING if code is None else (PodPhase.SUCCEEDED if code == 0 else PodPhase.FAILED)
         return PodView(
             name=self.name, role=self.role, slot=self.slot, generation=self.generation, phase=phase, uid=self.uid,
             node=f"local-{self.slot}" if self.slot is not None else "local", ready=False, deleting=self.deleting,
@@ -128,11 +149,11 @@ class LocalCluster:
                 manifest = action.manifest
                 if manifest["kind"] != "Pod":
                     self.objects.add(f"{manifest['kind']}/{manifest['metadata']['name']}")
-                elif manifest["metadata"]["labels"].get("llmtrain.io/role") == "rendezvous":
+                elif manifest["metadata"]["labels"].get(LABEL_ROLE) == ROLE_STORE:
                     self._start_store(manifest["metadata"]["name"])
                 else:
                     labels = manifest["metadata"]["labels"]
-                    self._start_worker(manifest["metadata"]["name"], int(labels[LABEL_SLOT]), int(labels["llmtrain.io/generation"]))
+                    self._start_worker(manifest["metadata"]["name"], int(labels[LABEL_SLOT]), int(labels[LABEL_GENERATION]))
             elif isinstance(action, DeletePod):
                 self.delete(action.name, force=action.force)
             elif isinstance(action, (ReplaceObject, DeleteJob)):
@@ -149,7 +170,7 @@ class LocalCluster:
 
     def _start_store(self, name: str) -> None:
         self.store_port = _free_port()
-        self._spawn(name, "rendezvous", None, 0, store_command(PY, self.store_port, "127.0.0.1"), {})
+        self._spawn(name, ROLE_STORE, None, 0, store_command(PY, self.store_port, "127.0.0.1"), {})
 
     def _start_worker(self, name: str, slot: int, generation: int) -> None:
         spec = self.job.spec
@@ -174,18 +195,21 @@ class LocalCluster:
             program = trainer_program(str(config))
         else:
             program = [*(spec.trainer.command or []), *(spec.trainer.args or [])]
-        env = {
-            "POD_NAME": name, "POD_NAMESPACE": self.job.metadata.namespace or "default", "POD_IP": "127.0.0.1",
-            "LLMTRAIN_JOB": self.job.metadata.name, "LLMTRAIN_RUN_DIR": str(run_dir),
-            "LLMTRAIN_CHECKPOINT_DIR": self._tier_paths(slot)["local"],
-            "LLMTRAIN_HANG_TIMEOUT_SECONDS": str(spec.fault_tolerance.hang_timeout_seconds),
-            "LLMTRAIN_COLLECTIVE_TIMEOUT_SECONDS": str(spec.fault_tolerance.collective_timeout_seconds),
-            "LLMTRAIN_FAULT_STATE_DIR": str(self.workdir / "faults"),
-            **{v.name: v.value for v in spec.env or [] if v.value is not None},
-            **self.env,
-        }
         cmd = worker_command(PY, str(run_dir), flags, program, str(folder / "termination-log"))
-        self._spawn(name, "worker", slot, generation, cmd, env)
+        self._spawn(name, ROLE_WORKER, slot, generation, cmd, self.worker_environment(name, slot))
+
+    def worker_environment(self, name: str, slot: int) -> dict[str, str]:
+        """The pod's environment (``planner.environment.worker_env``, the same function
+        the pod manifests use), its references resolved as the kubelet would, plus the
+        local run's own (where fired test faults are remembered, ``--inject``)."""
+        entries = worker_env(self.job, self._tier_paths(slot), str(self.slot_dir(slot) / "run"))
+        fields = {"metadata.name": name, "metadata.namespace": self.job.metadata.namespace or "default", "status.podIP": "127.0.0.1"}
+        env, skipped = resolve_env(entries, fields)
+        for var in skipped:
+            note = f"{var} is not set: llmtrain run has no Secrets or ConfigMaps; export it to pass it on"
+            if note not in self.warnings:
+                self.warnings.append(note)
+        return {**env, Env.FAULT_STATE_DIR: str(self.workdir / "faults"), **self.env}
 
     def delete(self, name: str, force: bool = False) -> None:
         pod = self.pods.get(name)
@@ -229,7 +253,7 @@ class LocalCluster:
         views, probes = [], {}
         for pod in self.pods.values():
             view = pod.view()
-            if pod.role == "worker" and view.phase == "Running":
+            if pod.role == ROLE_WORKER and view.phase == PodPhase.RUNNING:
                 probe = self._probe(pod)
                 if probe is not None:
                     probes[pod.name] = probe
@@ -243,8 +267,6 @@ class LocalCluster:
         return Observed(pods=tuple(views), nodes=nodes, services=services, configmaps=configmaps, probes=probes)
 
     def _config_hash(self) -> str:
-        from ..planner.manifests import CONFIG_HASH_ANNOTATION, config_map  # noqa: PLC0415
-
         cm = config_map(self.job)
         return cm["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] if cm else ""
 

@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..api.job import LLMTrainJob
+from ..api.observed import ROLE_WORKER
+from ..api.vocabulary import TERMINAL_PHASES, Phase
 from ..planner import Event, plan
 from .cluster import LocalCluster
 
-TERMINAL = ("Succeeded", "Failed", "Invalid")
+TERMINAL = (*TERMINAL_PHASES, Phase.INVALID)
+"""A local run ends here: there is nobody to fix an invalid spec."""
 
 
 @dataclass
@@ -61,10 +64,10 @@ class LocalRun:
                 self.on_status(status)
                 self._persist(status)
                 self._inject(status)
-                if status.get("phase") in TERMINAL and not any(p.proc.poll() is None for p in self.cluster.pods.values() if p.role == "worker"):
+                if status.get("phase") in TERMINAL and not any(p.proc.poll() is None for p in self.cluster.pods.values() if p.role == ROLE_WORKER):
                     return status
                 if timeout is not None and time.monotonic() - started > timeout:
-                    status["phase"] = "Failed"
+                    status["phase"] = Phase.FAILED
                     self.on_event(time.time(), Event("Warning", "LocalTimeout", f"no result within {timeout:.0f}s"))
                     return status
                 time.sleep(self.interval)

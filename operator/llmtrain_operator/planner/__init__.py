@@ -1,8 +1,9 @@
-"""Pure planning: (job, observed state, clock) -> actions, events and the new status.
+"""Pure planning: (job, observed state, clock) -> actions, decisions and the new status.
 No I/O: the kopf handlers and the local runner supply the observations and apply the
 actions."""
 
-from .context import CreateObject, DeleteJob, DeletePod, Event, Plan, ReplaceObject
+from .context import CreateObject, DeleteJob, DeletePod, Plan, ReplaceObject, Verdict
+from .decisions import Decision, Event
 from .plan import plan
 
-__all__ = ["CreateObject", "DeleteJob", "DeletePod", "Event", "Plan", "ReplaceObject", "plan"]
+__all__ = ["CreateObject", "Decision", "DeleteJob", "DeletePod", "Event", "Plan", "ReplaceObject", "Verdict", "plan"]

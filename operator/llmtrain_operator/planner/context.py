@@ -1,19 +1,21 @@
 """The state of one planning pass: inputs, the status being built, and the output.
 
-Each concern (lifecycle, failures, scaling, status) is a function over this context;
+Each policy (``policies/``) is a function over this context returning a ``Verdict``;
 ``plan.py`` calls them top to bottom. Nothing here performs I/O.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from ..api.job import LLMTrainJob
-from ..api.observed import Observed, format_time
+from ..api.observed import Observed, format_time, parse_time
 from ..api.status import LLMTrainJobStatus
 from .conditions import set_condition
+from .decisions import Decision, Event, Noted
 
 
 @dataclass(frozen=True)
@@ -49,27 +51,36 @@ class DeleteJob:
     reason: str
 
 
-@dataclass(frozen=True)
-class Event:
-    type: str
-    """Normal | Warning."""
-    reason: str
-    message: str
-
-
 Action = CreateObject | ReplaceObject | DeletePod | DeleteJob
+
+
+class Verdict(enum.Enum):
+    """What a policy's outcome means for the rest of the pass."""
+
+    CONTINUE = "continue"
+    """Nothing final happened: the next policies run."""
+    FINISHED = "finished"
+    """The job is in a terminal phase (it was already, or reached it now: success, a
+    permanent failure, the restart budget or the deadline exhausted)."""
+    SUSPENDED = "suspended"
+    """``spec.suspend``: the pods go, nothing else is planned."""
+    BLOCKED = "blocked"
+    """Waiting on something outside the job (a missing Secret or PVC)."""
 
 
 @dataclass
 class Plan:
     actions: list[Action]
-    events: list[Event]
+    decisions: list[Decision]
+    """Everything decided, typed; Events and metrics derive from these."""
     status: dict[str, Any]
     """The whole new status, wire form; written in one patch."""
     requeue_after: float | None
     """Seconds until the next pass is needed even if nothing changes (timers)."""
-    decisions: list[str] = field(default_factory=list)
-    """What was decided and why, beyond the Events (charges, quarantines), for the log."""
+
+    @property
+    def events(self) -> list[Event]:
+        return [e for e in (d.event() for d in self.decisions) if e is not None]
 
 
 @dataclass
@@ -79,9 +90,8 @@ class Pass:
     now: datetime
     status: LLMTrainJobStatus
     actions: list[Action] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
     timers: list[float] = field(default_factory=list)
-    decisions: list[str] = field(default_factory=list)
 
     @property
     def spec(self):
@@ -95,22 +105,21 @@ class Pass:
     def generation(self) -> int | None:
         return self.job.metadata.generation
 
+    def decide(self, decision: Decision) -> None:
+        self.decisions.append(decision)
+
     def event(self, reason: str, message: str, warning: bool = False) -> None:
-        self.events.append(Event("Warning" if warning else "Normal", reason, message))
+        """A decision recorded by its Event alone."""
+        self.decide(Noted(reason, message, warning))
 
     def condition(self, type_: str, status: bool, reason: str, message: str = "") -> bool:
         return set_condition(self.status.conditions, type_, status, reason, message, self.stamp, self.generation)
-
-    def decide(self, what: str) -> None:
-        self.decisions.append(what)
 
     def after(self, seconds: float) -> None:
         """Ask for another pass in ``seconds`` (clamped to at least a second)."""
         self.timers.append(max(1.0, seconds))
 
     def seconds_since(self, stamp: str | None) -> float | None:
-        from ..api.observed import parse_time  # noqa: PLC0415
-
         then = parse_time(stamp)
         return None if then is None else (self.now - then).total_seconds()
 

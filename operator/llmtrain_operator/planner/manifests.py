@@ -5,14 +5,16 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from llmtrain_trainer.command import store_command, torchrun_args, trainer_program, worker_command
+from llmtrain_contract.command import store_command, torchrun_args, trainer_program, worker_command
+from llmtrain_contract.names import CONFIG_HASH_ANNOTATION, RDZV_PORT, TERMINATION_LOG
 
 from ..api.job import API_VERSION, KIND, LLMTrainJob
+from ..api.observed import LABEL_ROLE, ROLE_WORKER
 from . import names
+from .environment import worker_env
 from .render import config_text, content_hash, tier_paths, trainer_config
 
 GPU_RESOURCE = "nvidia.com/gpu"
-CONFIG_HASH_ANNOTATION = "llmtrain.io/config-hash"
 TORCHRUN_MAX_RESTARTS = 1_000_000
 """torchrun restarts its worker group on every membership change and after a survivor's
 collective fails; the *job-wide* budget is enforced by the operator, not by torchrun."""
@@ -57,12 +59,12 @@ def headless_service(job: LLMTrainJob, name: str, selector: dict[str, str], port
 
 
 def workers_service(job: LLMTrainJob) -> dict[str, Any]:
-    selector = {**names.job_labels(job.metadata.name), "llmtrain.io/role": "worker"}
+    selector = {**names.job_labels(job.metadata.name), LABEL_ROLE: ROLE_WORKER}
     return headless_service(job, names.workers_service(job.metadata.name), selector, [("metrics", job.spec.metrics.port)])
 
 
 def store_service(job: LLMTrainJob) -> dict[str, Any]:
-    return headless_service(job, names.store_service(job.metadata.name), names.store_labels(job.metadata.name), [("rdzv", names.RDZV_PORT)])
+    return headless_service(job, names.store_service(job.metadata.name), names.store_labels(job.metadata.name), [("rdzv", RDZV_PORT)])
 
 
 def config_map(job: LLMTrainJob) -> dict[str, Any] | None:
@@ -91,8 +93,8 @@ def store_pod(job: LLMTrainJob) -> dict[str, Any]:
                 "name": "rendezvous",
                 "image": job.spec.image,
                 "imagePullPolicy": job.spec.image_pull_policy,
-                "command": store_command(names.PYTHON, names.RDZV_PORT),
-                "ports": [{"name": "rdzv", "containerPort": names.RDZV_PORT}],
+                "command": store_command(names.PYTHON, RDZV_PORT),
+                "ports": [{"name": "rdzv", "containerPort": RDZV_PORT}],
                 "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
             }],
         },
@@ -104,39 +106,6 @@ def store_pod(job: LLMTrainJob) -> dict[str, Any]:
         if sched.priority_class_name:
             pod["spec"]["priorityClassName"] = sched.priority_class_name
     return pod
-
-
-def _env(job: LLMTrainJob) -> list[dict[str, Any]]:
-    spec = job.spec
-    field = lambda path: {"valueFrom": {"fieldRef": {"fieldPath": path}}}  # noqa: E731
-    env: list[dict[str, Any]] = [
-        {"name": "POD_NAME", **field("metadata.name")},
-        {"name": "POD_NAMESPACE", **field("metadata.namespace")},
-        {"name": "POD_IP", **field("status.podIP")},
-        {"name": "LLMTRAIN_JOB", "value": job.metadata.name},
-        {"name": "LLMTRAIN_RUN_DIR", "value": names.RUN_DIR},
-        {"name": "LLMTRAIN_HANG_TIMEOUT_SECONDS", "value": str(spec.fault_tolerance.hang_timeout_seconds)},
-        {"name": "LLMTRAIN_COLLECTIVE_TIMEOUT_SECONDS", "value": str(spec.fault_tolerance.collective_timeout_seconds)},
-        {"name": "PYTHONUNBUFFERED", "value": "1"},
-    ]
-    paths = tier_paths(job)
-    if spec.checkpoint.enabled:
-        env.append({"name": "LLMTRAIN_CHECKPOINT_DIR", "value": paths["local"]})
-        if "shared" in paths:
-            env.append({"name": "LLMTRAIN_SHARED_CHECKPOINT_DIR", "value": paths["shared"]})
-    s3 = spec.checkpoint.s3
-    if s3 is not None:
-        ref = s3.credentials_secret
-        env += [
-            {"name": "AWS_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.access_key_id_key}}},
-            {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.secret_access_key_key}}},
-            {"name": "LLMTRAIN_S3_URI", "value": paths["s3"]},
-        ]
-        if s3.endpoint:
-            env.append({"name": "AWS_ENDPOINT_URL", "value": s3.endpoint})
-    for var in spec.env or []:
-        env.append(var.to_wire())
-    return env
 
 
 def _resources(job: LLMTrainJob) -> dict[str, Any]:
@@ -194,23 +163,31 @@ def _command(job: LLMTrainJob) -> list[str]:
         program = trainer_program(f"{names.CONFIG_MOUNT}/{names.CONFIG_FILE}")
     else:
         program = [*(spec.trainer.command or []), *(spec.trainer.args or [])]
-    return worker_command(names.PYTHON, names.RUN_DIR, flags, program, names.TERMINATION_LOG)
+    return worker_command(names.PYTHON, names.RUN_DIR, flags, program, TERMINATION_LOG)
+
+
+MERGE_KEYS = {"containers": "name", "initContainers": "name", "volumes": "name", "env": "name",
+              "imagePullSecrets": "name", "volumeMounts": "mountPath", "ports": "containerPort"}
+"""Lists merged item by item on this key, as kubectl's strategic merge does for a Pod; a
+template adding a volume or a mount keeps the operator's own (config, run dir, tiers)."""
 
 
 def deep_merge(base: Any, override: Any) -> Any:
-    """Maps merge recursively, ``containers`` merge by name, other lists are replaced."""
+    """Maps merge recursively; lists in ``MERGE_KEYS`` merge by their key; other lists
+    are replaced."""
     if isinstance(base, dict) and isinstance(override, dict):
         out = dict(base)
         for key, value in override.items():
-            if key in ("containers", "initContainers") and isinstance(value, list) and isinstance(out.get(key), list):
-                merged = {c.get("name"): c for c in out[key]}
-                order = [c.get("name") for c in out[key]]
-                for container in value:
-                    name = container.get("name")
-                    merged[name] = deep_merge(merged.get(name, {}), container)
-                    if name not in order:
-                        order.append(name)
-                out[key] = [merged[n] for n in order]
+            merge_key = MERGE_KEYS.get(key)
+            if merge_key and isinstance(value, list) and isinstance(out.get(key), list):
+                merged = {item.get(merge_key): item for item in out[key]}
+                order = [item.get(merge_key) for item in out[key]]
+                for item in value:
+                    ident = item.get(merge_key)
+                    merged[ident] = deep_merge(merged.get(ident, {}), item)
+                    if ident not in order:
+                        order.append(ident)
+                out[key] = [merged[i] for i in order]
             else:
                 out[key] = deep_merge(out.get(key), value)
         return out
@@ -227,11 +204,11 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: list[s
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": _command(job),
-        "env": _env(job),
+        "env": worker_env(job, tier_paths(job), names.RUN_DIR),
         "ports": ports,
         "volumeMounts": mounts,
         "resources": _resources(job),
-        "terminationMessagePath": names.TERMINATION_LOG,
+        "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "File",
         # Ready once the trainer joined the group and serves metrics.
         "readinessProbe": {"httpGet": {"path": "/metrics", "port": spec.metrics.port}, "periodSeconds": 2},
@@ -280,15 +257,16 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: list[s
         "metadata": _meta(job, names.worker_pod(job_name, slot), labels, annotations),
         "spec": pod_spec,
     }
-    if spec.pod_template:
+    if spec.pod_template is not None:
         owned = copy.deepcopy(pod)
-        pod = deep_merge(pod, spec.pod_template)
+        pod = deep_merge(pod, spec.pod_template.to_wire())
         # Operator-owned fields win over the template.
         pod["metadata"]["name"] = owned["metadata"]["name"]
         pod["metadata"]["labels"] = {**pod["metadata"].get("labels", {}), **owned["metadata"]["labels"]}
         pod["metadata"]["ownerReferences"] = owned["metadata"]["ownerReferences"]
         trainer = next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
         trainer["command"] = container["command"]
-        trainer["env"] = container["env"] + [e for e in trainer.get("env", []) if e not in container["env"]]
+        owned_env = {e["name"] for e in container["env"]}
+        trainer["env"] = container["env"] + [e for e in trainer.get("env", []) if e["name"] not in owned_env]
         pod["spec"]["restartPolicy"] = "Never"
     return pod

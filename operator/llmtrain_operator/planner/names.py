@@ -3,15 +3,15 @@ derives the same names, so it adopts what it created before."""
 
 from __future__ import annotations
 
+from llmtrain_contract.names import RDZV_PORT
+
 from ..api.observed import LABEL_GENERATION, LABEL_JOB, LABEL_ROLE, LABEL_SLOT, ROLE_STORE, ROLE_WORKER
 
-RDZV_PORT = 29400
 CONFIG_MOUNT = "/etc/llmtrain"
 CONFIG_FILE = "config.yaml"
 RUN_DIR = "/run/llmtrain"
 LOCAL_TIER_MOUNT = "/ckpt/local"
 SHARED_TIER_MOUNT = "/ckpt/shared"
-TERMINATION_LOG = "/dev/termination-log"
 PYTHON = "python"
 """The interpreter inside the trainer image (the image puts the venv first on PATH)."""
 

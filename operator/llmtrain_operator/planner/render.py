@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import yaml
-from llmtrain_trainer.config import TrainerConfig
+from llmtrain_contract.config import TrainerConfig
 
 from ..api.job import LLMTrainJob
 from . import names

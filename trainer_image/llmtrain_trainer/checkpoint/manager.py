@@ -26,7 +26,8 @@ import torch
 
 from .. import rng
 from ..dist import DistInfo
-from ..engine import Engine
+from ..engine import Engine, engine_class
+from .restore import Choice, find_restore_point
 from .tier import CheckpointError, DirTier, describe_files
 
 log = logging.getLogger("llmtrain.checkpoint")
@@ -46,11 +47,13 @@ def file_rank(name: str, engine: Engine | type[Engine]) -> int | None:
 
 
 class CheckpointManager:
+    """Tiered checkpoints of one rank: the restore agreement, saves, propagation."""
+
     def __init__(
         self,
         tiers: list[DirTier],
         info: DistInfo,
-        engine: Engine,
+        interval_steps: int,
         meta: dict[str, Any],
         commit_timeout: float,
         metrics: Any,
@@ -58,7 +61,8 @@ class CheckpointManager:
     ):
         self.tiers = tiers
         self.info = info
-        self.engine = engine
+        self.interval_steps = interval_steps
+        self.engine: Engine | None = None
         self.meta = meta
         self.commit_timeout = commit_timeout
         self.metrics = metrics
@@ -69,9 +73,23 @@ class CheckpointManager:
         self.last_committed: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self.tiers)
+    def bind(self, engine: Engine) -> None:
+        """The engine whose state is saved (it exists only after the restore point is
+        known: a universal restore changes how it is built)."""
+        self.engine = engine
+
+    def restore_point(self, strategy: str, sharded: bool, gather: Callable[[Any], list[Any]]) -> Choice | None:
+        """The agreed restore point (``restore.find_restore_point``)."""
+        engine_cls = engine_class(strategy)
+        return find_restore_point(self.tiers, self.info.rank, self.info.world_size, self.meta["config_hash"], strategy,
+                                  sharded, lambda name: file_rank(name, engine_cls), gather)
+
+    def due(self, step: int, max_steps: int) -> bool:
+        """A regular checkpoint falls at this step (the last step gets the final save)."""
+        return step % self.interval_steps == 0 and step < max_steps
+
+    def newest_local(self) -> int | None:
+        return self.last_committed.get(self.tiers[0].name)
 
     def leader_of(self, tier: DirTier) -> bool:
         """Tier 1 is per node (its leader commits); slower tiers are per job (rank 0)."""
@@ -98,8 +116,6 @@ class CheckpointManager:
     def save(self, step: int, samples: int, sync: bool = False) -> float:
         """Checkpoint the state after optimizer step ``step``. Returns the seconds the
         caller was blocked (the snapshot, or the whole save when synchronous)."""
-        if not self.enabled:
-            return 0.0
         started = time.perf_counter()
         self.wait()  # never two saves in flight: a slow tier must not pile up memory
         meta = {
@@ -204,3 +220,34 @@ class CheckpointManager:
         except Exception as err:  # noqa: BLE001 - already logged by _guard
             log.debug("pending checkpoint failed at close: %s", err)
         self._pool.shutdown(wait=True)
+
+
+class NoCheckpoints:
+    """Checkpointing off (no tiers): the same interface, no work, so the training loop
+    checks nothing (the choice is made once)."""
+
+    last_committed: dict[str, int] = {}
+
+    def bind(self, engine: Engine) -> None:
+        return None
+
+    def restore_point(self, strategy: str, sharded: bool, gather: Callable[[Any], list[Any]]) -> None:
+        return None
+
+    def prepare(self, barrier: Callable[[], None]) -> None:
+        return None
+
+    def due(self, step: int, max_steps: int) -> bool:
+        return False
+
+    def save(self, step: int, samples: int, sync: bool = False) -> float:
+        return 0.0
+
+    def wait(self) -> None:
+        return None
+
+    def newest_local(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None

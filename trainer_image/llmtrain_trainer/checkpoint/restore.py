@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 Listing = dict[int, list[dict[str, Any]]]
-"""step -> copies, fastest tier first: {tier, path, world, ranks, samples, hash, strategy}."""
+"""step -> copies, fastest tier first: {tier, path, world, ranks, samples, max_steps}."""
 
 Mode = Literal["local", "broadcast", "universal"]
 
@@ -40,6 +40,8 @@ class Candidate:
     """``broadcast``: the rank that reads from disk. ``universal``: the converter."""
     shared_path: str | None = None
     """``universal``: the complete copy every rank can see."""
+    saved_max_steps: int | None = None
+    """``maxSteps`` of the run that saved it (None: saved before it was recorded)."""
 
 
 @dataclass
@@ -57,6 +59,7 @@ class Choice:
     """The tier the state came from: the source rank's tier for a broadcast or universal
     load, this rank's own tier for a local one. Logged and exported, so the message is the
     same whichever node rank 0 lands on."""
+    saved_max_steps: int | None = None
 
 
 @dataclass
@@ -86,6 +89,7 @@ def listing_of(tiers: list[Any], config_hash: str, strategy: str, problems: list
                     "world": committed.world_size,
                     "ranks": sorted(committed.ranks),
                     "samples": int(man["samples_consumed"]),
+                    "max_steps": man.get("max_steps"),
                 }
             )
     return out
@@ -99,18 +103,18 @@ def candidates(listings: list[Listing], world: int, sharded: bool) -> list[Candi
     for step in steps:
         copies = [listing.get(step, []) for listing in listings]
         first = next(c[0] for c in copies if c)
-        samples, saved_world = first["samples"], first["world"]
+        samples, saved_world, saved_max = first["samples"], first["world"], first.get("max_steps")
         if not sharded:
             holders = [r for r, c in enumerate(copies) if c]
             if len(holders) == len(copies):
-                out.append(Candidate(step, "local", samples, saved_world))
-            out.append(Candidate(step, "broadcast", samples, saved_world, source_rank=holders[0]))
+                out.append(Candidate(step, "local", samples, saved_world, saved_max_steps=saved_max))
+            out.append(Candidate(step, "broadcast", samples, saved_world, source_rank=holders[0], saved_max_steps=saved_max))
             continue
         if saved_world == world and all(any(r in c["ranks"] for c in cs) for r, cs in enumerate(copies)):
-            out.append(Candidate(step, "local", samples, saved_world))
+            out.append(Candidate(step, "local", samples, saved_world, saved_max_steps=saved_max))
         shared = _complete_everywhere(copies)
         if shared:
-            out.append(Candidate(step, "universal", samples, saved_world, shared_path=shared))
+            out.append(Candidate(step, "universal", samples, saved_world, shared_path=shared, saved_max_steps=saved_max))
     return out
 
 
@@ -171,7 +175,8 @@ def find_restore_point(
         results = gather((ok, why, tier_name))
         if all(r[0] for r in results):
             source_tier = tier_name if cand.mode == "local" else results[cand.source_rank][2]
-            return Choice(cand.step, cand.mode, cand.samples, cand.saved_world, path, tier_name, cand.source_rank, source_tier)
+            return Choice(cand.step, cand.mode, cand.samples, cand.saved_world, path, tier_name, cand.source_rank, source_tier,
+                          cand.saved_max_steps)
         problems.extend(f"step {cand.step} ({cand.mode}): {r[1]}" for r in results if not r[0] and r[1])
     all_problems = [p for ps in gather(problems) for p in ps]
     if any(listings) or all_problems:

@@ -13,47 +13,10 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import BaseModel, Field
 
-
-class FieldRuleError(ValueError):
-    """A rule failed on a field that pydantic's own error location would not name.
-
-    ``field`` is the offending field's path relative to the model (or field) that checks
-    the rule: camelCase and dotted, or a tuple when a key contains dots
-    (``("nvidia.com/gpu",)``). Error reports append it to pydantic's location so that
-    they name the exact field rather than the enclosing object.
-    """
-
-    def __init__(self, field: str | tuple[str, ...], message: str):
-        self.field = field
-        self.message = message
-        super().__init__(f"{'.'.join(field) if isinstance(field, tuple) else field}: {message}")
-
-    @property
-    def parts(self) -> tuple[str, ...]:
-        return self.field if isinstance(self.field, tuple) else tuple(self.field.split("."))
-
-
-class CamelModel(BaseModel):
-    """Base for every spec/config model: camelCase on the wire, unknown keys rejected.
-
-    Unknown keys are an error rather than ignored because a typo (``maxStep``) would
-    otherwise silently fall back to a default and waste a GPU-day.
-    """
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        use_attribute_docstrings=True,
-        validate_assignment=True,
-    )
-
-    def to_wire(self) -> dict[str, Any]:
-        """The camelCase dict form, without unset optional fields."""
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+from .base import CamelModel
+from .rules import Rule, Ruled, cel_get, cel_literal, default_of
 
 
 # --------------------------------------------------------------------------- model
@@ -116,7 +79,7 @@ class ModelConfig(CamelModel):
 # ---------------------------------------------------------------------------- data
 
 
-class DataConfig(CamelModel):
+class DataConfig(Ruled):
     source: Literal["synthetic", "shards"] = "synthetic"
     """``synthetic``: deterministic pseudo-random tokens from ``seed`` (no files).
     ``shards``: memory-mapped nanoGPT-style ``.bin`` files of uint16 tokens."""
@@ -134,17 +97,12 @@ class DataConfig(CamelModel):
     """For ``synthetic`` data: the token range. Default: the model's vocabulary.
     uint16 shards cap it at 65536."""
 
-    @model_validator(mode="after")
-    def _path_for_shards(self) -> DataConfig:
-        if self.source == "shards" and not self.path:
-            raise FieldRuleError("path", "required when source is 'shards' (a .bin file or a directory of them)")
-        return self
 
 
 # ----------------------------------------------------------------------- optimizer
 
 
-class OptimizerConfig(CamelModel):
+class OptimizerConfig(Ruled):
     name: Literal["adamw", "sgd"] = "adamw"
     """Optimizer. Default ``adamw``. Under DeepSpeed the same settings are passed into
     its config unless ``deepspeedConfig.optimizer`` overrides them."""
@@ -173,17 +131,12 @@ class OptimizerConfig(CamelModel):
     grad_clip: float = Field(1.0, ge=0.0)
     """Global gradient-norm clip; 0 disables. Default 1.0."""
 
-    @model_validator(mode="after")
-    def _min_below_peak(self) -> OptimizerConfig:
-        if self.min_lr > self.lr:
-            raise FieldRuleError("minLr", f"must be <= lr ({self.min_lr} > {self.lr})")
-        return self
 
 
 # ------------------------------------------------------------------------ strategy
 
 
-class StrategyConfig(CamelModel):
+class StrategyConfig(Ruled):
     kind: Literal["ddp", "deepspeed"] = "ddp"
     """``ddp``: plain DistributedDataParallel. ``deepspeed``: DeepSpeed with ZeRO.
     Default ``ddp``."""
@@ -197,23 +150,16 @@ class StrategyConfig(CamelModel):
     DeepSpeed docs). Batch sizes are always derived from ``globalBatchSize`` and
     ``microBatchSize`` so they stay correct at every world size."""
 
-    @model_validator(mode="after")
-    def _deepspeed_only_fields(self) -> StrategyConfig:
-        if self.kind == "ddp" and (self.zero_stage or self.deepspeed_config):
-            field = "zeroStage" if self.zero_stage else "deepspeedConfig"
-            raise FieldRuleError(field, "needs kind 'deepspeed' (plain DDP has no ZeRO)")
-        for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
-            if self.deepspeed_config and key in self.deepspeed_config:
-                raise FieldRuleError(
-                    f"deepspeedConfig.{key}", "is derived from globalBatchSize/microBatchSize; remove it"
-                )
-        return self
-
 
 # ---------------------------------------------------------------------- train spec
 
 
-class TrainSpec(CamelModel):
+class WorldSizeInvalid(ValueError):
+    """The world size cannot keep the fixed global batch (the trainer exits
+    ``WORLD_SIZE_INVALID``)."""
+
+
+class TrainSpec(Ruled):
     """What to train: the user-facing part, embedded in the API as ``trainer.builtin``."""
 
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -246,42 +192,82 @@ class TrainSpec(CamelModel):
     log_interval_steps: int = Field(10, ge=1)
     """Print a progress line every N steps. Default 10."""
 
-    @model_validator(mode="after")
-    def _fit(self) -> TrainSpec:
-        shape = MODEL_PRESETS[self.model.preset]
-        if self.data.seq_len > shape.block_size:
-            raise FieldRuleError(
-                "data.seqLen",
-                f"{self.data.seq_len} exceeds the block size of model preset "
-                f"'{self.model.preset}' ({shape.block_size})",
-            )
-        if self.data.vocab_size and self.data.vocab_size > shape.vocab_size:
-            raise FieldRuleError(
-                "data.vocabSize",
-                f"{self.data.vocab_size} exceeds the vocabulary of model preset "
-                f"'{self.model.preset}' ({shape.vocab_size})",
-            )
-        if self.global_batch_size % self.micro_batch_size:
-            raise FieldRuleError(
-                "globalBatchSize",
-                f"must be a multiple of microBatchSize ({self.global_batch_size} % {self.micro_batch_size} != 0)",
-            )
-        return self
-
     def grad_accum_steps(self, world_size: int) -> int:
         """Gradient accumulation that keeps the global batch at ``world_size``.
 
-        Raises ``ValueError`` when the world size cannot keep it exactly.
+        Raises ``WorldSizeInvalid`` when the world size cannot keep it exactly.
         """
         per_step = self.micro_batch_size * world_size
         if world_size < 1 or self.global_batch_size % per_step:
-            raise ValueError(
+            raise WorldSizeInvalid(
                 f"world size {world_size} cannot keep globalBatchSize={self.global_batch_size} "
                 f"with microBatchSize={self.micro_batch_size}: {self.global_batch_size} is not "
                 f"divisible by {per_step}; valid world sizes are "
                 f"{valid_world_sizes(self.global_batch_size, self.micro_batch_size)}"
             )
         return self.global_batch_size // per_step
+
+
+DERIVED_DEEPSPEED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+"""DeepSpeed's batch keys: always derived from globalBatchSize and microBatchSize, so that
+they stay right at every world size."""
+BLOCK_SIZES = {name: shape.block_size for name, shape in MODEL_PRESETS.items()}
+VOCAB_SIZES = {name: shape.vocab_size for name, shape in MODEL_PRESETS.items()}
+
+DataConfig.RULES = (
+    Rule("shards-need-a-path", "path", "path is required when source is 'shards' (a .bin file or a directory of them)",
+         check=lambda d: "" if d.source == "shards" and not d.path else None,
+         cel=f"{cel_get('self.source', default_of(DataConfig, 'source'))} != 'shards' || (has(self.path) && self.path != '')",
+         example={"source": "shards", "path": None}),
+)
+
+OptimizerConfig.RULES = (
+    Rule("min-lr-below-peak", "minLr", "minLr must be <= lr",
+         check=lambda o: f"{o.min_lr} > {o.lr}" if o.min_lr > o.lr else None,
+         cel=f"{cel_get('self.minLr', default_of(OptimizerConfig, 'min_lr'))} <= {cel_get('self.lr', default_of(OptimizerConfig, 'lr'))}",
+         example={"lr": 0.001, "minLr": 0.01}),
+)
+
+_KIND = cel_get("self.kind", default_of(StrategyConfig, "kind"))
+StrategyConfig.RULES = (
+    Rule("zero-needs-deepspeed", "zeroStage", "zeroStage needs kind 'deepspeed' (plain DDP has no ZeRO)",
+         check=lambda c: "" if c.kind == "ddp" and c.zero_stage else None,
+         cel=f"{_KIND} != 'ddp' || {cel_get('self.zeroStage', 0)} == 0",
+         example={"kind": "ddp", "zeroStage": 2}),
+    Rule("deepspeed-config-needs-deepspeed", "deepspeedConfig", "deepspeedConfig needs kind 'deepspeed'",
+         check=lambda c: "" if c.kind == "ddp" and c.deepspeed_config else None,
+         cel=f"{_KIND} != 'ddp' || !has(self.deepspeedConfig)",
+         example={"kind": "ddp", "deepspeedConfig": {"zero_optimization": {"stage": 1}}}),
+    Rule("batch-keys-are-derived", "deepspeedConfig",
+         "deepspeedConfig must not set " + ", ".join(DERIVED_DEEPSPEED_KEYS) + ": they are derived from globalBatchSize and "
+         "microBatchSize at every world size",
+         check=lambda c: ", ".join(k for k in DERIVED_DEEPSPEED_KEYS if k in (c.deepspeed_config or {})) or None,
+         server_cannot="deepspeedConfig is a free-form passthrough (x-kubernetes-preserve-unknown-fields), and CEL cannot "
+                       "look inside such a value",
+         example={"kind": "deepspeed", "deepspeedConfig": {"train_batch_size": 32}}),
+)
+
+_PRESET = cel_get("self.model.preset", default_of(ModelConfig, "preset"))
+TrainSpec.RULES = (
+    Rule("seq-len-fits-the-model", "data.seqLen",
+         "data.seqLen must not exceed the model preset's block size (" + ", ".join(f"{k} {v}" for k, v in BLOCK_SIZES.items()) + ")",
+         check=lambda t: (f"{t.data.seq_len} > {BLOCK_SIZES[t.model.preset]} of '{t.model.preset}'"
+                          if t.data.seq_len > BLOCK_SIZES[t.model.preset] else None),
+         cel=f"{cel_get('self.data.seqLen', default_of(DataConfig, 'seq_len'))} <= {cel_literal(BLOCK_SIZES)}[{_PRESET}]",
+         example={"data.seqLen": 4096}),
+    Rule("vocab-fits-the-model", "data.vocabSize",
+         "data.vocabSize must not exceed the model preset's vocabulary (" + ", ".join(f"{k} {v}" for k, v in VOCAB_SIZES.items()) + ")",
+         check=lambda t: (f"{t.data.vocab_size} > {VOCAB_SIZES[t.model.preset]} of '{t.model.preset}'"
+                          if t.data.vocab_size and t.data.vocab_size > VOCAB_SIZES[t.model.preset] else None),
+         cel=f"!has(self.data) || !has(self.data.vocabSize) || self.data.vocabSize <= {cel_literal(VOCAB_SIZES)}[{_PRESET}]",
+         example={"data.source": "synthetic", "data.vocabSize": 10000}),
+    Rule("global-batch-multiple-of-micro", "globalBatchSize", "globalBatchSize must be a multiple of microBatchSize",
+         check=lambda t: (f"{t.global_batch_size} % {t.micro_batch_size} != 0"
+                          if t.global_batch_size % t.micro_batch_size else None),
+         cel=f"{cel_get('self.globalBatchSize', default_of(TrainSpec, 'global_batch_size'))} % "
+             f"{cel_get('self.microBatchSize', default_of(TrainSpec, 'micro_batch_size'))} == 0",
+         example={"globalBatchSize": 9}),
+)
 
 
 def valid_world_sizes(global_batch: int, micro_batch: int, limit: int = 4096) -> list[int]:
@@ -357,9 +343,16 @@ class TrainerConfig(TrainSpec):
         train_part = TrainSpec.model_validate(
             self.model_dump(include=set(TrainSpec.model_fields), by_alias=False)
         ).model_dump(mode="json", exclude={"log_interval_steps", "max_steps"})
-        # Not part of the identity: logging; maxSteps (extending a run is routine, and
-        # only the tail of the LR schedule changes); the strategy (DDP and DeepSpeed
-        # checkpoints are told apart by the manifest's own strategy field).
+        # Not part of the identity: logging; the strategy (DDP and DeepSpeed checkpoints
+        # are told apart by the manifest's own strategy field); and maxSteps: extending
+        # (or shortening) a run from its checkpoints is routine, as in nanoGPT or
+        # Megatron. The LR schedule is a pure function of (step, maxSteps) and decays over
+        # maxSteps - warmupSteps, so a resume at another maxSteps continues on the new
+        # schedule: the LR jumps at the resume step to the new schedule's value; the steps
+        # already taken and the data order (global sample indices) do not change. The
+        # manifest records maxSteps and the trainer logs the jump when it happens. (In
+        # Kubernetes `trainer` is immutable, so this happens only to a new job reusing a
+        # job's checkpoints, or to `llmtrain run` of an edited file.)
         train_part.pop("strategy", None)
         blob = json.dumps(train_part, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

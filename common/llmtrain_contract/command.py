@@ -6,7 +6,7 @@ runner and the tests start processes with them, so all three agree on the flags.
 
 from __future__ import annotations
 
-DEFAULT_RDZV_PORT = 29400
+from .names import RDZV_PORT, Env
 KEEP_ALIVE_SECONDS = 1
 KEEP_ALIVE_MAX_MISSED = 3
 """A node that stops renewing its rendezvous keep-alive for ~3 s is dropped from the
@@ -14,7 +14,7 @@ round. torch's defaults (5 s x 3) make every survivor of a dead node wait 15 s b
 can re-rendezvous."""
 
 
-def store_command(python: str, port: int = DEFAULT_RDZV_PORT, host: str = "0.0.0.0") -> list[str]:
+def store_command(python: str, port: int = RDZV_PORT, host: str = "0.0.0.0") -> list[str]:
     return [python, "-m", "llmtrain_trainer.rdzv_store", "--host", host, "--port", str(port)]
 
 

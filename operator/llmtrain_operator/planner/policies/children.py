@@ -3,9 +3,18 @@ slot (created when missing, removed on scale-down or when of an older generation
 
 from __future__ import annotations
 
-from . import manifests, names
-from .context import CreateObject, DeletePod, Pass, ReplaceObject
-from .failures import active_quarantine
+from llmtrain_contract.names import CONFIG_HASH_ANNOTATION
+
+from ...api.vocabulary import PodPhase, Reason
+from .. import manifests, names
+from ..context import CreateObject, DeletePod, Pass, ReplaceObject, Verdict
+from ..quarantine import active_quarantine
+
+
+def handle(ctx: Pass) -> Verdict:
+    ensure_infrastructure(ctx)
+    reconcile_workers(ctx)
+    return Verdict.CONTINUE
 
 
 def ensure_infrastructure(ctx: Pass) -> None:
@@ -17,23 +26,23 @@ def ensure_infrastructure(ctx: Pass) -> None:
             created.append(f"Service {manifest['metadata']['name']}")
     cm = manifests.config_map(job)
     if cm is not None:
-        want = cm["metadata"]["annotations"][manifests.CONFIG_HASH_ANNOTATION]
+        want = cm["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
         have = ctx.observed.configmaps.get(cm["metadata"]["name"])
         if have is None:
             ctx.actions.append(CreateObject(cm))
             created.append(f"ConfigMap {cm['metadata']['name']}")
         elif have != want:
             ctx.actions.append(ReplaceObject(cm))
-            ctx.event("ConfigUpdated", f"re-rendered ConfigMap {cm['metadata']['name']}; running workers keep the old one until they restart")
+            ctx.event(Reason.CONFIG_UPDATED, f"re-rendered ConfigMap {cm['metadata']['name']}; running workers keep the old one until they restart")
     store = ctx.observed.store()
     if store is None:
         ctx.actions.append(CreateObject(manifests.store_pod(job)))
         created.append(f"Pod {names.store_pod(job.metadata.name)} (rendezvous store)")
     elif store.terminated:
         ctx.actions.append(DeletePod(store.name))
-        ctx.event("StoreRestarted", f"the rendezvous store pod {store.name} ended ({store.phase}); recreating it", warning=True)
+        ctx.event(Reason.STORE_RESTARTED, f"the rendezvous store pod {store.name} ended ({store.phase}); recreating it", warning=True)
     if created:
-        ctx.event("Created", "created " + ", ".join(created))
+        ctx.event(Reason.CREATED, "created " + ", ".join(created))
 
 
 def reconcile_workers(ctx: Pass) -> None:
@@ -45,7 +54,7 @@ def reconcile_workers(ctx: Pass) -> None:
             continue
         if pod.slot is None or pod.slot >= spec.replicas.max:
             ctx.actions.append(DeletePod(pod.name))
-            ctx.event("ScaledDown", f"deleting {pod.name}: replicas.max is {spec.replicas.max}")
+            ctx.event(Reason.SCALED_DOWN, f"deleting {pod.name}: replicas.max is {spec.replicas.max}")
         elif pod.generation < status.restart_generation:
             ctx.actions.append(DeletePod(pod.name))
     # Pod names are stable, so any pod object still holding a slot's name (running,
@@ -54,7 +63,7 @@ def reconcile_workers(ctx: Pass) -> None:
     missing = [s for s in range(spec.replicas.max) if s not in occupied]
     if not missing:
         return
-    if any(p.phase == "Succeeded" for p in workers):
+    if any(p.phase == PodPhase.SUCCEEDED for p in workers):
         return  # training finished on some worker: never start new ones
     wait = -(ctx.seconds_since(status.next_restart_time) or 0.0) if status.next_restart_time else 0.0
     if wait > 0:
@@ -65,4 +74,4 @@ def reconcile_workers(ctx: Pass) -> None:
         ctx.actions.append(CreateObject(manifests.worker_pod(ctx.job, slot, status.restart_generation, avoid)))
     pods = ", ".join(names.worker_pod(ctx.job.metadata.name, s) for s in missing)
     extra = f" (avoiding quarantined nodes {', '.join(avoid)})" if avoid else ""
-    ctx.event("CreatedWorkers", f"created {pods} for generation {status.restart_generation}{extra}")
+    ctx.event(Reason.CREATED_WORKERS, f"created {pods} for generation {status.restart_generation}{extra}")

@@ -1,0 +1,95 @@
+"""Every name the operator and the trainer must agree on, in one place: environment
+variables, metric names, termination-message keys, ports, annotations and paths.
+
+The operator renders pods (and ``llmtrain run`` starts processes) with these names; the
+trainer, its launcher and user scripts read them; dashboards and alerts query the metric
+names. A name spelled twice drifts, so both sides import it from here.
+"""
+
+from __future__ import annotations
+
+
+class Env:
+    """Environment variables of a worker (pod or local process)."""
+
+    POD_NAME = "POD_NAME"
+    POD_NAMESPACE = "POD_NAMESPACE"
+    POD_IP = "POD_IP"
+    """The downward API's usual names; ``llmtrain run`` sets them too."""
+
+    JOB = "LLMTRAIN_JOB"
+    """The job's name."""
+    RUN_DIR = "LLMTRAIN_RUN_DIR"
+    """Per-pod scratch: exit records, step log, the metrics port file."""
+    HANG_TIMEOUT_SECONDS = "LLMTRAIN_HANG_TIMEOUT_SECONDS"
+    COLLECTIVE_TIMEOUT_SECONDS = "LLMTRAIN_COLLECTIVE_TIMEOUT_SECONDS"
+    CHECKPOINT_DIR = "LLMTRAIN_CHECKPOINT_DIR"
+    """Tier 1 (node-local) checkpoint directory."""
+    SHARED_CHECKPOINT_DIR = "LLMTRAIN_SHARED_CHECKPOINT_DIR"
+    """Tier 2 (shared filesystem) checkpoint directory, when configured."""
+    S3_URI = "LLMTRAIN_S3_URI"
+    """Tier 3, ``s3://bucket/prefix``, when configured."""
+    TERMINATION_LOG = "LLMTRAIN_TERMINATION_LOG"
+    """Where the launcher writes the pod's termination message."""
+    LOG_LEVEL = "LLMTRAIN_LOG_LEVEL"
+    FAULT_INJECT = "LLMTRAIN_FAULT_INJECT"
+    """TEST ONLY: faults to inject (``llmtrain_trainer.faults``)."""
+    FAULT_STATE_DIR = "LLMTRAIN_FAULT_STATE_DIR"
+    """TEST ONLY: where fired faults are remembered (default: the run dir)."""
+
+    AWS_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
+    AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
+    AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"
+    """boto3's own names: the S3 credentials and endpoint."""
+
+    PREFIX = "LLMTRAIN_"
+
+
+class Metric:
+    """The trainer's Prometheus metric names (counters without their ``_total``, which
+    the client library appends)."""
+
+    PREFIX = "llmtrain_trainer"
+    STEP = f"{PREFIX}_step"
+    SAMPLES = f"{PREFIX}_samples_consumed"
+    LOSS = f"{PREFIX}_loss"
+    TOKENS_PER_SECOND = f"{PREFIX}_tokens_per_second"
+    STEP_SECONDS = f"{PREFIX}_step_seconds"
+    WORLD_SIZE = f"{PREFIX}_world_size"
+    LAST_STEP_TIMESTAMP = f"{PREFIX}_last_step_timestamp_seconds"
+    WORKER_GROUP_RESTARTS = f"{PREFIX}_worker_group_restarts"
+    FAILED_ATTEMPTS = f"{PREFIX}_failed_attempts"
+    """Label ``cause``: crash | hang | victim | preempted | permanent."""
+    CHECKPOINT_STALL_SECONDS = f"{PREFIX}_checkpoint_stall_seconds"
+    CHECKPOINT_SAVE_SECONDS = f"{PREFIX}_checkpoint_save_seconds"
+    CHECKPOINT_RESTORE_SECONDS = f"{PREFIX}_checkpoint_restore_seconds"
+    CHECKPOINT_LAST_STEP = f"{PREFIX}_checkpoint_last_step"
+    """Label ``tier``."""
+    CHECKPOINT_LAST_TIMESTAMP = f"{PREFIX}_checkpoint_last_timestamp_seconds"
+    CHECKPOINT_FAILURES = f"{PREFIX}_checkpoint_failures"
+    INFO = f"{PREFIX}_info"
+
+    @staticmethod
+    def total(name: str) -> str:
+        """A counter's sample name as scraped."""
+        return f"{name}_total"
+
+
+class Termination:
+    """Keys of the JSON termination message the launcher writes and the operator reads."""
+
+    CODE = "code"
+    REASON = "reason"
+    RANK = "rank"
+    STEP = "step"
+    MESSAGE = "message"
+
+
+RDZV_PORT = 29400
+"""The rendezvous store's port (its own pod, its own Service)."""
+METRICS_PORT = 9400
+"""Default port of local rank 0's metrics endpoint; local rank r serves on port + r."""
+CONFIG_HASH_ANNOTATION = "llmtrain.io/config-hash"
+"""On the rendered-config ConfigMap: the hash of its content."""
+TERMINATION_LOG = "/dev/termination-log"
+"""Kubernetes' default termination-message path."""

@@ -1,0 +1,103 @@
+"""The words of the API, in one place: phases, condition types, failure kinds, and the
+reasons of conditions and Events. String enums, so they are the strings on the wire and
+compare equal to them; the status model and the CRD's enums are built from these.
+
+Failure reasons that come from the exit-code table (``ConfigError``, ``Hang``,
+``SignalN`` ...) are not repeated here: ``llmtrain_contract.exitcodes`` owns them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    """``status.phase``, shown in ``kubectl get ltj``."""
+
+    PENDING = "Pending"
+    CREATED = "Created"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    INVALID = "Invalid"
+
+
+TERMINAL_PHASES = (Phase.SUCCEEDED, Phase.FAILED)
+
+
+class PodPhase(StrEnum):
+    """Kubernetes' own pod phases (``status.phase`` of a Pod)."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+
+class ConditionType(StrEnum):
+    CREATED = "Created"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    DEGRADED = "Degraded"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    INVALID = "Invalid"
+
+
+class FailureKind(StrEnum):
+    """``status.lastFailure.kind``: what class of failure the operator acted on."""
+
+    PROCESS_CRASH = "ProcessCrash"
+    NODE_FAILURE = "NodeFailure"
+    EVICTION = "Eviction"
+    HANG = "Hang"
+    WEDGED = "Wedged"
+    PERMANENT = "Permanent"
+    DEADLINE = "Deadline"
+
+
+class Reason(StrEnum):
+    """Reasons of Events and conditions (CamelCase, machine-readable)."""
+
+    # children and lifecycle
+    CREATED = "Created"
+    CREATED_WORKERS = "CreatedWorkers"
+    CONFIG_UPDATED = "ConfigUpdated"
+    SCALED_DOWN = "ScaledDown"
+    STORE_RESTARTED = "StoreRestarted"
+    SUSPENDED = "Suspended"
+    RESUMED = "Resumed"
+    COMPLETED = "Completed"
+    TTL_EXPIRED = "TTLExpired"
+    # failures
+    POD_FAILED = "PodFailed"
+    POD_DISRUPTED = "PodDisrupted"
+    NODE_FAILURE = "NodeFailure"
+    RESTART_ALL = "RestartAll"
+    RESTARTED_IN_PLACE = "RestartedInPlace"
+    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    # validity
+    INVALID_SPEC = "InvalidSpec"
+    MISSING_DEPENDENCY = "MissingDependency"
+    SPEC_VALID = "SpecValid"
+    # condition reasons
+    CHILDREN_CREATED = "ChildrenCreated"
+    TRAINING = "Training"
+    NOT_ENOUGH_WORKERS = "NotEnoughWorkers"
+    RECOVERING = "RecoveringFromFailure"
+    STABLE = "Stable"
+    REDUCED_WORLD_SIZE = "ReducedWorldSize"
+    FULL_SIZE = "FullSize"
+    JOB_SUSPENDED = "JobSuspended"
+    JOB_RESUMED = "JobResumed"
+    # failure reasons the operator names itself (the rest come from the exit-code table)
+    NODE_NOT_READY = "NodeNotReady"
+    NO_PROGRESS = "NoProgress"
+    DISRUPTION_TARGET = "DisruptionTarget"
+    EVICTED = "Evicted"
+    WEDGED = "Wedged"

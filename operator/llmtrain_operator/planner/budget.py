@@ -1,0 +1,48 @@
+"""The restart budget: charging it, the backoff before replacements, and RestartAll."""
+
+from __future__ import annotations
+
+from ..api.vocabulary import Reason
+from .context import DeletePod, Pass
+from .decisions import RestartCharged
+from .outcome import finish
+
+
+def backoff_seconds(ctx: Pass, restarts: int) -> float:
+    b = ctx.spec.fault_tolerance.backoff
+    return min(b.max_seconds, b.initial_seconds * (b.factor ** max(0, restarts - 1)))
+
+
+def charge_budget(ctx: Pass, reason: str) -> bool:
+    """Add one restart to the never-reset counters; on exceeding the budget, fail the job
+    with BackoffLimitExceeded and return False."""
+    status = ctx.status
+    status.restarts += 1
+    status.restarts_by_reason[reason] = status.restarts_by_reason.get(reason, 0) + 1
+    budget = ctx.spec.fault_tolerance.max_restarts
+    ctx.decide(RestartCharged(reason, status.restarts, budget))
+    if status.restarts > budget:
+        finish(ctx, False, Reason.BACKOFF_LIMIT_EXCEEDED,
+               f"{status.restarts} restarts exceed faultTolerance.maxRestarts={budget}; last: {reason}")
+        return False
+    return True
+
+
+def count_restart(ctx: Pass, reason: str) -> bool:
+    """Charge one restart and start the backoff before replacements. Returns False (the
+    job failed) when the budget is exhausted."""
+    if not charge_budget(ctx, reason):
+        return False
+    delay = backoff_seconds(ctx, ctx.status.restarts)
+    ctx.status.next_restart_time = ctx.at(delay)
+    ctx.after(delay)
+    return True
+
+
+def restart_all(ctx: Pass, message: str) -> None:
+    """RestartAll: bump the generation; pods of older generations are replaced."""
+    ctx.status.restart_generation += 1
+    ctx.event(Reason.RESTART_ALL, f"{message}; restarting every worker (generation {ctx.status.restart_generation})", warning=True)
+    for pod in ctx.observed.workers():
+        if not pod.deleting:
+            ctx.actions.append(DeletePod(pod.name))

@@ -1,0 +1,55 @@
+"""The environment of every worker, built once for pods and for ``llmtrain run``.
+
+The result is a list of Kubernetes ``EnvVar`` dicts: literal values, plus ``valueFrom``
+references for what only the pod knows (its name, namespace and IP, from the downward
+API) and what lives in a Secret (the S3 credentials). A pod manifest carries the list as
+it is; the local runner resolves the references itself (``localrun/cluster.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmtrain_contract.names import Env
+
+from ..api.job import LLMTrainJob
+
+
+def _field(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _secret(name: str, secret: str, key: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+def worker_env(job: LLMTrainJob, paths: dict[str, str], run_dir: str) -> list[dict[str, Any]]:
+    """``paths``: where each checkpoint tier lives for this worker (``render.tier_paths``
+    in a pod; folders of the local run's workdir in ``llmtrain run``)."""
+    spec = job.spec
+    env: list[dict[str, Any]] = [
+        _field(Env.POD_NAME, "metadata.name"),
+        _field(Env.POD_NAMESPACE, "metadata.namespace"),
+        _field(Env.POD_IP, "status.podIP"),
+        {"name": Env.JOB, "value": job.metadata.name},
+        {"name": Env.RUN_DIR, "value": run_dir},
+        {"name": Env.HANG_TIMEOUT_SECONDS, "value": str(spec.fault_tolerance.hang_timeout_seconds)},
+        {"name": Env.COLLECTIVE_TIMEOUT_SECONDS, "value": str(spec.fault_tolerance.collective_timeout_seconds)},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    if spec.checkpoint.enabled:
+        env.append({"name": Env.CHECKPOINT_DIR, "value": paths["local"]})
+        if "shared" in paths:
+            env.append({"name": Env.SHARED_CHECKPOINT_DIR, "value": paths["shared"]})
+    s3 = spec.checkpoint.s3
+    if s3 is not None:
+        ref = s3.credentials_secret
+        env += [
+            _secret(Env.AWS_ACCESS_KEY_ID, ref.name, ref.access_key_id_key),
+            _secret(Env.AWS_SECRET_ACCESS_KEY, ref.name, ref.secret_access_key_key),
+            {"name": Env.S3_URI, "value": paths["s3"]},
+        ]
+        if s3.endpoint:
+            env.append({"name": Env.AWS_ENDPOINT_URL, "value": s3.endpoint})
+    env += [var.to_wire() for var in spec.env or []]
+    return env

@@ -1,0 +1,31 @@
+"""Entering a terminal phase, and stopping pods."""
+
+from __future__ import annotations
+
+from ..api.vocabulary import ConditionType, Phase
+from .context import DeletePod, Pass
+from .decisions import JobFinished
+
+
+def stop_pods(ctx: Pass, include_finished: bool) -> None:
+    for pod in ctx.observed.pods:
+        if pod.deleting:
+            continue
+        if include_finished or pod.active:
+            ctx.actions.append(DeletePod(pod.name))
+
+
+def finish(ctx: Pass, succeeded: bool, reason: str, message: str) -> None:
+    """Enter a terminal phase: stop what still runs, keep finished pods for their logs."""
+    status = ctx.status
+    status.phase = Phase.SUCCEEDED if succeeded else Phase.FAILED
+    status.completion_time = ctx.stamp
+    # Nothing trains any more (a success needs every worker finished; a failure stops
+    # the rest): the counts say so, not whatever the last running pass saw.
+    status.replicas.ready = status.replicas.active = 0
+    status.workers = f"0/{status.replicas.desired or ctx.spec.replicas.max}"
+    ctx.condition(ConditionType.SUCCEEDED if succeeded else ConditionType.FAILED, True, reason, message)
+    for other in (ConditionType.RUNNING, ConditionType.RESTARTING, ConditionType.DEGRADED):
+        ctx.condition(other, False, reason, message)
+    ctx.decide(JobFinished(succeeded, reason, message))
+    stop_pods(ctx, include_finished=False)

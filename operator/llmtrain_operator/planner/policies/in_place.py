@@ -1,0 +1,48 @@
+"""In-place restarts: torchrun restarts a pod's worker group when a local rank fails,
+and the trainers report why each failed attempt ended (``failed_attempts_total{cause}``).
+
+Each new ``crash`` or ``hang`` attempt of a pod is one failure, charged once (keyed by
+pod uid and cause). A ``victim`` attempt (every rank failed because a peer elsewhere
+vanished) is the consequence of a failure charged where it happened (a pod crash, a node
+loss, a hang), so it is never charged itself.
+"""
+
+from __future__ import annotations
+
+from llmtrain_contract.exitcodes import ExitCode, classify_exit
+
+from ...api.observed import PodView
+from ...api.vocabulary import FailureKind, Reason
+from ..accounting import pod_key, record_failure
+from ..budget import charge_budget
+from ..context import Pass, Verdict
+
+CHARGED_CAUSES = {"crash": (Reason.RESTARTED_IN_PLACE, FailureKind.PROCESS_CRASH), "hang": (classify_exit(ExitCode.HANG).reason, FailureKind.HANG)}
+"""Causes that are charged, with their restart reason and failure kind."""
+
+
+def handle(ctx: Pass) -> Verdict:
+    book = ctx.status.internal
+    live = {pod_key(p): p for p in ctx.observed.workers() if p.active}
+    seen = {k: v for k, v in book.attempts_seen.items() if k.split("/", 1)[0] in live}
+    charges: list[tuple[str, PodView]] = []
+    for key, pod in live.items():
+        probe = ctx.observed.probes.get(pod.name)
+        if probe is None:
+            continue
+        for cause, count in probe.failed_attempts.items():
+            if cause not in CHARGED_CAUSES:
+                continue
+            slot = f"{key}/{cause}"
+            charges += [(cause, pod)] * max(0, count - seen.get(slot, 0))
+            seen[slot] = max(count, seen.get(slot, 0))
+    book.attempts_seen = seen
+    for cause, pod in charges:
+        reason, kind = CHARGED_CAUSES[cause]
+        record_failure(ctx, kind, reason, pod, message=f"a rank in {pod.name} {'hung' if cause == 'hang' else 'failed'} "
+                       "and torchrun restarted the worker group in place")
+        ctx.event(Reason.RESTARTED_IN_PLACE, f"a rank in pod {pod.name} failed ({reason}); torchrun restarted the worker groups in place",
+                  warning=True)
+        if not charge_budget(ctx, reason):
+            return Verdict.FINISHED
+    return Verdict.CONTINUE

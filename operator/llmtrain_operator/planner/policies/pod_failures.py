@@ -1,0 +1,76 @@
+"""Failed worker pods, classified by their exit (the launcher's termination message,
+the kubelet's reason) with the shared exit-code table:
+
+| exit                                | action                                  |
+|-------------------------------------|-----------------------------------------|
+| retryable (signal, OOM, hang, 1 ...) | replace the pod (or RestartAll); charge |
+| permanent (config, data, checkpoint) | Failed with the reason                  |
+| eviction / DisruptionTarget / 81     | replace; a disruption, not charged      |
+"""
+
+from __future__ import annotations
+
+from llmtrain_contract.exitcodes import Classification, ExitCode, FailureClass, classify_exit
+from llmtrain_contract.names import Termination
+
+from ...api.observed import PodView
+from ...api.vocabulary import FailureKind, PodPhase, Reason
+from ..accounting import charged, pod_key, record_failure, remember
+from ..budget import count_restart, restart_all
+from ..context import DeletePod, Pass, Verdict
+from ..decisions import DisruptionCounted
+from ..outcome import finish
+
+
+def classify_pod(pod: PodView) -> Classification:
+    if pod.disruption:
+        return Classification(FailureClass.DISRUPTION, Reason.EVICTED if pod.reason == "Evicted" else Reason.DISRUPTION_TARGET)
+    code = pod.termination.get(Termination.CODE, pod.exit_code)
+    if code is None:
+        return Classification(FailureClass.RETRYABLE, pod.reason or Reason.POD_FAILED)
+    return classify_exit(int(code), pod.reason)
+
+
+def handle(ctx: Pass) -> Verdict:
+    for pod in ctx.observed.workers():
+        key = pod_key(pod)
+        if pod.deleting and pod.disruption and not charged(ctx, key):
+            # Evicted through the Eviction API (drain, preemption): the pod is already on
+            # its way out; count the disruption once, the slot is refilled when it is gone.
+            remember(ctx, key)
+            ctx.status.disruptions += 1
+            ctx.decide(DisruptionCounted(pod.name, Reason.DISRUPTION_TARGET))
+            record_failure(ctx, FailureKind.EVICTION, Reason.DISRUPTION_TARGET, pod, message=pod.message)
+            ctx.event(Reason.POD_DISRUPTED, f"pod {pod.name} is being evicted; it will be replaced (not counted as a restart)", warning=True)
+            continue
+        if pod.phase != PodPhase.FAILED or pod.deleting:
+            continue
+        if charged(ctx, key):
+            ctx.actions.append(DeletePod(pod.name))  # an earlier delete did not go through
+            continue
+        remember(ctx, key)
+        verdict = classify_pod(pod)
+        code = pod.termination.get(Termination.CODE, pod.exit_code)
+        detail = pod.termination.get(Termination.MESSAGE) or pod.message or ""
+        where = f"pod {pod.name}" + (f" on node {pod.node}" if pod.node else "")
+        if verdict.failure_class == FailureClass.PERMANENT:
+            record_failure(ctx, FailureKind.PERMANENT, verdict.reason, pod, exit_code=code, message=detail)
+            finish(ctx, False, verdict.reason, f"{where} failed permanently (exit {code}, {verdict.reason}): {detail}".strip())
+            return Verdict.FINISHED
+        if verdict.failure_class == FailureClass.DISRUPTION:
+            ctx.status.disruptions += 1
+            ctx.decide(DisruptionCounted(pod.name, verdict.reason))
+            record_failure(ctx, FailureKind.EVICTION, verdict.reason, pod, exit_code=code, message=detail)
+            ctx.event(Reason.POD_DISRUPTED, f"{where} was disrupted ({verdict.reason}); replacing it (not counted as a restart)", warning=True)
+            ctx.actions.append(DeletePod(pod.name))
+            continue
+        kind = FailureKind.HANG if verdict.reason == classify_exit(ExitCode.HANG).reason else FailureKind.PROCESS_CRASH
+        record_failure(ctx, kind, verdict.reason, pod, exit_code=code, message=detail)
+        ctx.event(Reason.POD_FAILED, f"{where} failed (exit {code}, {verdict.reason}); replacing it", warning=True)
+        if not count_restart(ctx, verdict.reason):
+            return Verdict.FINISHED
+        if ctx.spec.fault_tolerance.restart_policy == "RestartAll":
+            restart_all(ctx, f"{where} failed")
+        else:
+            ctx.actions.append(DeletePod(pod.name))
+    return Verdict.CONTINUE

@@ -1,0 +1,47 @@
+"""Training progress from the trainers' metrics: step, world size, the newest
+checkpoint, and the end of a recovery (the first step finished after a failure)."""
+
+from __future__ import annotations
+
+from ...api.observed import parse_time
+from ...api.status import CheckpointRecord
+from ..context import Pass, Verdict
+from ..decisions import RecoveryMeasured
+
+TIER_DURABILITY = {"local": 0, "shared": 1, "s3": 2}
+
+
+def handle(ctx: Pass) -> Verdict:
+    status = ctx.status
+    probes = [ctx.observed.probes[p.name] for p in ctx.observed.workers() if p.name in ctx.observed.probes]
+    steps = [p.step for p in probes if p.step is not None]
+    if steps and max(steps) > status.step:
+        status.step = max(steps)
+        status.last_progress_time = ctx.stamp
+    _recovery(ctx, [p.last_step_time for p in probes if p.last_step_time])
+    worlds = [p.world_size for p in probes if p.world_size]
+    if worlds:
+        status.world_size = max(worlds)
+    best: tuple[int, int, str] | None = None
+    for probe in probes:
+        for tier, step in probe.last_checkpoint.items():
+            candidate = (step, TIER_DURABILITY.get(tier, 0), tier)
+            if best is None or candidate > best:
+                best = candidate
+    current = status.last_checkpoint
+    if best is not None and (current is None or (best[0], TIER_DURABILITY.get(best[2], 0)) > (current.step, TIER_DURABILITY.get(current.tier, 0))):
+        status.last_checkpoint = CheckpointRecord(step=best[0], tier=best[2], time=ctx.stamp, summary=f"{best[0]}@{best[2]}")
+    return Verdict.CONTINUE
+
+
+def _recovery(ctx: Pass, step_times: list[float]) -> None:
+    """Recovery ends with the first training step finished after the failure was
+    detected (failure -> first new step), as timed by the trainer itself."""
+    status = ctx.status
+    if status.last_failure is None or status.last_recovery_seconds is not None or not step_times:
+        return
+    detected = parse_time(status.last_failure.time)
+    newest = max(step_times)
+    if detected is not None and newest > detected.timestamp():
+        status.last_recovery_seconds = round(newest - detected.timestamp(), 3)
+        ctx.decide(RecoveryMeasured(status.last_recovery_seconds))

@@ -1,0 +1,24 @@
+"""A finished job: stop stragglers and apply ``ttlSecondsAfterFinished``."""
+
+from __future__ import annotations
+
+from ...api.observed import parse_time
+from ...api.vocabulary import TERMINAL_PHASES, Reason
+from ..context import DeleteJob, Pass, Verdict
+from ..outcome import stop_pods
+
+
+def handle(ctx: Pass) -> Verdict:
+    if ctx.status.phase not in TERMINAL_PHASES:
+        return Verdict.CONTINUE
+    stop_pods(ctx, include_finished=False)
+    ttl = ctx.spec.ttl_seconds_after_finished
+    if ttl is not None:
+        done = parse_time(ctx.status.completion_time) or ctx.now
+        left = ttl - (ctx.now - done).total_seconds()
+        if left <= 0:
+            ctx.actions.append(DeleteJob(Reason.TTL_EXPIRED))
+            ctx.event(Reason.TTL_EXPIRED, f"deleting the job {ttl}s after it finished")
+        else:
+            ctx.after(left)
+    return Verdict.FINISHED

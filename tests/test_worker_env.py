@@ -1,0 +1,41 @@
+"""A worker gets the same environment whether it runs in a pod or under `llmtrain run`:
+both are built by one function (planner.environment.worker_env)."""
+
+from __future__ import annotations
+
+from llmtrain_contract.names import Env
+from llmtrain_operator.api import parse_job
+from llmtrain_operator.localrun.cluster import LocalCluster
+from llmtrain_operator.planner.manifests import worker_pod
+from support.planning import job
+
+
+def test_the_local_runner_and_a_pod_carry_the_same_llmtrain_variables(tmp_path, monkeypatch):
+    raw = job({"spec.checkpoint.shared": {"claimName": "ckpt"},
+               "spec.checkpoint.s3": {"bucket": "ckpts", "endpoint": "http://127.0.0.1:9000", "credentialsSecret": {"name": "s3"}},
+               "spec.env": [{"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "x", "key": "y"}}},
+                            {"name": "PLAIN", "value": "1"}]})
+    parsed = parse_job({**raw, "status": None})
+    pod_env = {e["name"]: e for e in worker_pod(parsed, 0, 0)["spec"]["containers"][0]["env"]}
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "local-key")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    cluster = LocalCluster(parsed, tmp_path)
+    local_env = cluster.worker_environment("tiny-elastic-worker-0", 0)
+
+    pod_names = {n for n in pod_env if n.startswith(Env.PREFIX)}
+    local_names = {n for n in local_env if n.startswith(Env.PREFIX)}
+    assert {Env.JOB, Env.RUN_DIR, Env.CHECKPOINT_DIR, Env.SHARED_CHECKPOINT_DIR, Env.S3_URI,
+            Env.HANG_TIMEOUT_SECONDS, Env.COLLECTIVE_TIMEOUT_SECONDS} <= pod_names
+    assert local_names - pod_names == {Env.FAULT_STATE_DIR}  # the local run's own (test faults)
+    assert pod_names <= local_names
+
+    # References are resolved the way the kubelet would, or from this shell.
+    assert pod_env[Env.POD_IP]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert local_env[Env.POD_NAME] == "tiny-elastic-worker-0" and local_env[Env.POD_IP] == "127.0.0.1"
+    assert pod_env["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"]["name"] == "s3"
+    assert local_env["AWS_ACCESS_KEY_ID"] == "local-key" and "AWS_SECRET_ACCESS_KEY" not in local_env
+    assert local_env["PLAIN"] == "1" and "FROM_SECRET" not in local_env
+    assert any("AWS_SECRET_ACCESS_KEY" in w for w in cluster.warnings)
+    # Paths differ (a pod's mounts vs the workdir), names do not.
+    assert pod_env[Env.CHECKPOINT_DIR]["value"] == "/ckpt/local"
+    assert local_env[Env.CHECKPOINT_DIR] == str(tmp_path / "node-0" / "ckpt")
