@@ -34,3 +34,14 @@ def local_cluster():
         yield bed
     finally:
         bed.down()
+
+
+@pytest.fixture(scope="session")
+def minio(tmp_path_factory):
+    """A real S3 server (MinIO built from its Go module, hack/s3server.py) on loopback,
+    with the bucket ``ckpt``; up for the session once a test asks for it."""
+    from s3server import MinioServer
+
+    with MinioServer(tmp_path_factory.mktemp("minio")) as server:
+        server.make_bucket("ckpt")
+        yield server

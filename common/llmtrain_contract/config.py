@@ -287,18 +287,35 @@ class CheckpointTierConfig(CamelModel):
     name: Literal["local", "shared", "s3"]
     uri: str
     """A directory for ``local``/``shared``; ``s3://bucket/prefix`` for ``s3``."""
-    every_checkpoints: int = Field(1, ge=1)
-    """Persist every Nth checkpoint into this tier (tier 1 takes every one)."""
+    interval_steps: int = Field(0, ge=0)
+    """Least number of steps between two checkpoints kept in this tier (tier 1 takes
+    every one: 0)."""
     keep: int = Field(3, ge=1)
     """How many committed checkpoints this tier keeps."""
     endpoint: str | None = None
-    """S3 endpoint URL (S3-compatible stores); None means AWS."""
+    """S3 endpoint URL (S3-compatible stores); None means AWS (or ``AWS_ENDPOINT_URL``)."""
     region: str | None = None
+    path_style: bool | None = None
+    """S3 path-style addressing; None: on when an endpoint is set."""
+
+
+class AutoCadence(CamelModel):
+    """``intervalSteps: auto``: the Young/Daly interval from the measured cost of a
+    checkpoint and the job's mean time between failures."""
+
+    initial_steps: int = Field(50, ge=1)
+    """The interval until the first checkpoint's cost is measured."""
+    min_steps: int = Field(1, ge=1)
+    max_steps: int = Field(100_000, ge=1)
+    mtbf_prior_seconds: float = Field(14_400.0, gt=0)
+    """The MTBF assumed before the job has seen failures, counted as one failure."""
 
 
 class CheckpointRuntime(CamelModel):
     interval_steps: int = Field(50, ge=1)
-    """Take a checkpoint every N steps (tier 1); other tiers persist a subset."""
+    """Take a checkpoint every N steps (tier 1); with ``auto``, the initial interval."""
+    auto: AutoCadence | None = None
+    """Set: the interval adapts (``checkpoint.intervalSteps: auto``)."""
     tiers: list[CheckpointTierConfig] = Field(default_factory=list)
     """Fastest first. Empty means checkpointing is off."""
     allow_fresh_start: bool = False

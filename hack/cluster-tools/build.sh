@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds (or reuses) the pinned local-cluster binaries:
 #   kube-apiserver kube-controller-manager kube-scheduler kubectl  (Kubernetes v1.36.3)
-#   etcd (v3.6.16)   helm (v3.22.0)
+#   etcd (v3.6.16)   helm (v3.22.0)   minio (2026-02-12, the S3 server of the tests)
 # into $LLMTRAIN_CLUSTER_TOOLS (default: .cache/cluster-tools/<versions>/bin, git-ignored).
 # Each tool is a Go module wrapper under hack/cluster-tools/<tool>/ with a committed
 # go.sum; `go build` downloads modules from the Go module proxy on a cold cache.
@@ -11,10 +11,11 @@ root=$(cd "$here/../.." && pwd)
 K8S_VERSION=v1.36.3
 ETCD_VERSION=v3.6.16
 HELM_VERSION=v3.22.0
-stamp="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}"
+MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
+stamp="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}_minio-${MINIO_VERSION##*-}"
 out=${LLMTRAIN_CLUSTER_TOOLS:-$root/.cache/cluster-tools/$stamp/bin}
 mkdir -p "$out"
-want=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd helm)
+want=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd helm minio)
 missing=()
 for tool in "${want[@]}"; do [ -x "$out/$tool" ] || missing+=("$tool"); done
 if [ ${#missing[@]} -eq 0 ]; then
@@ -38,5 +39,7 @@ case " ${missing[*]} " in *" etcd "*)
   (cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3) ;; esac
 case " ${missing[*]} " in *" helm "*)
   (cd "$here/helm" && go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" -o "$out/helm" helm.sh/helm/v3/cmd/helm) ;; esac
+case " ${missing[*]} " in *" minio "*)
+  (cd "$here/minio" && go build -trimpath -ldflags "-s -w" -o "$out/minio" github.com/minio/minio) ;; esac
 echo "cluster-tools: built in $(( $(date +%s) - started ))s" >&2
 echo "$out"

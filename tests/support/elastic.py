@@ -76,6 +76,11 @@ class ElasticJob:
     min_nodes: int | None = None
     max_restarts: int = 0
     shared_tier: bool = False
+    shared_keep: int = 3
+    extra_tiers: list[dict[str, Any]] = field(default_factory=list)
+    """Tiers after local (and shared), e.g. an S3 tier."""
+    local_dirs: dict[int, Path] = field(default_factory=dict)
+    """Node -> its tier-1 directory, where not ``node<i>/ckpt`` (e.g. a tiny filesystem)."""
     env: dict[str, str] = field(default_factory=dict)
     running: list[Node] = field(default_factory=list)
     store: subprocess.Popen | None = None
@@ -86,10 +91,10 @@ class ElasticJob:
     def _node_config(self, index: int) -> Path:
         cfg = json.loads(json.dumps(self.config))
         ckpt = cfg.setdefault("checkpoint", {})
-        tiers = [{"name": "local", "uri": str(self.node_dir(index) / "ckpt"), "keep": 3}]
+        tiers = [{"name": "local", "uri": str(self.local_dirs.get(index, self.node_dir(index) / "ckpt")), "keep": 3}]
         if self.shared_tier:
-            tiers.append({"name": "shared", "uri": str(self.root / "shared"), "keep": 3})
-        ckpt.setdefault("tiers", tiers)
+            tiers.append({"name": "shared", "uri": str(self.root / "shared"), "keep": self.shared_keep})
+        ckpt.setdefault("tiers", tiers + self.extra_tiers)
         cfg["runDir"] = str(self.node_dir(index) / "run")
         path = self.node_dir(index) / "config.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)

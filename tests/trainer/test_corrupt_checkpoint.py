@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from llmtrain_contract.exitcodes import ExitCode
 from support.elastic import base_config, run_job
 
@@ -17,23 +19,33 @@ def _flip_a_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_step(tmp_path):
+def _truncate(path: Path) -> None:
+    with open(path, "r+b") as fh:
+        fh.truncate(path.stat().st_size // 2)
+
+
+@pytest.mark.parametrize("damage, why", [(_flip_a_byte, "state.llmt fails its xxh3-128 check"),
+                                         (_truncate, "state.llmt has")], ids=["flipped", "truncated"])
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_step_and_says_why(tmp_path, damage, why):
     job, codes = run_job(tmp_path, CFG)
     assert codes == [0], job.logs()
-    _flip_a_byte(tmp_path / "node0" / "ckpt" / "step-00000015" / "state.pt")
+    damage(tmp_path / "node0" / "ckpt" / "step-00000015" / "state.llmt")
     job2, codes = run_job(tmp_path, dict(CFG, maxSteps=17))
     assert codes == [0], job2.logs()
     assert "resumed from step 10 " in job2.logs()
+    assert f"step 15: not using the local tier's copy: {why}" in job2.logs(), "the log says why the newest step was not used"
 
 
 def test_a_corrupt_local_copy_falls_back_to_the_shared_tier(tmp_path):
     job, codes = run_job(tmp_path, CFG, shared_tier=True)
     assert codes == [0], job.logs()
     assert (tmp_path / "shared" / "step-00000015" / "COMMITTED").exists()
-    _flip_a_byte(tmp_path / "node0" / "ckpt" / "step-00000015" / "state.pt")
+    _flip_a_byte(tmp_path / "node0" / "ckpt" / "step-00000015" / "state.llmt")
     job2, codes = run_job(tmp_path, dict(CFG, maxSteps=17), shared_tier=True)
     assert codes == [0], job2.logs()
     assert "resumed from step 15 (shared tier" in job2.logs()
+    assert "step 15: not using the local tier's copy" in job2.logs()
+    assert "pulled step 15 from the shared tier into tier 1" in job2.logs(), "a slower tier's copy lands in tier 1 first"
 
 
 def test_when_nothing_verifies_the_trainer_exits_corrupt_checkpoint_and_keeps_the_files(tmp_path):
@@ -41,10 +53,10 @@ def test_when_nothing_verifies_the_trainer_exits_corrupt_checkpoint_and_keeps_th
     assert codes == [0], job.logs()
     saved = sorted((tmp_path / "node0" / "ckpt").glob("step-*"))
     for folder in saved:
-        _flip_a_byte(folder / "state.pt")
+        _flip_a_byte(folder / "state.llmt")
     job2, codes = run_job(tmp_path, dict(CFG, maxSteps=20))
     assert codes == [ExitCode.CORRUPT_CHECKPOINT], job2.logs()
-    assert "fails its sha256 check" in job2.logs()
+    assert "fails its xxh3-128 check" in job2.logs()
     assert sorted((tmp_path / "node0" / "ckpt").glob("step-*")) == saved, "nothing committed is deleted"
 
 
@@ -52,7 +64,7 @@ def test_allow_fresh_start_restarts_from_step_zero_instead(tmp_path):
     job, codes = run_job(tmp_path, CFG)
     assert codes == [0], job.logs()
     for folder in (tmp_path / "node0" / "ckpt").glob("step-*"):
-        _flip_a_byte(folder / "state.pt")
+        _flip_a_byte(folder / "state.llmt")
     cfg = dict(CFG, maxSteps=3, checkpoint={"intervalSteps": 5, "allowFreshStart": True})
     job2, codes = run_job(tmp_path, cfg)
     assert codes == [0], job2.logs()

@@ -1,20 +1,34 @@
-"""Restore decisions and the tier commit protocol, without processes or torch."""
+"""Restore decisions across ranks and tiers, without processes: the agreement's only I/O
+is an all-gather, played here by threads."""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import threading
+from pathlib import Path
 
 import pytest
-from llmtrain_trainer.checkpoint.restore import Candidate, candidates, can_serve, files_to_verify, find_restore_point
-from llmtrain_trainer.checkpoint.tier import CheckpointError, DirTier, describe_files
+from llmtrain_store import manifest as mf
+from llmtrain_store.fileio import hash_file
+from llmtrain_store.tiers import digest_bytes
+from llmtrain_store.tiers import DirTier
+from llmtrain_trainer.checkpoint.restore import Candidate, can_serve, candidates, files_to_verify, find_restore_point
+
+from store.helpers import ALLOWED, flip_byte, save_dir, save_shared
 
 
-def copy(path, world, ranks, samples=80, tier="local"):
-    return {"tier": tier, "path": path, "world": world, "ranks": ranks, "samples": samples}
+def copy(location, world, ranks, samples=80, tier="local", index=0):
+    return {"tier": tier, "index": index, "location": location, "world": world, "ranks": ranks, "samples": samples,
+            "max_steps": None}
 
 
-# ------------------------------------------------------------------ candidates
+def _owner(name):
+    return None
+
+
+# ------------------------------------------------------------------ candidates (pure)
 
 
 def test_replicated_state_everyone_holding_it_loads_locally():
@@ -22,9 +36,9 @@ def test_replicated_state_everyone_holding_it_loads_locally():
     assert candidates(listings, world=2, sharded=False)[0] == Candidate(10, "local", 80, 2)
 
 
-def test_replicated_state_a_new_node_without_a_copy_gets_a_broadcast():
-    listings = [{10: [copy("/n0", 1, [0])]}, {}]
-    assert candidates(listings, world=2, sharded=False) == [Candidate(10, "broadcast", 80, 1, source_rank=0)]
+def test_replicated_state_a_new_node_without_a_copy_gets_a_broadcast_from_the_fastest_holder():
+    listings = [{10: [copy("s3://b/p", 1, [0], tier="s3", index=2)]}, {10: [copy("/n1", 1, [0])]}, {}]
+    assert candidates(listings, world=3, sharded=False) == [Candidate(10, "broadcast", 80, 1, source_rank=1)]
 
 
 def test_sharded_same_world_needs_every_rank_to_hold_its_shard():
@@ -34,12 +48,10 @@ def test_sharded_same_world_needs_every_rank_to_hold_its_shard():
     assert candidates(swapped, 2, sharded=True) == []
 
 
-def test_sharded_other_world_uses_a_complete_copy_everyone_sees():
-    shared = copy("/shared/step-10", 2, [0, 1], tier="shared")
+def test_sharded_other_world_uses_a_complete_copy_every_rank_sees():
+    shared = copy("s3://b/p/step-10", 2, [0, 1], tier="s3", index=2)
     listings = [{10: [copy("/n0", 2, [0]), shared]}]
-    assert candidates(listings, world=1, sharded=True) == [
-        Candidate(10, "universal", 80, 2, shared_path="/shared/step-10")
-    ]
+    assert candidates(listings, world=1, sharded=True) == [Candidate(10, "universal", 80, 2, universal_tier="s3")]
 
 
 def test_newest_first_across_all_ranks():
@@ -49,96 +61,27 @@ def test_newest_first_across_all_ranks():
     ]
 
 
-def test_files_to_verify_depend_on_the_mode():
+def test_files_to_verify_depend_on_the_mode_and_the_node():
     names = ["ds/mp_rank_00_model_states.pt", "ds/zero_pp_rank_0_mp_rank_00_optim_states.pt",
-             "ds/zero_pp_rank_1_mp_rank_00_optim_states.pt", "rng/rank-00001.pt"]
+             "ds/zero_pp_rank_1_mp_rank_00_optim_states.pt", "rng/rank-00000.llmt", "rng/rank-00001.llmt"]
 
     def owner(n):
-        if n.startswith("rng/"):
-            return 1
         return int(n.split("zero_pp_rank_")[1].split("_")[0]) if "zero_pp_rank_" in n else None
 
     local = Candidate(10, "local", 80, 2)
-    assert files_to_verify(local, names, 1, owner) == [names[0], names[2], names[3]]
-    universal = Candidate(10, "universal", 80, 2, shared_path="/s")
-    assert files_to_verify(universal, names, 0, owner) == names
-    assert files_to_verify(universal, names, 1, owner) == []
+    assert files_to_verify(local, names, 1, owner, node_ranks=[1]) == [names[0], names[2], names[4]]
+    assert files_to_verify(local, names, 0, owner, node_ranks=[0, 1]) == names, "a node leader pulls for its node"
+    universal = Candidate(10, "universal", 80, 2, universal_tier="shared")
+    assert files_to_verify(universal, names, 0, owner, node_ranks=[0]) == names[:3] + [names[3]]
     assert can_serve(local, copy("/n", 2, [0]), rank=1, sharded=True) is False
 
 
-# ------------------------------------------------------------------ tiers
-
-
-def _save(tier: DirTier, step: int, ranks: list[int], world: int, payload: bytes = b"x" * 100):
-    for rank in ranks:
-        folder = tier.staging(step)
-        (folder / f"r{rank}.bin").write_bytes(payload)
-        tier.write_part(step, rank, describe_files(folder, [f"r{rank}.bin"]), set())
-    return tier.commit(step, {"world_size": world, "samples_consumed": step * 8, "config_hash": "h", "strategy": "ddp"}, set(ranks), 5)
-
-
-def test_commit_waits_for_every_part_and_times_out_naming_the_missing_rank(tmp_path):
-    tier = DirTier("local", tmp_path)
-    folder = tier.staging(5)
-    (folder / "r0.bin").write_bytes(b"a")
-    tier.write_part(5, 0, describe_files(folder, ["r0.bin"]), set())
-    with pytest.raises(CheckpointError, match=r"missing parts of ranks \[1\]"):
-        tier.commit(5, {"world_size": 2, "samples_consumed": 40}, {0, 1}, timeout=0.2)
-    assert tier.list() == []
-
-
-def test_listing_ignores_uncommitted_and_tampered_manifests(tmp_path):
-    tier = DirTier("local", tmp_path, keep=5)
-    good = _save(tier, 5, [0], 1)
-    _save(tier, 10, [0], 1)
-    tier.staging(15)  # a crash mid-write leaves this behind
-    manifest = tier.final(10) / "manifest.json"
-    data = json.loads(manifest.read_text())
-    data["samples_consumed"] = 999
-    manifest.write_text(json.dumps(data))
-    assert [c.step for c in tier.list()] == [5]
-    assert good.verify() is None
-
-
-def test_verify_reports_size_and_checksum_mismatches(tmp_path):
-    tier = DirTier("local", tmp_path)
-    committed = _save(tier, 5, [0], 1)
-    (committed.path / "r0.bin").write_bytes(b"y" * 100)
-    assert committed.verify() == "r0.bin fails its sha256 check"
-    (committed.path / "r0.bin").write_bytes(b"y")
-    assert committed.verify() == "r0.bin has size 1, manifest says 100"
-    (committed.path / "r0.bin").unlink()
-    assert committed.verify() == "r0.bin is missing"
-
-
-def test_retention_keeps_the_newest_and_sweeps_stale_staging(tmp_path):
-    tier = DirTier("local", tmp_path, keep=2)
-    for step in (5, 10, 15):
-        _save(tier, step, [0], 1)
-    tier.staging(7)
-    assert tier.retain() == [5]
-    assert [c.step for c in tier.list()] == [15, 10]
-    assert not list(tmp_path.glob(".staging-*"))
-
-
-def test_find_restore_point_without_any_checkpoint_is_a_fresh_start(tmp_path):
-    tier = DirTier("local", tmp_path)
-    assert find_restore_point([tier], 0, 1, "h", "ddp", False, lambda n: None, lambda o: [o]) is None
-
-
-def test_find_restore_point_picks_the_newest_verified_step(tmp_path):
-    tier = DirTier("local", tmp_path, keep=5)
-    _save(tier, 5, [0], 1)
-    newest = _save(tier, 10, [0], 1)
-    (newest.path / "r0.bin").write_bytes(b"z" * 100)
-    choice = find_restore_point([tier], 0, 1, "h", "ddp", False, lambda n: None, lambda o: [o])
-    assert (choice.step, choice.mode, choice.samples) == (5, "local", 40)
+# ------------------------------------------------------------------ the agreement
 
 
 def _gathers(world: int):
-    """One all-gather callable per rank, backed by threads (the agreement's only I/O)."""
     slots: list = [None] * world
-    barrier = threading.Barrier(world, timeout=10)
+    barrier = threading.Barrier(world, timeout=20)
 
     def for_rank(rank):
         def gather(obj):
@@ -153,22 +96,160 @@ def _gathers(world: int):
     return [for_rank(r) for r in range(world)]
 
 
-def test_a_broadcast_reports_the_source_ranks_tier_on_every_rank(tmp_path):
-    # Rank 0 landed on a new node without a copy; rank 1's node holds step 10 locally.
-    empty, holder = DirTier("local", tmp_path / "n0"), DirTier("local", tmp_path / "n1")
-    _save(holder, 10, [0], 1)
-    gathers = _gathers(2)
-    choices: dict[int, object] = {}
+def _agree(tiers_per_rank, world=None, sharded=False):
+    world = world or len(tiers_per_rank)
+    gathers = _gathers(world)
+    out: dict[int, object] = {}
 
-    def run(rank, tier):
-        choices[rank] = find_restore_point([tier], rank, 2, "h", "ddp", False, lambda n: None, gathers[rank])
+    def run(rank):
+        out[rank] = find_restore_point(tiers_per_rank[rank], rank, world, [rank], "h", "ddp", sharded, ALLOWED, _owner,
+                                       gathers[rank])
 
-    threads = [threading.Thread(target=run, args=(r, t)) for r, t in enumerate((empty, holder))]
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(10)
+        t.join(30)
+    return out
+
+
+def test_without_any_checkpoint_it_is_a_fresh_start(tmp_path):
+    assert find_restore_point([DirTier("local", tmp_path)], 0, 1, [0], "h", "ddp", False, ALLOWED, _owner, lambda o: [o]) is None
+
+
+def test_a_corrupt_newest_local_copy_falls_back_to_the_shared_tier_with_the_reason_logged(tmp_path, caplog):
+    local, shared = DirTier("local", tmp_path / "local"), DirTier("shared", tmp_path / "shared")
+    state = os.urandom(10_000)
+    save_dir(local, 10, {"state.llmt": state, "rng/rank-00000.llmt": b"r\0"})
+    save_shared(shared, 10, state, nodes=1)
+    flip_byte(local.final(10) / "state.llmt")
+    with caplog.at_level(logging.WARNING, "llmtrain.restore"):
+        choice = _agree([[local, shared]])[0]
+    assert (choice.step, choice.tier) == (10, "shared")
+    assert "step 10: not using the local tier's copy: state.llmt fails its xxh3-128 check" in caplog.text
+
+
+def test_with_no_verified_copy_of_the_newest_step_it_takes_an_older_one(tmp_path, caplog):
+    local = DirTier("local", tmp_path, keep=5)
+    save_dir(local, 5, {"state.llmt": b"a" * 100})
+    save_dir(local, 10, {"state.llmt": b"b" * 100})
+    (local.final(10) / "state.llmt").write_bytes(b"c" * 100)
+    with caplog.at_level(logging.WARNING, "llmtrain.restore"):
+        choice = _agree([[local]])[0]
+    assert (choice.step, choice.mode, choice.samples) == (5, "local", 40)
+    assert "falling back from step 10 (local)" in caplog.text
+
+
+def test_a_broadcast_reports_the_source_ranks_tier_on_every_rank(tmp_path):
+    empty, holder = DirTier("local", tmp_path / "n0"), DirTier("local", tmp_path / "n1")
+    save_dir(holder, 10, {"state.llmt": b"s" * 10})
+    choices = _agree([[empty], [holder]])
     assert {r: (c.mode, c.source_rank, c.tier, c.source_tier) for r, c in choices.items()} == {
         0: ("broadcast", 1, None, "local"),
         1: ("broadcast", 1, "local", "local"),
     }
+
+
+def _recommit(tier, step, edit):
+    """Edit a committed manifest and recommit it (COMMITTED matches again): tampering, not
+    a torn write."""
+    folder = tier.final(step)
+    manifest = json.loads((folder / mf.MANIFEST).read_text())
+    edit(manifest, folder)
+    text = json.dumps(manifest).encode()
+    (folder / mf.MANIFEST).write_bytes(text)
+    (folder / mf.COMMITTED).write_text(digest_bytes(text))
+
+
+def _traversal(manifest, folder):
+    target = "../" * 12 + "etc/passwd"
+    size, digest = hash_file(folder / target)
+    manifest["files"][target] = {"size": size, "hash": digest}
+
+
+def _absolute(manifest, folder):
+    size, digest = hash_file(Path("/etc/hostname"))
+    manifest["files"]["/etc/hostname"] = {"size": size, "hash": digest}
+
+
+def _symlink(manifest, folder):
+    real = folder.parent / "outside.bin"
+    (folder / "state.llmt").rename(real)
+    (folder / "state.llmt").symlink_to(real)
+
+
+def _unexpected(manifest, folder):
+    (folder / "hook.py").write_text("print('pwned')")
+    size, digest = hash_file(folder / "hook.py")
+    manifest["files"]["hook.py"] = {"size": size, "hash": digest}
+
+
+def _size(manifest, folder):
+    manifest["files"]["state.llmt"]["size"] += 1
+
+
+@pytest.mark.parametrize("edit, reason", [
+    (_traversal, "leaves the checkpoint folder"),
+    (_absolute, "'/etc/hostname' is an absolute path"),
+    (_symlink, "state.llmt is a symlink"),
+    (_unexpected, "'hook.py' is not a file this engine writes"),
+    (_size, "state.llmt has 10 bytes, the manifest says 11"),
+], ids=["traversal", "absolute", "symlink", "unexpected-name", "size-mismatch"])
+def test_a_hostile_manifest_is_rejected_with_the_reason_and_restore_falls_back(tmp_path, caplog, edit, reason):
+    local = DirTier("local", tmp_path / "ckpt", keep=5)
+    save_dir(local, 5, {"state.llmt": b"a" * 10})
+    save_dir(local, 10, {"state.llmt": b"b" * 10})
+    _recommit(local, 10, edit)
+    with caplog.at_level(logging.WARNING, "llmtrain.restore"):
+        choice = _agree([[local]])[0]
+    assert choice.step == 5, "the older, intact step"
+    assert reason in caplog.text, caplog.text
+
+
+class _Broken:
+    """A tier whose listing fails with ``err`` (what an S3 tier raises)."""
+
+    kind = "s3"
+
+    def __init__(self, err):
+        self.name, self.err, self.calls = "s3", err, 0
+
+    def list(self):
+        self.calls += 1
+        raise self.err
+
+
+def _restore(tiers, **kw):
+    errors = []
+    choice = find_restore_point(tiers, 0, 1, [0], "h", "ddp", False, ALLOWED, _owner, lambda o: [o],
+                                on_error=lambda tier, err: errors.append(tier), sleep=lambda s: None, **kw)
+    return choice, errors
+
+
+def test_an_unreachable_tier_with_nothing_elsewhere_is_retried_then_a_retryable_error(tmp_path):
+    from llmtrain_trainer.checkpoint.restore import LIST_RETRIES, TierUnavailable
+
+    broken = _Broken(ConnectionRefusedError(111, "refused"))
+    with pytest.raises(TierUnavailable, match="s3 tier: the endpoint cannot be reached"):
+        _restore([DirTier("local", tmp_path), broken])
+    assert broken.calls == len(LIST_RETRIES) + 1
+
+
+def test_an_unreachable_tier_does_not_stop_a_restore_from_another_tier(tmp_path):
+    local = DirTier("local", tmp_path)
+    save_dir(local, 5, {"state.llmt": b"a" * 10})
+    choice, errors = _restore([local, _Broken(ConnectionRefusedError(111, "refused"))])
+    assert choice.step == 5 and errors == ["s3"] * 4
+
+
+def test_refused_credentials_are_not_retried_and_a_fresh_job_starts(tmp_path, caplog):
+    from botocore.exceptions import ClientError
+
+    denied = ClientError({"Error": {"Code": "InvalidAccessKeyId", "Message": "The key AKIAXXXX is wrong"},
+                          "ResponseMetadata": {"HTTPStatusCode": 403}}, "ListObjectsV2")
+    broken = _Broken(denied)
+    with caplog.at_level(logging.WARNING, "llmtrain.restore"):
+        choice, errors = _restore([DirTier("local", tmp_path), broken])
+    assert choice is None and broken.calls == 1 and errors == ["s3"]
+    assert "s3 tier: cannot list checkpoints: the credentials were refused" in caplog.text
+    assert "AKIAXXXX" not in caplog.text

@@ -5,7 +5,9 @@ JIT-builds a small communication op with gcc and ninja on first use.
 
 Checkpoints use DeepSpeed's own format inside our folder (``ds/``), with
 ``use_node_local_storage`` so that every node leader writes the model states file and a
-node-local tier is self-sufficient for a restart on the same nodes. A restore at another
+node-local tier is self-sufficient for a restart on the same nodes. Saves are
+asynchronous: ``DeepSpeedSnapshot`` captures the state dicts, a side thread copies them
+while the next forward and backward run, and they are written in the background. A restore at another
 world size goes through DeepSpeed's *universal checkpoint*: the saved folder is converted
 once (``ds_to_universal``) and loaded with ``checkpoint.load_universal``. The conversion
 needs every rank's shard in one place, i.e. a complete copy (a single node's local tier,
@@ -15,18 +17,24 @@ or the shared tier).
 from __future__ import annotations
 
 import copy
+import io
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from llmtrain_store.manifest import FileEntry
+from llmtrain_store.sources import MemorySource
 
 from llmtrain_contract.config import TrainerConfig
 from .dist import DistInfo
+from .checkpoint.tensorio import HashingFile
 from .engine import Batch, make_model
 from .schedule import lr_at, param_groups
 
@@ -82,10 +90,112 @@ def deepspeed_config(cfg: TrainerConfig, world_size: int, load_universal: bool) 
     return merged
 
 
+class CaptureEngine:
+    """A DeepSpeed checkpoint engine that records what ``save_checkpoint`` would write
+    (each file's path and state dict, by reference) instead of writing it. The real
+    engine is swapped back right after; the snapshot copies and writes in the background."""
+
+    name = "llmtrain-capture"
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.captured: list[tuple[str, Any]] = []
+
+    def create(self, info: Any) -> None:
+        return None
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+
+    def save(self, state_dict: Any, path: str) -> None:
+        self.captured.append((str(Path(path).relative_to(self.root)), state_dict))
+
+    def commit(self, info: Any) -> bool:
+        return True
+
+    def is_decoupled(self) -> bool:
+        return False
+
+    def is_data_parallel_writer(self, dp_rank: int) -> bool:
+        return dp_rank == 0
+
+    def set_commit_info(self, info: Any) -> None:
+        return None
+
+    def get_commit_info(self) -> None:
+        return None
+
+    def cleanup(self) -> None:
+        return None
+
+    def preserves_storage_sharing(self) -> bool:
+        # False: DeepSpeed would clone every tensor synchronously for torch.save; the
+        # snapshot copies them in the background instead.
+        return False
+
+
+def _copy(obj: Any) -> Any:
+    """A deep copy of a state dict whose tensors are fresh CPU copies (what DeepSpeed
+    holds may change in the next optimizer step; this copy does not)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return obj.__class__((k, _copy(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_copy(v) for v in obj)
+    return obj
+
+
+class DeepSpeedSnapshot:
+    """DeepSpeed's files of one checkpoint: captured by reference at the step, copied by a
+    side thread while the next forward and backward run (the next optimizer step waits
+    for it), then written with ``torch.save`` in DeepSpeed's own layout (so its loader and
+    its universal-checkpoint converter read them as usual)."""
+
+    def __init__(self, engine: "DeepSpeedEngine", captured: list[tuple[str, Any]]):
+        self.engine = engine
+        self._captured = captured
+        self._copies: list[tuple[str, Any]] = []
+        self._thread = threading.Thread(target=self._copy_all, name="ds-snapshot-copy", daemon=True)
+        self._thread.start()
+
+    def _copy_all(self) -> None:
+        self._copies = [(name, _copy(sd)) for name, sd in self._captured]
+        self._captured = []
+
+    def copied(self) -> None:
+        """Block until the copy is done (before the next optimizer step)."""
+        self._thread.join()
+
+    def write(self, folder: Path) -> dict[str, dict[str, Any]]:
+        self.copied()
+        records = {}
+        for name, sd in self._copies:
+            target = folder / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            out = HashingFile(target)
+            torch.save(sd, out)
+            out.close()
+            records[name] = piece_record(name, out.pieces)
+        return records
+
+    def images(self) -> dict[str, MemorySource]:
+        self.copied()
+        out = {}
+        for name, sd in self._copies:
+            buffer = io.BytesIO()
+            torch.save(sd, buffer)
+            out[name] = MemorySource([buffer.getvalue()])
+        return out
+
+    def release(self) -> None:
+        self.copied()
+        self._copies = []
+        self.engine._snapshot = None
+
+
 class DeepSpeedEngine:
     kind = "deepspeed"
-    # DeepSpeed's save is collective and synchronous; there is no separate snapshot.
-    async_capable = False
 
     @classmethod
     def create(cls, cfg: TrainerConfig, info: DistInfo, restoring_universal: bool) -> "DeepSpeedEngine":
@@ -103,6 +213,8 @@ class DeepSpeedEngine:
             model=model, model_parameters=groups, config=self.ds_config
         )
         self.dev = self.engine.device
+        self._snapshot: DeepSpeedSnapshot | None = None
+        self._capture_root = Path(tempfile.mkdtemp(prefix="ds-capture-"))
 
     def train_step(self, step: int, micro_batches: list[Batch]) -> torch.Tensor:
         lr = lr_at(step, self.cfg.optimizer, self.cfg.max_steps)
@@ -110,38 +222,52 @@ class DeepSpeedEngine:
             group["lr"] = lr
         self.engine.train()
         total = torch.zeros((), device=self.dev)
-        for x, y in micro_batches:
+        for i, (x, y) in enumerate(micro_batches):
             loss = self.engine(x.to(self.dev), y.to(self.dev))
             self.engine.backward(loss)  # DeepSpeed scales by 1/accumulation itself
+            if i == len(micro_batches) - 1 and self._snapshot is not None:
+                self._snapshot.copied()  # the update below changes what the snapshot holds
             self.engine.step()  # applies the update only at the accumulation boundary
             total += loss.detach().float()
         return total / len(micro_batches)
 
-    def snapshot(self) -> None:
-        return None
+    def snapshot_free(self) -> bool:
+        return self._snapshot is None
 
-    def write_snapshot(self, snap: None, folder: Path) -> list[str]:
-        self.engine.save_checkpoint(
-            str(folder),
-            tag=DS_TAG,
-            client_state={"universal_checkpoint_info": {"universal_checkpoint_version": 0.2}},
-            save_latest=False,
-        )
-        names = [f"{DS_TAG}/{p.name}" for p in (folder / DS_TAG).iterdir()]
-        mine = [n for n in names if self.file_rank(n) == self.info.rank]
-        if self.info.is_node_leader and f"{DS_TAG}/{MODEL_STATES}" in names:
-            mine.append(f"{DS_TAG}/{MODEL_STATES}")
-        return sorted(mine)
+    def snapshot(self) -> DeepSpeedSnapshot:
+        """``save_checkpoint`` with a capturing engine: DeepSpeed builds its state dicts
+        (and runs its collectives) as usual, but nothing is copied or written here."""
+        capture = CaptureEngine(self._capture_root)
+        real = self.engine.checkpoint_engine
+        self.engine.checkpoint_engine = capture
+        try:
+            self.engine.save_checkpoint(
+                str(self._capture_root), tag=DS_TAG,
+                client_state={"universal_checkpoint_info": {"universal_checkpoint_version": 0.2}}, save_latest=False,
+            )
+        finally:
+            self.engine.checkpoint_engine = real
+        mine = [(name, sd) for name, sd in capture.captured
+                if self.file_rank(name) == self.info.rank or (name == f"{DS_TAG}/{MODEL_STATES}" and self.info.is_node_leader)]
+        self._snapshot = DeepSpeedSnapshot(self, mine)
+        return self._snapshot
 
     def replicated_files(self) -> set[str]:
         return {f"{DS_TAG}/{MODEL_STATES}"}
+
+    @staticmethod
+    def allowed_names() -> re.Pattern[str]:
+        return re.compile(rf"({DS_TAG}/({MODEL_STATES}|zero_pp_rank_\d+_mp_rank_00_optim_states\.pt)(\.part-\d{{3}}-of-\d{{3}})?"
+                          r"|rng/rank-\d{5}\.llmt)")
 
     @staticmethod
     def file_rank(name: str) -> int | None:
         match = _SHARD.search(name)
         return int(match.group(1)) if match else None
 
-    def load(self, folder: Path, same_world: bool) -> None:
+    def load(self, folder: Path, files: dict[str, FileEntry], same_world: bool) -> None:
+        """DeepSpeed reads its own files (with pickle); they were verified against the
+        manifest, byte for byte, before this is called."""
         if same_world:
             path, _ = self.engine.load_checkpoint(
                 str(folder), tag=DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
@@ -152,6 +278,13 @@ class DeepSpeedEngine:
             )
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load the checkpoint in {folder}")
+
+
+def piece_record(name: str, pieces: list[tuple[int, int, str]]) -> dict[str, Any]:
+    size = sum(p[1] for p in pieces)
+    if len(pieces) == 1:
+        return {"size": size, "hash": pieces[0][2]}
+    return {"size": size, "slices": [{"name": name, "offset": o, "size": n, "hash": h, "at": o} for o, n, h in pieces]}
 
 
 def convert_to_universal(folder: Path, heartbeat: Callable[[], None] = lambda: None) -> Path:

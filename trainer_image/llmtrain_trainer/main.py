@@ -112,14 +112,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed on CPU (gloo)
-    return run(cfg)
+    return run(cfg, Path(args.config).parent)
 
 
-def run(cfg: TrainerConfig) -> int:
+def run(cfg: TrainerConfig, config_dir: Path | None = None) -> int:
     # Everything below imports torch: only after the config was read, so that a bad
     # config exits in a fraction of a second with its documented code.
     from . import dist as distmod  # noqa: PLC0415
-    from .checkpoint.restore import NoLoadableCheckpoint  # noqa: PLC0415
+    from .checkpoint.restore import NoLoadableCheckpoint, TierUnavailable  # noqa: PLC0415
     from .data import DataError  # noqa: PLC0415
     from .metrics import NullMetrics, TrainerMetrics  # noqa: PLC0415
     from .trainer import Trainer  # noqa: PLC0415
@@ -142,12 +142,13 @@ def run(cfg: TrainerConfig) -> int:
         metrics.started(info.world_size, info.restart_count,
                         exitrecord.failed_attempts(run_dir, info.restart_count, info.local_world_size))
         try:
-            trainer = Trainer(cfg, info, metrics, run_dir)
+            trainer = Trainer(cfg, info, metrics, run_dir, config_dir)
         except WorldSizeInvalid as err:
             return _fail(run_dir, ExitCode.WORLD_SIZE_INVALID, str(err))
         trainer.startup = STARTUP
         code = trainer.run()
-        exitrecord.write(run_dir, info.restart_count, info.rank, info.local_rank, code, ExitCode(code).name.lower(), trainer.step)
+        exitrecord.write(run_dir, info.restart_count, info.rank, info.local_rank, code,
+                         trainer.exit_message or ExitCode(code).name.lower(), trainer.step)
         if code == ExitCode.SUCCESS:
             distmod.shutdown()
         return int(code)
@@ -155,6 +156,8 @@ def run(cfg: TrainerConfig) -> int:
         return _fail(run_dir, ExitCode.DATA_ERROR, str(err))
     except NoLoadableCheckpoint as err:
         return _fail(run_dir, ExitCode.CORRUPT_CHECKPOINT, str(err))
+    except TierUnavailable as err:
+        return _fail(run_dir, ExitCode.TRANSIENT, str(err))
     except Exception as err:  # noqa: BLE001 - every exit must be classified
         step = trainer.step if trainer else None
         if _is_collective_failure(err):

@@ -11,6 +11,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 from llmtrain_contract.names import Metric
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -38,11 +39,19 @@ class TrainerMetrics:
                                "hung, or every rank was the victim of a peer that vanished elsewhere", ["cause"], registry=r)
         self._last_step_ts = Gauge(Metric.LAST_STEP_TIMESTAMP, "Unix time of the newest step", registry=r)
         self._stall = Histogram(Metric.CHECKPOINT_STALL_SECONDS, "Seconds the training loop was blocked by one checkpoint", buckets=CKPT_BUCKETS, registry=r)
-        self._save = Histogram(Metric.CHECKPOINT_SAVE_SECONDS, "Seconds to persist and commit a checkpoint, per tier", ["tier"], buckets=CKPT_BUCKETS, registry=r)
+        self._persist = Histogram(Metric.CHECKPOINT_PERSIST_SECONDS, "Seconds to persist and commit a checkpoint, per tier", ["tier"], buckets=CKPT_BUCKETS, registry=r)
+        self._persisted = Counter(Metric.CHECKPOINT_PERSISTED_BYTES, "Bytes of checkpoints this rank persisted, per tier", ["tier"], registry=r)
         self._restore = Histogram(Metric.CHECKPOINT_RESTORE_SECONDS, "Seconds to restore, per tier", ["tier"], buckets=CKPT_BUCKETS, registry=r)
+        self._restored = Counter(Metric.CHECKPOINT_RESTORED_BYTES, "Bytes this rank restored or pulled, per tier", ["tier"], registry=r)
         self._last_ckpt = Gauge(Metric.CHECKPOINT_LAST_STEP, "Newest committed checkpoint step, per tier", ["tier"], registry=r)
         self._last_ckpt_ts = Gauge(Metric.CHECKPOINT_LAST_TIMESTAMP, "Unix time of the newest commit, per tier", ["tier"], registry=r)
-        self._ckpt_fail = Counter(Metric.CHECKPOINT_FAILURES, "Checkpoint writes that failed, per tier", ["tier"], registry=r)
+        self._ckpt_fail = Counter(Metric.CHECKPOINT_FAILURES, "Checkpoint writes that failed, per tier and reason", ["tier", "reason"], registry=r)
+        self._healthy = Gauge(Metric.CHECKPOINT_TIER_HEALTHY, "1 while a tier works, 0 while it is degraded", ["tier"], registry=r)
+        self._degraded = Gauge(Metric.CHECKPOINT_TIER_DEGRADED, "1 for the reason a tier is degraded now", ["tier", "reason"], registry=r)
+        self._deferred = Counter(Metric.CHECKPOINT_DEFERRED, "Checkpoints deferred because the previous one was still being written", registry=r)
+        self._interval = Gauge(Metric.CHECKPOINT_INTERVAL_STEPS, "The checkpoint interval in force, steps", registry=r)
+        self._cost = Gauge(Metric.CHECKPOINT_COST_SECONDS, "A checkpoint's stall plus persist time (adaptive cadence input)", registry=r)
+        self._mtbf = Gauge(Metric.CHECKPOINT_MTBF_SECONDS, "The job's mean time between failures (adaptive cadence input)", registry=r)
         info = Gauge(Metric.INFO, "Static facts about this trainer", ["job", "strategy", "config_hash", "rank"], registry=r)
         info.labels(job=job, strategy=strategy, config_hash=config_hash, **labels).set(1)
 
@@ -76,17 +85,40 @@ class TrainerMetrics:
     def checkpoint_stall(self, seconds: float) -> None:
         self._stall.observe(seconds)
 
-    def checkpoint_committed(self, tier: str, step: int, seconds: float) -> None:
-        self._save.labels(tier=tier).observe(seconds)
+    def checkpoint_committed(self, tier: str, step: int, seconds: float, size: int) -> None:
+        self._persist.labels(tier=tier).observe(seconds)
+        self._persisted.labels(tier=tier).inc(size)
         self._last_ckpt.labels(tier=tier).set(step)
         self._last_ckpt_ts.labels(tier=tier).set(time.time())
 
-    def checkpoint_failed(self, tier: str) -> None:
-        self._ckpt_fail.labels(tier=tier).inc()
+    def checkpoint_failed(self, tier: str, reason: str) -> None:
+        self._ckpt_fail.labels(tier=tier, reason=reason).inc()
+        self.tier_health(tier, reason)
+
+    def tier_health(self, tier: str, reason: str | None) -> None:
+        """``reason`` None: healthy."""
+        self._healthy.labels(tier=tier).set(0 if reason else 1)
+        for labels in list(self._degraded._metrics):  # only the current reason stays at 1
+            if labels[0] == tier:
+                self._degraded.remove(*labels)
+        if reason:
+            self._degraded.labels(tier=tier, reason=reason).set(1)
+
+    def checkpoint_deferred(self) -> None:
+        self._deferred.inc()
+
+    def cadence(self, interval_steps: int, chosen: Any) -> None:
+        self._interval.set(interval_steps)
+        if chosen is not None:
+            self._cost.set(chosen.cost_seconds)
+            self._mtbf.set(chosen.mtbf_seconds)
 
     def restored(self, tier: str, step: int, seconds: float) -> None:
         self._restore.labels(tier=tier).observe(seconds)
         self._last_ckpt.labels(tier=tier).set(step)
+
+    def restored_bytes(self, tier: str, size: int, seconds: float) -> None:
+        self._restored.labels(tier=tier).inc(size)
 
 
 class NullMetrics:

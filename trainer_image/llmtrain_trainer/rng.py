@@ -1,4 +1,5 @@
-"""Capture and restore every RNG a training process uses."""
+"""Capture and restore every RNG a training process uses, as plain tensors and numbers:
+a checkpoint holds no pickled objects, so loading one can never run code."""
 
 from __future__ import annotations
 
@@ -9,23 +10,31 @@ import numpy as np
 import torch
 
 
-def capture() -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
+def capture() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(tensors, JSON-able numbers) of every generator's state."""
+    version, state, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    tensors = {
+        "python": torch.tensor(state, dtype=torch.int64),
+        "numpy": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
         "torch": torch.random.get_rng_state(),
     }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda/{i}"] = s
+    meta = {"python_version": version, "python_gauss": gauss, "numpy_kind": kind, "numpy_pos": int(pos),
+            "numpy_has_gauss": int(has_gauss), "numpy_cached": float(cached)}
+    return tensors, meta
 
 
-def restore(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.random.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+def restore(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    random.setstate((int(meta["python_version"]), tuple(int(x) for x in tensors["python"].tolist()), meta["python_gauss"]))
+    np.random.set_state((meta["numpy_kind"], tensors["numpy"].numpy().astype(np.uint32), int(meta["numpy_pos"]),
+                         int(meta["numpy_has_gauss"]), float(meta["numpy_cached"])))
+    torch.random.set_rng_state(tensors["torch"].to(torch.uint8))
+    cuda = sorted(k for k in tensors if k.startswith("cuda/"))
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([tensors[k].to(torch.uint8) for k in cuda])
 
 
 def seed_all(seed: int) -> None:

@@ -18,21 +18,27 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from llmtrain_contract.config import TrainerConfig
+from llmtrain_contract.exitcodes import ExitCode
+from llmtrain_store import manifest as mf
+from llmtrain_store.s3 import S3Tier
+from llmtrain_store.tiers import CheckpointError, DirTier
+
 from . import exitrecord, rng
+from .checkpoint.cadence import Cadence
 from .checkpoint.manager import CheckpointManager, NoCheckpoints, rng_file
 from .checkpoint.restore import Choice, NoLoadableCheckpoint
-from .checkpoint.tier import DirTier
-from llmtrain_contract.config import TrainerConfig
 from .data import build_source, micro_batch_indices
 from .dist import DistInfo
 from .engine import engine_class
 from .engine_deepspeed import convert_to_universal, wait_for_universal
-from llmtrain_contract.exitcodes import ExitCode
 from .faults import FaultInjector
 from .schedule import lr_at
 from .watchdog import Watchdog, dump_stacks_and_exit
 
 log = logging.getLogger("llmtrain.trainer")
+RESTORE_ROUNDS = 5
+"""Agreements tried when pulls of the chosen copy keep failing, before giving up."""
 
 
 def _gather(obj: Any, world: int) -> list[Any]:
@@ -43,18 +49,20 @@ def _gather(obj: Any, world: int) -> list[Any]:
     return out
 
 
-def build_tiers(cfg: TrainerConfig) -> list[DirTier]:
-    tiers = []
+def build_tiers(cfg: TrainerConfig) -> list[Any]:
+    """The configured tiers, fastest first: directories (node-local, shared) and S3."""
+    tiers: list[Any] = []
     for tier in cfg.checkpoint.tiers:
         if tier.uri.startswith("s3://"):
-            log.warning("the %s tier (%s) is not supported by this trainer version; skipping it", tier.name, tier.uri)
-            continue
-        tiers.append(DirTier(tier.name, Path(tier.uri), keep=tier.keep, every_checkpoints=tier.every_checkpoints))
+            tiers.append(S3Tier(tier.name, tier.uri, keep=tier.keep, interval_steps=tier.interval_steps, endpoint=tier.endpoint,
+                                region=tier.region, path_style=tier.path_style))
+        else:
+            tiers.append(DirTier(tier.name, Path(tier.uri), keep=tier.keep, interval_steps=tier.interval_steps))
     return tiers
 
 
 class Trainer:
-    def __init__(self, cfg: TrainerConfig, info: DistInfo, metrics: Any, run_dir: Path):
+    def __init__(self, cfg: TrainerConfig, info: DistInfo, metrics: Any, run_dir: Path, config_dir: Path | None = None):
         self.cfg = cfg
         self.info = info
         self.metrics = metrics
@@ -71,11 +79,13 @@ class Trainer:
         tiers = build_tiers(cfg)
         meta = {"config_hash": cfg.config_hash(), "strategy": self.strategy, "job": cfg.job_name, "max_steps": cfg.max_steps}
         self.ckpt: CheckpointManager | NoCheckpoints = CheckpointManager(
-            tiers, info, cfg.checkpoint.interval_steps, meta,
-            commit_timeout=max(60.0, cfg.fault_tolerance.collective_timeout_seconds),
+            tiers, info, meta, commit_timeout=max(60.0, cfg.fault_tolerance.collective_timeout_seconds),
             metrics=metrics, heartbeat=self.watchdog.beat,
         ) if tiers else NoCheckpoints()
+        self.cadence = Cadence(cfg.checkpoint, config_dir, metrics)
         self.startup: dict[str, float] = {}
+        self.exit_message: str | None = None
+        """Why the run ends with its exit code, when there is more to say than its name."""
         self._first_step = True
         self._log_file: Any = None
 
@@ -99,47 +109,90 @@ class Trainer:
     # ------------------------------------------------------------------ setup
 
     def setup(self) -> None:
-        try:
-            choice = self.ckpt.restore_point(self.strategy, self.strategy == "deepspeed",
-                                             lambda o: _gather(o, self.info.world_size))
-        except NoLoadableCheckpoint as err:
-            if not self.cfg.checkpoint.allow_fresh_start:
-                raise
-            log.error("%s; starting from step 0 because checkpoint.allowFreshStart is set", err)
-            choice = None
+        choice, path = self._agree_on_restore()
         self.engine = engine_class(self.strategy).create(self.cfg, self.info, choice is not None and choice.mode == "universal")
         self.ckpt.bind(self.engine)
         if choice is not None:
-            self._load(choice)
+            self._load(choice, path)
         else:
             rng.seed_all(self.cfg.seed + self.info.rank)
-        self.ckpt.prepare(self._barrier)
+        self.cadence.start(self.step)
+        self.ckpt.prepare(self._barrier, self.step)
+
+    def _agree_on_restore(self) -> tuple[Choice | None, Path | None]:
+        """The restore point every rank agrees on, with its files where this rank reads
+        them (pulled into tier 1 first when they are elsewhere). A pull that fails on any
+        rank (a remote copy whose bytes do not match, a tier that went away) excludes that
+        copy and the ranks agree again."""
+        gather = lambda o: _gather(o, self.info.world_size)  # noqa: E731
+        pull_timeout = max(600.0, self.cfg.fault_tolerance.collective_timeout_seconds)
+        excluded: frozenset[tuple[str, int]] = frozenset()
+        self.ckpt.forget_failed_pulls()
+        failures: list[tuple[str, int, str]] = []
+        for _ in range(RESTORE_ROUNDS):
+            try:
+                choice = self.ckpt.restore_point(self.strategy, self.strategy == "deepspeed", gather, excluded)
+            except NoLoadableCheckpoint as err:
+                if not self.cfg.checkpoint.allow_fresh_start:
+                    raise
+                log.error("%s; starting from step 0 because checkpoint.allowFreshStart is set", err)
+                return None, None
+            if choice is None:
+                return None, None
+            path, failure = None, None
+            if not (choice.mode == "broadcast" and self.info.rank != choice.source_rank):
+                try:
+                    path = self.ckpt.localize(choice, pull_timeout)
+                except CheckpointError as err:
+                    failure = (choice.tier or "", choice.step, str(err))
+            failures = [f for f in gather(failure) if f]
+            if not failures:
+                return choice, path
+            if self.info.rank == 0:
+                for _tier, step, why in failures:
+                    log.warning("step %d: %s; agreeing on another copy", step, why)
+            excluded = excluded | {(t, s) for t, s, _ in failures}
+        raise NoLoadableCheckpoint([why for _, _, why in failures])
 
     def _barrier(self) -> None:
         if self.info.world_size > 1:
             dist.barrier()
 
-    def _load(self, choice: Choice) -> None:
+    def _files(self, folder: Path) -> dict[str, mf.FileEntry]:
+        return mf.entries(json.loads((folder / mf.MANIFEST).read_text()), self.engine.allowed_names())
+
+    def _restore_rng(self, choice: Choice, path: Path | None) -> bool:
+        """This rank's saved RNG state, verified against its manifest first: from the
+        copy it loaded, else from any tier holding it (a rank that received the state by
+        broadcast). False when none verifies (each refusal is logged)."""
+        found = self.ckpt.read_rng(choice.step, rng_file(self.info.rank), path)
+        if found is None:
+            log.warning("rank %d: no usable saved RNG state of step %d; deriving one", self.info.rank, choice.step)
+            return False
+        rng.restore(*found)
+        return True
+
+    def _load(self, choice: Choice, path: Path | None) -> None:
+        """Load the agreed step from where ``_agree_on_restore`` put it, verifying every
+        byte as it is read, then the RNG state when the world size is the same."""
         began = time.perf_counter()
         same_world = choice.saved_world == self.info.world_size
         if choice.mode == "broadcast":
-            state = None
-            if self.info.rank == choice.source_rank:
-                state = torch.load(choice.path / "state.pt", map_location="cpu", weights_only=True)
-            box = [state]
-            dist.broadcast_object_list(box, src=choice.source_rank)
-            self.engine.load_state(box[0])
+            if path is not None:
+                self.engine.load(path, self._files(path), same_world=True)
+            self.engine.broadcast_from(choice.source_rank)
         elif choice.mode == "universal":
-            if self.info.rank == choice.source_rank:
-                convert_to_universal(choice.path, heartbeat=self.watchdog.beat)
-            wait_for_universal(choice.path, timeout=3600, heartbeat=self.watchdog.beat)
-            self.engine.load(choice.path, same_world=False)
+            assert path is not None
+            if self.info.is_node_leader:
+                convert_to_universal(path, heartbeat=self.watchdog.beat)
+            wait_for_universal(path, timeout=3600, heartbeat=self.watchdog.beat)
+            self.engine.load(path, self._files(path), same_world=False)
         else:
-            self.engine.load(choice.path, same_world=same_world)
-        rng_path = choice.path / rng_file(self.info.rank) if choice.path else None
-        if same_world and rng_path is not None and rng_path.exists():
-            rng.restore(torch.load(rng_path, weights_only=False))
-        else:
+            assert path is not None
+            self.engine.load(path, self._files(path), same_world=same_world)
+        if same_world and not self._restore_rng(choice, path):
+            rng.seed_all(self.cfg.seed + 1_000_003 * choice.step + self.info.rank)
+        if not same_world:
             # No saved stream fits this rank (new world size): derive one deterministically.
             rng.seed_all(self.cfg.seed + 1_000_003 * choice.step + self.info.rank)
         self.step = choice.step
@@ -174,8 +227,7 @@ class Trainer:
             while self.step < self.cfg.max_steps:
                 if self.step_once():
                     return self._preempted(self.step * self.cfg.global_batch_size)
-            self.ckpt.save(self.step, self.step * self.cfg.global_batch_size, sync=True)
-            return ExitCode.SUCCESS
+            return self._final_save()
         finally:
             self.close()
 
@@ -200,7 +252,8 @@ class Trainer:
             for a in range(self.accum)
         ]
         local_loss = self.engine.train_step(step, batches)
-        loss, stop = self._agree(local_loss)
+        loss, stop, busy, interval, tiers_busy = self._agree(local_loss)
+        self.cadence.agreed(interval)
         self.step = step + 1
         seconds = time.perf_counter() - began
         self.watchdog.beat()
@@ -215,8 +268,16 @@ class Trainer:
             log.warning("first step done; start-up phases: %s", ", ".join(f"{k} {v:.2f}s" for k, v in self.startup.items()))
         if stop:
             return True
-        if self.ckpt.due(self.step, cfg.max_steps):
-            self.ckpt.save(self.step, samples)
+        if self.cadence.due(self.step, cfg.max_steps):
+            if busy:
+                # A rank is still writing the previous checkpoint: every rank defers to the
+                # first step where none is (they all see the same agreed flag).
+                self.cadence.deferred()
+                self.ckpt.defer()
+            else:
+                self.ckpt.save(self.step, samples, tiers_busy)
+                self.cadence.saved(self.step)
+        self.cadence.observe(seconds, self.ckpt.costs)
         return False
 
     def close(self) -> None:
@@ -226,13 +287,21 @@ class Trainer:
             self._log_file.close()
             self._log_file = None
 
-    def _agree(self, local_loss: torch.Tensor) -> tuple[float, bool]:
-        """One small all-reduce per step: the global mean loss, and whether any rank got
-        SIGTERM (so that every rank stops at the same step)."""
-        packed = torch.stack([local_loss.float().cpu(), torch.tensor(1.0 if self._stop.is_set() else 0.0)])
+    def _agree(self, local_loss: torch.Tensor) -> tuple[float, bool, bool, int, list[bool]]:
+        """One small all-reduce per step: the global mean loss; whether any rank got
+        SIGTERM (so that every rank stops at the same step); whether any rank is still
+        writing a checkpoint (so that every rank defers the next one alike); rank 0's
+        checkpoint interval (so that every rank saves the same steps); and, per slower
+        tier, whether any rank is still storing into it (so that all offer it the same
+        steps)."""
+        proposal = float(self.cadence.proposal()) if self.info.rank == 0 else 0.0
+        tiers = [1.0 if b else 0.0 for b in self.ckpt.tiers_busy()]
+        packed = torch.tensor([float(local_loss), 1.0 if self._stop.is_set() else 0.0,
+                               1.0 if self.ckpt.busy() else 0.0, proposal, *tiers], dtype=torch.float64)
         if self.info.world_size > 1:
             dist.all_reduce(packed)
-        return float(packed[0]) / self.info.world_size, bool(packed[1] > 0)
+        return (float(packed[0]) / self.info.world_size, bool(packed[1] > 0), bool(packed[2] > 0), int(packed[3]),
+                [bool(x > 0) for x in packed[4:].tolist()])
 
     def _log_step(self, fh: Any, loss: float, samples: int, seconds: float, tokens: int, step0: int) -> None:
         cfg = self.cfg
@@ -252,6 +321,27 @@ class Trainer:
                 flush=True,
             )
 
+    def _final_save(self) -> int:
+        """The last checkpoint, synchronous, into every tier. Training is done; if no tier
+        holds it afterwards (every rank's tier 1, or a job-wide tier that rank 0
+        committed), the exit code says so: retryable, since a restart resumes from the
+        newest committed checkpoint and saves again once a tier works."""
+        step = self.step
+        try:
+            self.ckpt.save(step, step * self.cfg.global_batch_size, sync=True)
+        except CheckpointError as err:
+            log.error("final checkpoint of step %d: %s", step, err)
+        local_ok, shared_ok = self.ckpt.durable(step)
+        flags = torch.tensor([0.0 if local_ok else 1.0, 1.0 if shared_ok else 0.0], dtype=torch.float64)
+        if self.info.world_size > 1:
+            dist.all_reduce(flags)
+        if flags[0] == 0 or flags[1] > 0:
+            return ExitCode.SUCCESS
+        problems = "; ".join(f"{tier}: {d.message}" for tier, d in self.ckpt.degraded().items()) or "no tier committed it"
+        self.exit_message = f"training finished at step {step} but no tier holds the final checkpoint ({problems})"
+        log.error("%s", self.exit_message)
+        return ExitCode.TRANSIENT
+
     def _preempted(self, samples: int) -> int:
         """SIGTERM: an emergency checkpoint within the budget, then the preempted code."""
         budget = self.cfg.checkpoint.sigterm_budget_seconds
@@ -263,7 +353,10 @@ class Trainer:
             self.ckpt.wait()
         except Exception as err:  # noqa: BLE001 - the emergency save still runs
             log.error("pending checkpoint failed before the emergency save: %s", err)
-        self.ckpt.save(self.step, samples, sync=True)
+        try:
+            self.ckpt.save(self.step, samples, sync=True)
+        except CheckpointError as err:
+            log.error("SIGTERM: the emergency checkpoint of step %d failed (%s); the newest committed one stays", self.step, err)
         if self.info.rank == 0:
             log.warning("SIGTERM: emergency checkpoint of step %d in %.2fs; exiting", self.step, time.perf_counter() - began)
         timer.cancel()

@@ -13,6 +13,7 @@ import faulthandler
 import logging
 import os
 import sys
+import tempfile
 import threading
 import time
 from typing import Callable
@@ -55,8 +56,18 @@ def dump_stacks_and_exit(code: int, stale: float, record: Callable[[], None]) ->
     ``os._exit`` because a normal exit would try to join the stuck thread and run
     atexit handlers that may themselves block on the dead collective.
     """
-    print(f"llmtrain: HANG: no step progress for {stale:.1f}s; stacks of all threads follow", file=sys.stderr, flush=True)
-    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    # The ranks of a pod share its stderr and often hang together: each dump goes out in
+    # one write, so that two ranks' stacks do not interleave line by line.
+    with tempfile.TemporaryFile() as buffer:
+        buffer.write(f"llmtrain: HANG: no step progress for {stale:.1f}s; stacks of all threads follow\n".encode())
+        buffer.flush()
+        faulthandler.dump_traceback(file=buffer, all_threads=True)
+        buffer.seek(0)
+        text = buffer.read()
+    sys.stderr.flush()
+    view = memoryview(text)
+    while view:
+        view = view[os.write(sys.stderr.fileno(), view):]
     try:
         record()
     finally:

@@ -68,7 +68,24 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         schema = target
 
     quantity = schema.get("x-llmtrain-quantity", False)
-    if "anyOf" in schema:
+    keyword = schema.pop("x-llmtrain-int-or-keyword", None)
+    if "anyOf" in schema and keyword is not None:
+        # An integer in bounds or one keyword: int-or-string, its bounds checked in CEL
+        # (a structural int-or-string node carries no type-specific keywords).
+        options = [o for o in schema.pop("anyOf") if not _is_null(o)]
+        number = next(o for o in options if o.get("type") == "integer")
+        low, high = number.get("minimum"), number.get("maximum")
+        bounds = " && ".join(b for b in (f"self >= {low}" if low is not None else "",
+                                          f"self <= {high}" if high is not None else "") if b) or "true"
+        schema.update({
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "x-kubernetes-int-or-string": True,
+            "x-kubernetes-validations": schema.get("x-kubernetes-validations", []) + [{
+                "rule": f"type(self) == string ? self == '{keyword}' : ({bounds})",
+                "message": f"must be an integer in [{low}, {high}] or '{keyword}'",
+            }],
+        })
+    elif "anyOf" in schema:
         options = [o for o in schema.pop("anyOf") if not _is_null(o)]
         types = sorted(o.get("type", "") for o in options)
         if quantity or types == ["integer", "string"]:

@@ -149,8 +149,9 @@ class SharedTierSpec(CamelModel):
     """Folder inside the volume. Default: ``<namespace>/<job name>``."""
 
     interval_steps: int | None = Field(None, ge=1)
-    """Persist every Nth step to this tier; a multiple of ``checkpoint.intervalSteps``.
-    Default: every checkpoint."""
+    """Least steps between two checkpoints kept in this tier: it stores the first
+    checkpoint at or after each multiple of N. With a fixed ``checkpoint.intervalSteps``
+    it must be a multiple of it. Default: every checkpoint."""
 
     keep: int = Field(3, ge=1, le=1000)
     """Committed checkpoints to keep on this tier, 1..1000. Default 3."""
@@ -189,12 +190,45 @@ class S3TierSpec(CamelModel):
     credentials_secret: SecretKeyRef
     """Secret holding the access keys. Required."""
 
+    force_path_style: bool | None = None
+    """Path-style addressing (``endpoint/bucket/key``), which most S3-compatible servers
+    need. Default: on when ``endpoint`` is set, off for AWS."""
+
     interval_steps: int | None = Field(None, ge=1)
-    """Persist every Nth step to S3; a multiple of ``checkpoint.intervalSteps``. Default:
-    every checkpoint."""
+    """Least steps between two checkpoints kept in S3: it stores the first checkpoint at
+    or after each multiple of N (uploads run in the background from tier 1; a busy upload
+    skips to the newest checkpoint). With a fixed ``checkpoint.intervalSteps`` it must be
+    a multiple of it. Default: every checkpoint."""
 
     keep: int = Field(5, ge=1, le=10000)
     """Committed checkpoints to keep in S3, 1..10000. Default 5."""
+
+
+class AutoCadenceSpec(Ruled):
+    """The adaptive interval (``intervalSteps: auto``): Young/Daly's optimum
+    ``sqrt(2 x cost x MTBF)``, from the measured cost of a checkpoint (training stall
+    plus persist time) and the job's own mean time between failures."""
+
+    initial_steps: int = Field(50, ge=1, le=10_000_000)
+    """The interval until the first checkpoint's cost is measured. Default 50."""
+
+    min_steps: int = Field(1, ge=1, le=10_000_000)
+    """The shortest interval chosen, steps. Default 1."""
+
+    max_steps: int = Field(100_000, ge=1, le=10_000_000)
+    """The longest interval chosen, steps. Default 100000."""
+
+    mtbf_prior_seconds: float = Field(14_400.0, gt=0, le=1e9)
+    """The MTBF assumed before the job has failed, counted as one failure: the job's
+    MTBF is (prior + active seconds) / (1 + failures). Default 14400 (4 hours)."""
+
+
+AUTO = "auto"
+IntervalSteps = Annotated[
+    Annotated[int, Field(ge=1, le=10_000_000)] | Literal["auto"],
+    Field(json_schema_extra={"x-llmtrain-int-or-keyword": AUTO}),
+]
+"""A step count, or ``auto``."""
 
 
 class CheckpointSpec(Ruled):
@@ -204,8 +238,15 @@ class CheckpointSpec(Ruled):
     enabled: bool = True
     """Take checkpoints at all. Default true. Off means a failure restarts from step 0."""
 
-    interval_steps: int = Field(50, ge=1, le=10_000_000)
-    """Take a checkpoint every N optimizer steps (the tier-1 cadence). Default 50."""
+    interval_steps: IntervalSteps = 50
+    """Take a checkpoint every N optimizer steps (the tier-1 cadence), 1..10000000, or
+    ``auto``: the interval adapts to the measured cost of a checkpoint and the job's
+    failure rate (``auto`` holds its bounds and prior); the interval in force is in
+    ``status.checkpointCadence``. Default 50."""
+
+    auto: AutoCadenceSpec | None = None
+    """Bounds and prior of ``intervalSteps: auto``. Default: the defaults below. Only
+    with ``intervalSteps: auto``."""
 
     local: LocalTierSpec = Field(default_factory=LocalTierSpec)
     """Tier 1, node-local. Always on when checkpoints are enabled."""
@@ -452,19 +493,36 @@ _INTERVAL = cel_get("self.intervalSteps", default_of(CheckpointSpec, "interval_s
 def _cadence_rule(tier: str) -> Rule:
     def check(c: CheckpointSpec) -> str | None:
         spec = getattr(c, tier)
-        if spec is not None and spec.interval_steps and spec.interval_steps % c.interval_steps:
-            return f"{spec.interval_steps} % {c.interval_steps} != 0"
+        fixed = c.interval_steps
+        if spec is not None and spec.interval_steps and fixed != AUTO and spec.interval_steps % fixed:
+            return f"{spec.interval_steps} % {fixed} != 0"
         return None
 
     example = {"shared": {"claimName": "ckpt", "intervalSteps": 15}} if tier == "shared" else \
         {"s3": {"bucket": "ckpts", "credentialsSecret": {"name": "s3"}, "intervalSteps": 25}}
     return Rule(f"{tier}-cadence-multiple", f"{tier}.intervalSteps",
-                f"checkpoint.{tier}.intervalSteps must be a multiple of checkpoint.intervalSteps", check=check,
-                cel=f"!has(self.{tier}) || !has(self.{tier}.intervalSteps) || self.{tier}.intervalSteps % {_INTERVAL} == 0",
+                f"checkpoint.{tier}.intervalSteps must be a multiple of a fixed checkpoint.intervalSteps", check=check,
+                cel=f"!has(self.{tier}) || !has(self.{tier}.intervalSteps) || type({_INTERVAL}) == string"
+                    f" || self.{tier}.intervalSteps % int({_INTERVAL}) == 0",
                 example=example)
 
 
-CheckpointSpec.RULES = (_cadence_rule("shared"), _cadence_rule("s3"))
+def _auto_only_with_auto(c: CheckpointSpec) -> str | None:
+    return f"intervalSteps is {c.interval_steps}" if c.auto is not None and c.interval_steps != AUTO else None
+
+
+CheckpointSpec.RULES = (
+    _cadence_rule("shared"), _cadence_rule("s3"),
+    Rule("auto-needs-auto-interval", "auto", "checkpoint.auto applies only with checkpoint.intervalSteps: auto",
+         check=_auto_only_with_auto, cel=f"!has(self.auto) || type({_INTERVAL}) == string", example={"auto": {"minSteps": 5}}),
+)
+_AUTO_MIN = cel_get("self.minSteps", default_of(AutoCadenceSpec, "min_steps"))
+_AUTO_MAX = cel_get("self.maxSteps", default_of(AutoCadenceSpec, "max_steps"))
+AutoCadenceSpec.RULES = (
+    Rule("auto-bounds-ordered", "minSteps", "checkpoint.auto.minSteps must be <= checkpoint.auto.maxSteps",
+         check=lambda a: f"{a.min_steps} > {a.max_steps}" if a.min_steps > a.max_steps else None,
+         cel=f"{_AUTO_MIN} <= {_AUTO_MAX}", example={"minSteps": 10, "maxSteps": 5}),
+)
 
 _PROGRESS = cel_get("self.progressTimeoutSeconds", default_of(FaultToleranceSpec, "progress_timeout_seconds"))
 _HANG = cel_get("self.hangTimeoutSeconds", default_of(FaultToleranceSpec, "hang_timeout_seconds"))

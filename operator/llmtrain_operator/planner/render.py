@@ -8,6 +8,7 @@ import yaml
 from llmtrain_contract.config import TrainerConfig
 
 from ..api.job import LLMTrainJob
+from ..api.spec import AUTO, AutoCadenceSpec
 from . import names
 
 
@@ -34,21 +35,25 @@ def trainer_config(job: LLMTrainJob, paths: dict[str, str] | None = None, run_di
     ckpt = spec.checkpoint
     tiers = []
     if ckpt.enabled:
-        tiers.append({"name": "local", "uri": paths["local"], "keep": ckpt.local.keep, "everyCheckpoints": 1})
+        tiers.append({"name": "local", "uri": paths["local"], "keep": ckpt.local.keep})
         for name, tier in (("shared", ckpt.shared), ("s3", ckpt.s3)):
             if tier is None:
                 continue
-            every = (tier.interval_steps or ckpt.interval_steps) // ckpt.interval_steps
-            entry = {"name": name, "uri": paths[name], "keep": tier.keep, "everyCheckpoints": every}
+            entry = {"name": name, "uri": paths[name], "keep": tier.keep, "intervalSteps": tier.interval_steps or 0}
             if name == "s3":
-                entry.update({"endpoint": tier.endpoint, "region": tier.region})
+                entry.update({"endpoint": tier.endpoint, "region": tier.region, "pathStyle": tier.force_path_style})
             tiers.append(entry)
+    if ckpt.interval_steps == AUTO:
+        auto = ckpt.auto or AutoCadenceSpec()
+        cadence = {"intervalSteps": auto.initial_steps, "auto": auto.model_dump(by_alias=True)}
+    else:
+        cadence = {"intervalSteps": ckpt.interval_steps}
     wire = {
         **spec.trainer.builtin.to_wire(),
         "jobName": job.metadata.name,
         "runDir": run_dir,
         "checkpoint": {
-            "intervalSteps": ckpt.interval_steps,
+            **cadence,
             "tiers": tiers,
             "allowFreshStart": ckpt.allow_fresh_start,
             "sigtermBudgetSeconds": ckpt.sigterm_budget_seconds,

@@ -1,225 +1,432 @@
-"""Saving and propagating checkpoints across tiers.
+"""Saving checkpoints into the tiers, restoring from them, and keeping each tier healthy.
 
-Save path (tier 1, node-local):
-  1. the training loop blocks only for the in-memory snapshot (DDP) or DeepSpeed's own
-     collective save (which has no separate snapshot);
-  2. a background thread writes the files, announces this rank's part, and on the node
-     leader commits the node's checkpoint and applies retention;
-  3. then, on the tier's cadence, it copies the node's files into the slower tiers; the
-     job leader (global rank 0) commits those once every rank's part has arrived.
+Save path, per rank:
+  1. ``save`` takes a snapshot: the engine's state as of now, without copying it on the
+     training path (engine.py), and this rank's RNG state. The loop goes on at once.
+  2. The writer thread persists the snapshot to tier 1 (node-local disk): the engine
+     files by direct I/O, hashed in pieces as they go out, and the RNG archive; it
+     announces this rank's part, and the node leader commits the node's checkpoint.
+  3. Each slower tier (shared filesystem, S3) that takes this step gets it from tier 1
+     in the background (``propagate.py``): its own cadence and retention, balanced
+     shares of the replicated state, a busy tier skipping to the newest step.
 
-A failing tier (disk full, unreachable mount) degrades: the error is logged and counted
-in metrics, training goes on, and nothing already committed is touched.
+A failing tier degrades: the reason is logged and exported (``health.py``), training goes
+on, and the tier is retried until it works again. If tier 1 itself fails, the snapshot
+is held in memory until every slower tier that takes the step had one try at it. Nothing
+already committed is touched.
+
+Only one snapshot is in flight per rank: a checkpoint that falls due while the previous
+one is still being written (or held for the slower tiers) is deferred to the first step
+after it finished; the ranks agree on that, so they all save the same steps, and the
+deferral is counted.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
+import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
+from llmtrain_store import manifest as mf
+from llmtrain_store.archive import ArchiveError, encode_header
+from llmtrain_store.fileio import PieceHasher
+from llmtrain_store.health import classify
+from llmtrain_store.sources import MemorySource, Source
+from llmtrain_store.tiers import CheckpointError, DirTier, file_record
 
 from .. import rng
 from ..dist import DistInfo
 from ..engine import Engine, engine_class
+from .arena import Arena
+from .health import Health
+from .propagate import Layout, Propagator, Saved
 from .restore import Choice, find_restore_point
-from .tier import CheckpointError, DirTier, describe_files
+from .tensorio import ChecksumMismatch, read_tensors, write_small
 
 log = logging.getLogger("llmtrain.checkpoint")
 
-RNG_DIR = "rng"
+
+PULL_FAILED = ".pull-failed-"
+"""In tier 1: the node leader's pull of a step failed (the message); its ranks stop waiting."""
+
+
+def _noop() -> None:
+    return None
 
 
 def rng_file(rank: int) -> str:
-    return f"{RNG_DIR}/rank-{rank:05d}.pt"
+    return f"rng/rank-{rank:05d}.llmt"
 
 
-def file_rank(name: str, engine: Engine | type[Engine]) -> int | None:
+def file_rank(name: str, engine: Any) -> int | None:
     """The rank a checkpoint file belongs to; None for files shared by all ranks."""
-    if name.startswith(RNG_DIR + "/rank-"):
-        return int(name.rsplit("-", 1)[1].split(".")[0])
+    if mf.RNG_NAME.fullmatch(name):
+        return int(name[9:14])
     return engine.file_rank(name)
 
 
 class CheckpointManager:
-    """Tiered checkpoints of one rank: the restore agreement, saves, propagation."""
+    """Tiered checkpoints of one rank."""
 
-    def __init__(
-        self,
-        tiers: list[DirTier],
-        info: DistInfo,
-        interval_steps: int,
-        meta: dict[str, Any],
-        commit_timeout: float,
-        metrics: Any,
-        heartbeat: Callable[[], None],
-    ):
+    def __init__(self, tiers: list[Any], info: DistInfo, meta: dict[str, Any], commit_timeout: float, metrics: Any,
+                 heartbeat: Callable[[], None]):
+        if not isinstance(tiers[0], DirTier):
+            raise ValueError("tier 1 must be a directory (node-local disk)")
+        self.local: DirTier = tiers[0]
         self.tiers = tiers
         self.info = info
-        self.interval_steps = interval_steps
-        self.engine: Engine | None = None
         self.meta = meta
         self.commit_timeout = commit_timeout
         self.metrics = metrics
         self.heartbeat = heartbeat
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer")
+        self.engine: Engine | None = None
+        self.health = Health(metrics, [t.name for t in tiers])
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer")
         self._pending: Future[None] | None = None
-        self._count = 0
         self.last_committed: dict[str, int] = {}
+        self.costs: list[float] = []
+        """Stall plus tier-1 persist of each checkpoint, seconds (the adaptive cadence's
+        input), in order."""
+        self.deferred = 0
+        self._last_size = 0
+        self._stored_local: int | None = None
         self._lock = threading.Lock()
+        self._propagators: list[Propagator] = []
+
+    # ------------------------------------------------------------------ setup
 
     def bind(self, engine: Engine) -> None:
         """The engine whose state is saved (it exists only after the restore point is
         known: a universal restore changes how it is built)."""
         self.engine = engine
+        strategy = engine_class(self.meta["strategy"])
+        layout = Layout(self.info.rank, self.info.world_size, self.info.node_rank, self.info.num_nodes,
+                        engine.replicated_files(), lambda name: file_rank(name, strategy))
+        self._propagators = [Propagator(tier, layout, self.local, self.health, self._committed, self.commit_timeout, self.heartbeat)
+                             for tier in self.tiers[1:]]
 
-    def restore_point(self, strategy: str, sharded: bool, gather: Callable[[Any], list[Any]]) -> Choice | None:
-        """The agreed restore point (``restore.find_restore_point``)."""
+    def restore_point(self, strategy: str, sharded: bool, gather: Callable[[Any], list[Any]],
+                      excluded: frozenset[tuple[str, int]] = frozenset()) -> Choice | None:
         engine_cls = engine_class(strategy)
-        return find_restore_point(self.tiers, self.info.rank, self.info.world_size, self.meta["config_hash"], strategy,
-                                  sharded, lambda name: file_rank(name, engine_cls), gather)
+        # A node leader verifies (and would pull) its whole node's files; the others only theirs.
+        node = list(self.info.ranks_on_node()) if self.info.is_node_leader else [self.info.rank]
+        return find_restore_point(self.tiers, self.info.rank, self.info.world_size, node,
+                                  self.meta["config_hash"], strategy, sharded, engine_cls.allowed_names(),
+                                  lambda name: file_rank(name, engine_cls), gather, on_error=self.health.failed,
+                                  excluded=excluded)
 
-    def due(self, step: int, max_steps: int) -> bool:
-        """A regular checkpoint falls at this step (the last step gets the final save)."""
-        return step % self.interval_steps == 0 and step < max_steps
+    def localize(self, choice: Choice, timeout: float) -> Path:
+        """Where this rank reads ``choice``'s files: in place when its copy is a tier-1
+        folder holding them whole; else the node leader pulls the node's files into tier 1
+        (verified piece by piece) and commits them there, and the node's other ranks wait
+        for that commit. Raises CheckpointError when the pull fails (on the leader, and on
+        the ranks waiting for it)."""
+        copy = choice.copy
+        assert copy is not None
+        allowed = engine_class(self.meta["strategy"]).allowed_names()
+        if copy.tier is self.local:
+            files = mf.entries(copy.manifest, allowed)
+            if not any(files[n].sliced for n in choice.names if n in files):
+                return Path(copy.location)
+        target = self.local.final(choice.step)
+        failed = self.local.root / f"{PULL_FAILED}{mf.step_dir(choice.step)}"
+        if self.info.is_node_leader:
+            began = time.perf_counter()
+            optional = frozenset(n for n in choice.names if mf.RNG_NAME.fullmatch(n))
+            try:
+                self.local.root.mkdir(parents=True, exist_ok=True)
+                failed.unlink(missing_ok=True)
+                staging = self.local.staging(choice.step)
+                records = copy.tier.fetch(copy, choice.names, staging, allowed, self.heartbeat, optional=optional)
+                self.local.write_part(choice.step, self.info.rank, {"files": records})
+                meta = {k: v for k, v in copy.manifest.items() if k not in ("files", "ranks", "format", "step", "hash")}
+                self.local.commit(choice.step, meta, {self.info.rank}, set(self.info.ranks_on_node()), self.commit_timeout,
+                                  self.heartbeat)
+            except Exception as err:  # noqa: BLE001 - any failure of a pull sends the agreement to another copy
+                why = str(err) if isinstance(err, CheckpointError) else f"{copy.tier.name} tier: {classify(err).message}"
+                self.health.failed(copy.tier.name, err)
+                shutil.rmtree(self.local.staging(choice.step), ignore_errors=True)
+                try:
+                    failed.write_text(why)  # the node's other ranks stop waiting
+                except OSError:
+                    pass
+                raise CheckpointError(f"pulling step {choice.step}: {why}") from err
+            size = sum(r["size"] for r in records.values())
+            seconds = time.perf_counter() - began
+            self.metrics.restored_bytes(copy.tier.name, size, seconds)
+            log.warning("pulled step %d from the %s tier into tier 1 (%d bytes) in %.2fs", choice.step, copy.tier.name, size, seconds)
+        else:
+            deadline = time.monotonic() + timeout
+            while not (target / mf.COMMITTED).exists():
+                if failed.exists():
+                    raise CheckpointError(f"pulling step {choice.step}: the node leader's pull failed: {failed.read_text()}")
+                if time.monotonic() > deadline:
+                    raise CheckpointError(f"the node leader did not pull step {choice.step} into tier 1 within {timeout:.0f}s")
+                self.heartbeat()
+                time.sleep(0.1)
+        return target
 
-    def newest_local(self) -> int | None:
-        return self.last_committed.get(self.tiers[0].name)
-
-    def leader_of(self, tier: DirTier) -> bool:
-        """Tier 1 is per node (its leader commits); slower tiers are per job (rank 0)."""
-        return self.info.is_node_leader if tier is self.tiers[0] else self.info.rank == 0
-
-    def prepare(self, barrier: Callable[[], None]) -> None:
-        """Sweep staging folders a crash left behind, before anybody writes again."""
+    def read_rng(self, step: int, name: str, first: Path | None) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+        """The RNG archive ``name`` of ``step``, verified: from the folder ``first``, else
+        from each tier's copy in turn (fastest first). Each copy that does not verify is
+        logged with the reason."""
+        allowed = engine_class(self.meta["strategy"]).allowed_names()
+        tried: set[str] = set()
+        if first is not None:
+            found = self._rng_from(Path(first), name, allowed, "loaded copy", step)
+            if found is not None:
+                return found
+            tried.add(str(first))
         for tier in self.tiers:
-            if self.leader_of(tier):
-                tier.root.mkdir(parents=True, exist_ok=True)
-                tier.sweep_staging()
-        barrier()
+            try:
+                copies = [c for c in tier.list() if c.step == step and c.location not in tried]
+            except Exception as err:  # noqa: BLE001 - another tier may still have it
+                log.debug("%s tier: cannot list (%s)", tier.name, type(err).__name__)
+                continue
+            for copy in copies:
+                try:
+                    if name not in mf.entries(copy.manifest, allowed):
+                        continue
+                    if isinstance(tier, DirTier):
+                        found = self._rng_from(Path(copy.location), name, allowed, f"{tier.name} tier", step)
+                    else:
+                        with tempfile.TemporaryDirectory(prefix="rng-") as scratch:
+                            tier.fetch(copy, [name], Path(scratch), allowed)
+                            data = (Path(scratch) / name).read_bytes()
+                        found = self._decode_rng(data, mf.entries(copy.manifest, allowed)[name], f"{tier.name} tier", step)
+                except Exception as err:  # noqa: BLE001 - a copy that cannot be read is skipped, with why
+                    log.warning("rank %d: its saved RNG state of step %d in the %s tier is not usable (%s)",
+                                self.info.rank, step, tier.name, err)
+                    continue
+                if found is not None:
+                    return found
+        return None
 
-    # -------------------------------------------------------------------- save
+    def _rng_from(self, folder: Path, name: str, allowed: Any, where: str, step: int) -> Any:
+        try:
+            files = mf.entries(json.loads((folder / mf.MANIFEST).read_text()), allowed)
+            if name not in files:
+                return None
+            return self._decode_rng(mf.inside(folder, name).read_bytes(), files[name], where, step)
+        except (OSError, ValueError, mf.ManifestRejected) as err:
+            log.warning("rank %d: its saved RNG state of step %d (%s) is not usable (%s)", self.info.rank, step, where, err)
+            return None
+
+    def _decode_rng(self, data: bytes, entry: mf.FileEntry, where: str, step: int) -> Any:
+        try:
+            return read_tensors(data, [(p.offset, p.size, p.hash) for p in entry.pieces])
+        except (ChecksumMismatch, ArchiveError, ValueError) as err:
+            log.warning("rank %d: its saved RNG state of step %d (%s) is not usable (%s)", self.info.rank, step, where, err)
+            return None
+
+    def forget_failed_pulls(self) -> None:
+        """Before an agreement (whose collectives order this before any rank looks): the
+        node leader removes the failure notes of earlier pulls."""
+        if self.info.is_node_leader:
+            for note in self.local.root.glob(PULL_FAILED + "*"):
+                note.unlink(missing_ok=True)
+
+    def prepare(self, barrier: Callable[[], None], restored_step: int) -> None:
+        """Sweep what a crash left behind, before anybody writes again, and start the
+        slower tiers' threads (their cadence counts from ``restored_step``)."""
+        if self.info.is_node_leader:
+            try:
+                self.local.root.mkdir(parents=True, exist_ok=True)
+                self.local.sweep_staging()
+            except OSError as err:
+                self.health.failed(self.local.name, err)
+        if self.info.rank == 0:
+            for tier in self.tiers[1:]:
+                try:
+                    tier.sweep_staging()
+                except Exception as err:  # noqa: BLE001 - a degraded tier must not stop training
+                    self.health.failed(tier.name, err)
+        barrier()
+        for propagator in self._propagators:
+            propagator.start(restored_step)
+
+    # ------------------------------------------------------------------ save
+
+    def busy(self) -> bool:
+        """A snapshot cannot be taken now: the previous one is still being written."""
+        pending = self._pending is not None and not self._pending.done()
+        return pending or (self.engine is not None and not self.engine.snapshot_free())
+
+    def tiers_busy(self) -> list[bool]:
+        """Per slower tier: this rank is still storing a step into it."""
+        return [p.busy() for p in self._propagators]
+
+    def defer(self) -> None:
+        self.deferred += 1
+        self.metrics.checkpoint_deferred()
 
     def wait(self) -> None:
-        """Block until the previous save (and its propagation) finished."""
+        """Block until the previous save is persisted in tier 1 (propagation goes on)."""
         if self._pending is not None:
             try:
                 self._pending.result()
             finally:
                 self._pending = None
 
-    def save(self, step: int, samples: int, sync: bool = False) -> float:
-        """Checkpoint the state after optimizer step ``step``. Returns the seconds the
-        caller was blocked (the snapshot, or the whole save when synchronous)."""
+    def save(self, step: int, samples: int, tiers_busy: list[bool] | None = None, sync: bool = False) -> float:
+        """Checkpoint the state after optimizer step ``step``. ``tiers_busy``: per slower
+        tier, whether any rank is still storing into it (agreed by all ranks). Returns the
+        seconds the caller was blocked: the snapshot (no copy), or the whole save when
+        synchronous (the final checkpoint, the emergency one after SIGTERM), which also
+        stores into every slower tier before it returns."""
         started = time.perf_counter()
-        self.wait()  # never two saves in flight: a slow tier must not pile up memory
-        meta = {
-            **self.meta,
-            "step": step,
-            "samples_consumed": samples,
-            "world_size": self.info.world_size,
-            "local_world_size": self.info.local_world_size,
-            "time": time.time(),
-        }
-        index = self._count
-        self._count += 1
-        local = self.tiers[0]
-        staging = local.staging(step)
-        rng_state = rng.capture()
-        snap = self.engine.snapshot()
-        written_sync: list[str] | None = None
-        if sync or not self.engine.async_capable:
-            # Synchronous: write now (DeepSpeed's collective save, SIGTERM, the final step).
-            written_sync = self.engine.write_snapshot(snap, staging)
-            snap = None
+        if sync:
+            self.wait()
+            for propagator in self._propagators:
+                propagator.flush(self.commit_timeout)
+            targets = list(self._propagators)
+        else:
+            busy = tiers_busy or [False] * len(self._propagators)
+            targets = [p for p, b in zip(self._propagators, busy) if not b and p.due(step)]
+        for propagator in targets:
+            propagator.claim(step)
+        meta = {**self.meta, "samples_consumed": samples, "world_size": self.info.world_size,
+                "local_world_size": self.info.local_world_size, "time": time.time()}
+        rng_tensors, rng_meta = rng.capture()
+        snap = self.engine.snapshot() if self.engine is not None else None
         blocked = time.perf_counter() - started
-        job = lambda: self._persist(step, meta, index, snap, written_sync, rng_state)  # noqa: E731
+        heartbeat = self.heartbeat if sync else _noop
+        job = lambda: self._persist(step, meta, snap, rng_tensors, rng_meta, started, targets, heartbeat)  # noqa: E731
         if sync:
             job()
+            for propagator in targets:
+                if not propagator.flush(self.commit_timeout * 2):
+                    log.error("%s tier: step %d not stored within %.0fs", propagator.tier.name, step, self.commit_timeout * 2)
         else:
-            self._pending = self._pool.submit(self._guard, job, step)
+            self._pending = self._writer.submit(self._guard, job, step)
         self.metrics.checkpoint_stall(blocked)
         return time.perf_counter() - started if sync else blocked
 
     def _guard(self, job: Callable[[], None], step: int) -> None:
         try:
             job()
-        except Exception as err:  # a tier failure degrades, it never kills training
+        except Exception as err:  # noqa: BLE001 - a tier failure degrades, it never kills training
             log.error("checkpoint of step %d failed: %s", step, err)
 
-    def _persist(
-        self, step: int, meta: dict[str, Any], index: int, snap: Any, written: list[str] | None, rng_state: Any
-    ) -> None:
-        local = self.tiers[0]
+    def _persist(self, step: int, meta: dict[str, Any], snap: Any, rng_tensors: dict[str, torch.Tensor], rng_meta: dict[str, Any],
+                 started: float, targets: list[Propagator], heartbeat: Callable[[], None]) -> None:
+        """Write this rank's files into tier 1, then hand the step to ``targets``. If tier
+        1 fails, the snapshot goes to ``targets`` from memory; without any, the error is
+        raised (the checkpoint exists nowhere)."""
+        local = self.local
+        records: dict[str, dict[str, Any]] = {}
         began = time.perf_counter()
         try:
+            if self.info.is_node_leader and self._last_size:
+                local.make_room(self._last_size)
             staging = local.staging(step)
-            files = written if written is not None else self.engine.write_snapshot(snap, staging)
-            (staging / RNG_DIR).mkdir(exist_ok=True)
-            torch.save(rng_state, staging / rng_file(self.info.rank))
-            files = [*files, rng_file(self.info.rank)]
-            local.write_part(step, self.info.rank, describe_files(staging, files), self.engine.replicated_files())
-            if self.info.is_node_leader:
-                expected = set(self.info.ranks_on_node())
-                committed = local.commit(step, meta, expected, self.commit_timeout, self.heartbeat)
+            if snap is not None:
+                records.update(snap.write(staging))
+            (staging / "rng").mkdir(exist_ok=True)
+            rng_bytes = encode_tensor_archive(rng_tensors, rng_meta)
+            size, pieces = write_small(staging / rng_file(self.info.rank), rng_bytes)
+            records[rng_file(self.info.rank)] = file_record(rng_file(self.info.rank), size, pieces)
+            local.write_part(step, self.info.rank, {"files": records})
+            if not self.info.is_node_leader:
+                with self._lock:
+                    self._stored_local = step  # the node leader commits it (or reports failure)
+            else:
+                committed = local.commit(step, meta, set(self.info.ranks_on_node()), set(self.info.ranks_on_node()),
+                                         self.commit_timeout, heartbeat)
                 local.retain()
-                self._committed(local, step, time.perf_counter() - began)
-                log.info("checkpoint step %d committed to %s (%s)", step, local.name, committed.path)
+                self._last_size = sum(f["size"] for f in committed.manifest["files"].values())
+                with self._lock:
+                    self._stored_local = step
+                self._committed(local.name, step, time.perf_counter() - began, sum(r["size"] for r in records.values()))
+                self.costs.append(time.perf_counter() - started)
+                log.info("checkpoint step %d committed to %s (%s)", step, local.name, committed.location)
+            self.health.ok(local.name, step)
         except (OSError, CheckpointError, RuntimeError) as err:
-            self.metrics.checkpoint_failed(local.name)
-            shutil.rmtree(local.staging(step), ignore_errors=True)
-            raise CheckpointError(f"{local.name} tier: {err}") from err
-        if self.info.is_node_leader:
-            for tier in self.tiers[1:]:
-                if index % tier.every_checkpoints == 0:
-                    self._propagate(local, tier, step, meta)
+            self.health.failed(local.name, err)
+            if self.info.is_node_leader:  # free what the failed write left, for the next try
+                shutil.rmtree(local.staging(step), ignore_errors=True)
+            if not targets:
+                if snap is not None:
+                    snap.release()
+                raise CheckpointError(f"{local.name} tier: {self.health.of(local.name).message}") from err
+            self._from_memory(step, meta, snap, rng_tensors, rng_meta, targets)
+            return
+        if snap is not None:
+            snap.release()
+        saved = Saved(step, meta, records, memory={rng_file(self.info.rank): MemorySource([rng_bytes])})
+        saved.hold(len(targets))
+        for propagator in targets:
+            propagator.deliver(saved)
 
-    def _propagate(self, source: DirTier, tier: DirTier, step: int, meta: dict[str, Any]) -> None:
-        """Copy this node's files of ``step`` from ``source`` into ``tier``."""
-        began = time.perf_counter()
+    def _from_memory(self, step: int, meta: dict[str, Any], snap: Any, rng_tensors: dict[str, torch.Tensor],
+                     rng_meta: dict[str, Any], targets: list[Propagator]) -> None:
+        """Tier 1 failed: the slower tiers get this rank's files straight from the
+        snapshot, which stays held (the next checkpoint waits) until each had one try."""
         try:
-            src = source.final(step)
-            manifest = next(c.manifest for c in source.list() if c.step == step)
-            staging = tier.staging(step)
-            replicated = set(self.engine.replicated_files())
-            for rank in self.info.ranks_on_node():
-                names = [n for n in manifest["files"] if self._owned_by(n, rank, replicated)]
-                for name in names:
-                    (staging / name).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(src / name, staging / name)
-                    self.heartbeat()
-                tier.write_part(step, rank, describe_files(staging, names), replicated)
-            if self.info.rank == 0:
-                tier.commit(step, meta, set(range(self.info.world_size)), self.commit_timeout, self.heartbeat)
-                tier.retain()
-                self._committed(tier, step, time.perf_counter() - began)
-        except (OSError, CheckpointError, StopIteration) as err:
-            self.metrics.checkpoint_failed(tier.name)
-            log.error("propagating step %d to the %s tier failed: %s", step, tier.name, err)
+            images: dict[str, Source] = dict(snap.images()) if snap is not None else {}
+            images[rng_file(self.info.rank)] = MemorySource([encode_tensor_archive(rng_tensors, rng_meta)])
+            records = {}
+            for name, source in images.items():
+                hasher = PieceHasher(mf.piece_size(source.size))
+                for start in range(0, source.size, 32 << 20):
+                    hasher.update(source.read(start, min(32 << 20, source.size - start)))
+                records[name] = file_record(name, source.size, hasher.finish())
+        except Exception:
+            if snap is not None:
+                snap.release()
+            for propagator in targets:
+                propagator.cancel()
+            raise
+        saved = Saved(step, meta, records, memory=images, snapshot_held=snap is not None,
+                      release=snap.release if snap is not None else _noop)
+        saved.hold(len(targets))
+        for propagator in targets:
+            propagator.deliver(saved)
 
-    def _owned_by(self, name: str, rank: int, replicated: set[str]) -> bool:
-        """Which rank's part a file belongs to in a job-wide tier. Replicated files (the
-        DDP state, DeepSpeed's model states) are copied once, by rank 0's node."""
-        if name in replicated:
-            return rank == 0
-        return file_rank(name, self.engine) == rank
-
-    def _committed(self, tier: DirTier, step: int, seconds: float) -> None:
+    def _committed(self, tier: str, step: int, seconds: float, size: int) -> None:
         with self._lock:
-            self.last_committed[tier.name] = step
-        self.metrics.checkpoint_committed(tier.name, step, seconds)
+            self.last_committed[tier] = step
+        self.metrics.checkpoint_committed(tier, step, seconds, size)
+
+    def newest_local(self) -> int | None:
+        return self.last_committed.get(self.local.name)
+
+    def durable(self, step: int) -> tuple[bool, bool]:
+        """(this rank's files of ``step`` are committed in tier 1, a job-wide tier
+        committed ``step``: known to rank 0 only)."""
+        with self._lock:
+            local = self._stored_local == step
+            shared = any(self.last_committed.get(t.name) == step for t in self.tiers[1:])
+        return local, shared
+
+    def degraded(self) -> dict[str, Any]:
+        """Tier -> why it is degraded, for the tiers that are."""
+        return {t.name: d for t in self.tiers if (d := self.health.of(t.name)) is not None}
 
     def close(self) -> None:
         try:
             self.wait()
         except Exception as err:  # noqa: BLE001 - already logged by _guard
             log.debug("pending checkpoint failed at close: %s", err)
-        self._pool.shutdown(wait=True)
+        self._writer.shutdown(wait=True)
+        for propagator in self._propagators:
+            propagator.stop()
+
+
+def encode_tensor_archive(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> bytes:
+    """A small archive's bytes in memory (the RNG state, when tier 1 is down)."""
+    arena = Arena.for_tensors(sorted(tensors.items()))
+    for name, tensor in tensors.items():
+        arena.views[name].copy_(tensor)
+    return encode_header(meta, arena.entries) + bytes(arena.memory()[: arena.size])
 
 
 class NoCheckpoints:
@@ -227,20 +434,32 @@ class NoCheckpoints:
     checks nothing (the choice is made once)."""
 
     last_committed: dict[str, int] = {}
+    costs: list[float] = []
+    deferred = 0
 
     def bind(self, engine: Engine) -> None:
         return None
 
-    def restore_point(self, strategy: str, sharded: bool, gather: Callable[[Any], list[Any]]) -> None:
+    def restore_point(self, strategy: str, sharded: bool, gather: Callable[[Any], list[Any]],
+                      excluded: frozenset[tuple[str, int]] = frozenset()) -> None:
         return None
 
-    def prepare(self, barrier: Callable[[], None]) -> None:
+    def forget_failed_pulls(self) -> None:
         return None
 
-    def due(self, step: int, max_steps: int) -> bool:
+    def prepare(self, barrier: Callable[[], None], restored_step: int) -> None:
+        return None
+
+    def busy(self) -> bool:
         return False
 
-    def save(self, step: int, samples: int, sync: bool = False) -> float:
+    def tiers_busy(self) -> list[bool]:
+        return []
+
+    def defer(self) -> None:
+        return None
+
+    def save(self, step: int, samples: int, tiers_busy: list[bool] | None = None, sync: bool = False) -> float:
         return 0.0
 
     def wait(self) -> None:
@@ -248,6 +467,15 @@ class NoCheckpoints:
 
     def newest_local(self) -> None:
         return None
+
+    def read_rng(self, step: int, name: str, first: Path | None) -> None:
+        return None
+
+    def durable(self, step: int) -> tuple[bool, bool]:
+        return True, False  # nothing to save: the run is as durable as it asked to be
+
+    def degraded(self) -> dict[str, Any]:
+        return {}
 
     def close(self) -> None:
         return None

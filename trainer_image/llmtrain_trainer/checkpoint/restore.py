@@ -1,31 +1,45 @@
 """Choosing the checkpoint to resume from: the newest step every rank can load.
 
-1. Every rank lists the committed checkpoints of every tier (cheap: no hashing).
+1. Every rank lists the committed checkpoints of every tier (node-local disk, shared
+   filesystem, S3), checks each manifest (names, sizes, slices; ``llmtrain_store.manifest``)
+   and drops what fails, saying why.
 2. The listings are all-gathered, so every rank computes the same candidate order.
-3. For each candidate step, newest first, each rank verifies (sha256) the files it would
-   load, from its fastest tier first, falling back to slower tiers; the results are
-   all-gathered; the first step that works for everybody wins.
+3. For each candidate step, newest first, each rank verifies what it would load, from its
+   fastest tier first (a directory copy: every byte against its hash; S3: names and
+   sizes, the bytes are hashed as they are fetched), falling back to slower tiers; the
+   results are all-gathered; the first step that works for everybody wins. Every
+   rejected copy is logged with the reason.
 
 How a step can be loaded depends on the strategy:
 - *replicated* state (DDP): any one verified copy suffices. Ranks without a copy (a
   replacement node with an empty local disk) receive the state by broadcast from the
   lowest rank that has one.
-- *sharded* state (DeepSpeed ZeRO): at the same world size each rank needs the shared
-  model file and its own shard; at another world size a complete copy visible to every
-  rank (the shared tier, or one node's disk when every rank is on that node) is
-  converted into a universal checkpoint.
+- *sharded* state (DeepSpeed ZeRO): at the same world size each rank needs the model file
+  and its own shard; at another world size a complete copy is converted into a universal
+  checkpoint: from one node's disk when every rank is on that node, else from a job-wide
+  tier (shared or S3) that every node pulls.
+
+A copy in a slower tier is first pulled into tier 1 (by the node leader, verified piece by
+piece), then loaded from there: the next restart of this node restores locally.
 
 The decision functions here are pure, so they are unit-tested without processes.
 """
 
 from __future__ import annotations
 
+import logging
+import re
+import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Literal
 
+from llmtrain_store import manifest as mf
+from llmtrain_store.health import classify
+
+log = logging.getLogger("llmtrain.restore")
+
 Listing = dict[int, list[dict[str, Any]]]
-"""step -> copies, fastest tier first: {tier, path, world, ranks, samples, max_steps}."""
+"""step -> copies, fastest tier first: {tier, index, location, world, ranks, samples, max_steps}."""
 
 Mode = Literal["local", "broadcast", "universal"]
 
@@ -37,11 +51,11 @@ class Candidate:
     samples: int
     saved_world: int
     source_rank: int = 0
-    """``broadcast``: the rank that reads from disk. ``universal``: the converter."""
-    shared_path: str | None = None
-    """``universal``: the complete copy every rank can see."""
+    """``broadcast``: the rank that reads from disk."""
+    universal_tier: str | None = None
+    """``universal``: the tier holding a complete copy every node can reach."""
     saved_max_steps: int | None = None
-    """``maxSteps`` of the run that saved it (None: saved before it was recorded)."""
+    """``maxSteps`` of the run that saved it (None: not recorded)."""
 
 
 @dataclass
@@ -50,49 +64,96 @@ class Choice:
     mode: Mode
     samples: int
     saved_world: int
-    path: Path | None
-    """The folder this rank reads (None when it receives the state by broadcast)."""
+    copy: Any | None
+    """This rank's committed copy to read (None when it receives the state by broadcast)."""
     tier: str | None
-    """The tier this rank reads (None when it receives the state by broadcast)."""
+    """The tier of that copy."""
     source_rank: int = 0
     source_tier: str | None = None
-    """The tier the state came from: the source rank's tier for a broadcast or universal
-    load, this rank's own tier for a local one. Logged and exported, so the message is the
-    same whichever node rank 0 lands on."""
+    """The tier the state came from: the source rank's tier for a broadcast, this rank's
+    own tier otherwise. Logged and exported, so the message is the same whichever node
+    rank 0 lands on."""
     saved_max_steps: int | None = None
+    names: list[str] = field(default_factory=list)
+    """The files this rank loads (verified during the agreement)."""
+
+
+class TierUnavailable(Exception):
+    """A tier cannot be listed for a reason that may pass (unreachable, 5xx, timeout) and
+    no other tier holds a checkpoint: whether committed progress exists cannot be told,
+    so the trainer exits retryable instead of starting over."""
+
+
+CONFIG_REASONS = {"CredentialsRefused", "NoCredentials", "NoSuchBucket", "PermissionDenied"}
+"""Tier failures that waiting does not cure: the restore goes on without the tier."""
+LIST_RETRIES = (2.0, 4.0, 8.0)
+"""Seconds between tries to list a tier that fails for a reason that may pass."""
 
 
 @dataclass
-class Survey:
-    """What one rank found, for the final error message when nothing is loadable."""
+class Unlisted:
+    tier: str
+    reason: str
+    message: str
 
-    problems: list[str] = field(default_factory=list)
+    @property
+    def transient(self) -> bool:
+        return self.reason not in CONFIG_REASONS
 
 
-def listing_of(tiers: list[Any], config_hash: str, strategy: str, problems: list[str]) -> Listing:
-    """This rank's view of every tier, fastest first. Checkpoints of another config or
-    strategy are not candidates (resuming them would silently change the run)."""
+def _list(tier: Any, on_error: Callable[[str, BaseException], None], sleep: Callable[[float], None]) -> tuple[list[Any] | None, Unlisted | None]:
+    for attempt, pause in enumerate((*LIST_RETRIES, None)):
+        try:
+            return tier.list(), None
+        except Exception as err:  # noqa: BLE001 - classified; an unreachable tier must not crash a restore
+            on_error(tier.name, err)
+            found = classify(err)
+            if found.reason in CONFIG_REASONS or pause is None:
+                return None, Unlisted(tier.name, found.reason, found.message)
+            log.warning("%s tier: cannot list checkpoints (%s); trying again in %.0fs", tier.name, found.message, pause)
+            sleep(pause)
+    return None, None  # unreachable: the loop returns
+
+
+def listing_of(tiers: list[Any], config_hash: str, strategy: str, allowed: re.Pattern[str], problems: list[str],
+               on_error: Callable[[str, BaseException], None] = lambda tier, err: None,
+               sleep: Callable[[float], None] = time.sleep, excluded: frozenset[tuple[str, int]] = frozenset(),
+               ) -> tuple[Listing, dict[tuple[str, str], Any], list[Unlisted]]:
+    """This rank's view of every tier, fastest first: the candidates, the committed
+    checkpoints by (tier, location), and the tiers that could not be listed. A checkpoint
+    of another config or strategy, or whose manifest fails its checks, is not a candidate
+    (with the reason)."""
     out: Listing = {}
-    for tier in tiers:
-        for committed in tier.list():
-            man = committed.manifest
+    found: dict[tuple[str, str], Any] = {}
+    unlisted: list[Unlisted] = []
+    for index, tier in enumerate(tiers):
+        committed, failure = _list(tier, on_error, sleep)
+        if committed is None:
+            if failure is not None:
+                unlisted.append(failure)
+            continue
+        for c in committed:
+            man = c.manifest
+            if (tier.name, c.step) in excluded:
+                continue  # its pull failed in an earlier round of this restore
             if man.get("config_hash") != config_hash:
-                problems.append(f"{tier.name}: step {committed.step} was written by another config ({man.get('config_hash')})")
+                problems.append(f"{tier.name}: step {c.step} was written by another config ({man.get('config_hash')})")
                 continue
             if man.get("strategy") != strategy:
-                problems.append(f"{tier.name}: step {committed.step} was written by strategy {man.get('strategy')}")
+                problems.append(f"{tier.name}: step {c.step} was written by strategy {man.get('strategy')}")
                 continue
-            out.setdefault(committed.step, []).append(
-                {
-                    "tier": tier.name,
-                    "path": str(committed.path),
-                    "world": committed.world_size,
-                    "ranks": sorted(committed.ranks),
-                    "samples": int(man["samples_consumed"]),
-                    "max_steps": man.get("max_steps"),
-                }
-            )
-    return out
+            try:
+                mf.entries(man, allowed)
+                world, ranks, samples = int(man["world_size"]), sorted(int(r) for r in man["ranks"]), int(man["samples_consumed"])
+            except (mf.ManifestRejected, KeyError, TypeError, ValueError) as err:
+                problems.append(f"{tier.name}: step {c.step} rejected: {err}")
+                continue
+            found[(tier.name, c.location)] = c
+            out.setdefault(c.step, []).append({
+                "tier": tier.name, "index": index, "location": c.location, "world": world, "ranks": ranks,
+                "samples": samples, "max_steps": man.get("max_steps"),
+            })
+    return out, found, unlisted
 
 
 def candidates(listings: list[Listing], world: int, sharded: bool) -> list[Candidate]:
@@ -108,41 +169,48 @@ def candidates(listings: list[Listing], world: int, sharded: bool) -> list[Candi
             holders = [r for r, c in enumerate(copies) if c]
             if len(holders) == len(copies):
                 out.append(Candidate(step, "local", samples, saved_world, saved_max_steps=saved_max))
-            out.append(Candidate(step, "broadcast", samples, saved_world, source_rank=holders[0], saved_max_steps=saved_max))
+            # The source should read from its fastest copy: prefer a rank holding it in tier 1.
+            source = min(holders, key=lambda r: (copies[r][0]["index"], r))
+            out.append(Candidate(step, "broadcast", samples, saved_world, source_rank=source, saved_max_steps=saved_max))
             continue
         if saved_world == world and all(any(r in c["ranks"] for c in cs) for r, cs in enumerate(copies)):
             out.append(Candidate(step, "local", samples, saved_world, saved_max_steps=saved_max))
-        shared = _complete_everywhere(copies)
-        if shared:
-            out.append(Candidate(step, "universal", samples, saved_world, shared_path=shared, saved_max_steps=saved_max))
+        tier = _complete_everywhere(copies)
+        if tier:
+            out.append(Candidate(step, "universal", samples, saved_world, universal_tier=tier, saved_max_steps=saved_max))
     return out
 
 
 def _complete_everywhere(copies: list[list[dict[str, Any]]]) -> str | None:
-    """A path holding a complete copy that every rank can see, if any."""
-    seen = [{c["path"] for c in cs if c["ranks"] == list(range(c["world"]))} for cs in copies]
-    common = set.intersection(*seen) if seen else set()
-    return min(common) if common else None
+    """A tier holding a complete copy that every rank can reach: the same location in
+    every rank's listing (one node's disk, all ranks on it), else a job-wide tier."""
+    complete = [{(c["tier"], c["location"]) for c in cs if c["ranks"] == list(range(c["world"]))} for cs in copies]
+    common = set.intersection(*complete) if complete else set()
+    return min(common)[0] if common else None
 
 
 def can_serve(candidate: Candidate, copy: dict[str, Any], rank: int, sharded: bool) -> bool:
     """Whether one tier's copy can serve this rank for this way of loading."""
     if candidate.mode == "universal":
-        return copy["path"] == candidate.shared_path
+        return copy["tier"] == candidate.universal_tier
     if candidate.mode == "local" and sharded:
         return rank in copy["ranks"]
     return True
 
 
-def files_to_verify(candidate: Candidate, manifest_files: list[str], rank: int, file_rank: Callable[[str], int | None]) -> list[str]:
-    """Files this rank must verify before the load. The others verify nothing when one
-    rank reads for everybody (broadcast source, universal converter)."""
-    shared = [n for n in manifest_files if file_rank(n) is None]
+def files_to_verify(candidate: Candidate, manifest_files: list[str], rank: int, file_rank: Callable[[str], int | None],
+                    node_ranks: list[int]) -> list[str]:
+    """Files this rank loads (and must verify first): the shared engine files and its
+    own, or (a universal conversion) every file; plus its RNG state when the world size is
+    the same. The ranks of a node share its tier 1, so the node leader also fetches its
+    local ranks' files (``node_ranks``)."""
+    mine = set(node_ranks)
     if candidate.mode == "universal":
-        return manifest_files if rank == candidate.source_rank else []
-    if candidate.mode == "broadcast":
-        return shared if rank == candidate.source_rank else []
-    return shared + [n for n in manifest_files if file_rank(n) == rank]
+        names = [n for n in manifest_files if not mf.RNG_NAME.fullmatch(n)]
+    else:
+        names = [n for n in manifest_files if not mf.RNG_NAME.fullmatch(n) and (file_rank(n) is None or file_rank(n) in mine)]
+    rng = [n for n in manifest_files if mf.RNG_NAME.fullmatch(n) and int(n[9:14]) in mine]
+    return names + rng
 
 
 class NoLoadableCheckpoint(Exception):
@@ -157,54 +225,87 @@ def find_restore_point(
     tiers: list[Any],
     rank: int,
     world: int,
+    node_ranks: list[int],
     config_hash: str,
     strategy: str,
     sharded: bool,
+    allowed: re.Pattern[str],
     file_rank: Callable[[str], int | None],
     gather: Callable[[Any], list[Any]],
+    on_error: Callable[[str, BaseException], None] = lambda tier, err: None,
+    sleep: Callable[[float], None] = time.sleep,
+    excluded: frozenset[tuple[str, int]] = frozenset(),
 ) -> Choice | None:
     """Run the agreement (``gather`` is an all-gather of Python objects). Returns None when
     no checkpoint exists anywhere (a fresh start); raises NoLoadableCheckpoint when some
-    exist but none is loadable by everybody."""
+    exist but none is loadable by everybody, and TierUnavailable when none was found
+    but a tier could not be listed for a reason that may pass. Every rejection is logged.
+    ``on_error`` hears of each tier that fails (its health); ``excluded`` (tier, step)
+    copies are not considered (their pull failed)."""
     problems: list[str] = []
-    listing = listing_of(tiers, config_hash, strategy, problems)
-    committed = {str(c.path): (t, c) for t in tiers for c in t.list()}
+    listing, committed, unlisted = listing_of(tiers, config_hash, strategy, allowed, problems, on_error, sleep, excluded)
     listings = gather(listing)
+    everyone_unlisted = [u for us in gather(unlisted) for u in us]
+    if rank == 0:
+        for problem in sorted({p for ps in gather(problems) for p in ps}):
+            log.warning("checkpoint skipped: %s", problem)
+        for u in {(u.tier, u.message): u for u in everyone_unlisted}.values():
+            log.error("%s tier: cannot list checkpoints: %s; restoring without it", u.tier, u.message)
+    else:
+        gather(problems)
     for cand in candidates(listings, world, sharded):
-        ok, path, tier_name, why = _check(cand, listing.get(cand.step, []), committed, rank, sharded, file_rank)
+        ok, copy, tier_name, why, names = _check(cand, listing.get(cand.step, []), committed, rank, sharded, allowed, file_rank,
+                                                 node_ranks)
         results = gather((ok, why, tier_name))
         if all(r[0] for r in results):
-            source_tier = tier_name if cand.mode == "local" else results[cand.source_rank][2]
-            return Choice(cand.step, cand.mode, cand.samples, cand.saved_world, path, tier_name, cand.source_rank, source_tier,
-                          cand.saved_max_steps)
-        problems.extend(f"step {cand.step} ({cand.mode}): {r[1]}" for r in results if not r[0] and r[1])
+            source_tier = results[cand.source_rank][2] if cand.mode == "broadcast" else tier_name
+            return Choice(cand.step, cand.mode, cand.samples, cand.saved_world, copy, tier_name, cand.source_rank, source_tier,
+                          cand.saved_max_steps, names)
+        reasons = [f"step {cand.step} ({cand.mode}): {r[1]}" for r in results if not r[0] and r[1]]
+        if rank == 0:
+            for reason in reasons:
+                log.warning("falling back from %s", reason)
+        problems.extend(reasons)
     all_problems = [p for ps in gather(problems) for p in ps]
     if any(listings) or all_problems:
         raise NoLoadableCheckpoint(sorted(set(all_problems)) or ["no step is held by every rank"])
+    transient = sorted({f"{u.tier} tier: {u.message}" for u in everyone_unlisted if u.transient})
+    if transient:
+        raise TierUnavailable("no checkpoint found, and whether one exists cannot be told: " + "; ".join(transient))
     return None
 
 
-def _check(
-    cand: Candidate,
-    copies: list[dict[str, Any]],
-    committed: dict[str, Any],
-    rank: int,
-    sharded: bool,
-    file_rank: Callable[[str], int | None],
-) -> tuple[bool, Path | None, str | None, str]:
+def _usable_rng(found: Any, names: list[str], allowed: re.Pattern[str], step: int) -> list[str]:
+    """The RNG files that verify. One that does not costs only its rank's exact random
+    stream (the rank derives one), not the step: it is dropped with a warning."""
+    usable = []
+    for name in (n for n in names if mf.RNG_NAME.fullmatch(n)):
+        why = found.tier.verify(found, [name], allowed)
+        if why is None:
+            usable.append(name)
+        else:
+            log.warning("step %d: %s tier: %s; that rank derives its RNG state", step, found.tier.name, why)
+    return usable
+
+
+def _check(cand: Candidate, copies: list[dict[str, Any]], committed: dict[tuple[str, str], Any], rank: int, sharded: bool,
+           allowed: re.Pattern[str], file_rank: Callable[[str], int | None], node_ranks: list[int]
+           ) -> tuple[bool, Any | None, str | None, str, list[str]]:
     if cand.mode == "broadcast" and rank != cand.source_rank:
-        return True, None, None, ""
-    if cand.mode == "universal" and rank != cand.source_rank:
-        tier, _ = committed.get(cand.shared_path, (None, None))
-        return True, Path(cand.shared_path), tier.name if tier else None, ""
+        return True, None, None, "", []
     reasons = []
     for copy in copies:
         if not can_serve(cand, copy, rank, sharded):
             continue
-        tier, found = committed[copy["path"]]
-        names = files_to_verify(cand, list(found.manifest["files"]), rank, file_rank)
-        why = tier.verify_cached(found, names)
+        found = committed.get((copy["tier"], copy["location"]))
+        if found is None:
+            continue
+        names = files_to_verify(cand, list(found.manifest["files"]), rank, file_rank, node_ranks)
+        engine = [n for n in names if not mf.RNG_NAME.fullmatch(n)]
+        why = found.tier.verify(found, engine, allowed)
         if why is None:
-            return True, found.path, tier.name, ""
-        reasons.append(f"rank {rank}, {tier.name} tier: {why}")
-    return False, None, None, "; ".join(reasons) or f"rank {rank} has no copy"
+            return True, found, found.tier.name, "", engine + _usable_rng(found, names, allowed, cand.step)
+        reasons.append(f"rank {rank}, {found.tier.name} tier: {why}")
+        # Said by the rank that saw it, even when a slower tier serves the step after all.
+        log.warning("step %d: not using the %s tier's copy: %s", cand.step, found.tier.name, why)
+    return False, None, None, "; ".join(reasons) or f"rank {rank} has no copy", []

@@ -1,0 +1,374 @@
+"""Tier 3: S3, or any S3-compatible store (MinIO, Ceph, ...), through boto3.
+
+Transfers go through boto3's transfer manager (s3transfer's ``TransferConfig``): large
+objects upload as concurrent multipart uploads and download as parallel ranged GETs; at
+most ``max_in_memory_upload_chunks`` parts sit in memory, so a slow S3 never piles up
+memory. Requests are retried with backoff by botocore; each part carries a CRC32 the
+server verifies; and every byte is hashed (xxh3-128) against the manifest: while it is
+read for upload (before it leaves) and after it is downloaded (before it is used).
+
+Layout under ``s3://bucket/prefix/``, as in a directory tier, except that S3 has no
+rename: objects go straight under ``step-<n>/``, and ``COMMITTED`` (the manifest's hash),
+written last, is what makes a step exist for readers. Steps without it are swept.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import manifest as mf
+from .fileio import Hasher, hash_file
+from .sources import Source, iter_range
+from .tiers import CheckpointError, Committed, digest_bytes, finish_fetch, merge_parts, new_manifest
+
+CHUNK = 32 << 20
+"""Part size of multipart uploads and ranged downloads."""
+log = logging.getLogger("llmtrain.checkpoint")
+
+
+def _hash_range(source: Source, offset: int, length: int) -> str:
+    hasher = Hasher()
+    for block in iter_range(source, offset, length):
+        hasher.update(block)
+    return hasher.hexdigest()
+
+
+def parse_uri(uri: str) -> tuple[str, str]:
+    if not uri.startswith("s3://"):
+        raise ValueError(f"not an s3:// URI: {uri}")
+    bucket, _, prefix = uri[5:].partition("/")
+    if not bucket:
+        raise ValueError(f"no bucket in {uri}")
+    return bucket, prefix.strip("/")
+
+
+class RangeReader(io.RawIOBase):
+    """A byte range of a file as a seekable stream, hashing what is read in one pass from
+    the start, piece by piece (a seek back to the start, as botocore does to retry or to
+    checksum a body, starts the hashes over)."""
+
+    def __init__(self, source: Source, offset: int, sizes: list[int], heartbeat: Callable[[], None] = lambda: None):
+        self._source = source
+        self._start, self._length, self._pos = offset, sum(sizes), 0
+        self._sizes = sizes
+        self._hashes: list[str] = []
+        self._hasher = Hasher()
+        self._hashed = 0
+        self._heartbeat = heartbeat
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        target = {0: offset, 1: self._pos + offset, 2: self._length + offset}[whence]
+        self._pos = max(0, min(self._length, target))
+        if self._pos == 0:
+            self._hasher, self._hashed, self._hashes = Hasher(), 0, []
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        left = self._length - self._pos
+        size = left if size is None or size < 0 else min(size, left)
+        if size <= 0:
+            return b""
+        data = self._source.read(self._start + self._pos, size)
+        if self._pos == self._hashed:
+            self._feed(memoryview(data))
+        self._pos += len(data)
+        self._heartbeat()
+        return data
+
+    def _feed(self, data: memoryview) -> None:
+        """Hash ``data`` (the next bytes in order), closing a piece at each boundary."""
+        while len(data):
+            boundary = sum(self._sizes[: len(self._hashes) + 1])
+            take = min(len(data), boundary - self._hashed)
+            self._hasher.update(data[:take])
+            self._hashed += take
+            data = data[take:]
+            if self._hashed == boundary:
+                self._hashes.append(self._hasher.hexdigest())
+                self._hasher = Hasher()
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def digests(self) -> list[str] | None:
+        """Each piece's hash, if the range was read in one pass."""
+        return self._hashes if self._hashed == self._length else None
+
+class OffsetWriter(io.RawIOBase):
+    """Where s3transfer writes a download: at ``base`` + its offsets in an open file,
+    keeping only the object's bytes in ``window`` (an object may hold more pieces than
+    the copy chosen from it; the rest belongs to other objects' ranges of the file)."""
+
+    def __init__(self, fd: int, base: int, window: tuple[int, int], heartbeat: Callable[[], None] = lambda: None):
+        self._fd, self._base, self._pos = fd, base, 0
+        self._lo, self._hi = window
+        self._heartbeat = heartbeat
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = offset if whence == 0 else self._pos + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        start, end = max(self._pos, self._lo), min(self._pos + len(view), self._hi)
+        done = start
+        while done < end:
+            done += os.pwrite(self._fd, view[done - self._pos:end - self._pos], self._base + done)
+        self._pos += len(view)
+        self._heartbeat()
+        return len(view)
+
+
+@dataclass
+class S3Tier:
+    name: str
+    uri: str
+    keep: int = 5
+    interval_steps: int = 0
+    endpoint: str | None = None
+    region: str | None = None
+    path_style: bool | None = None
+    """Path-style addressing (``endpoint/bucket/key``), which most S3-compatible servers
+    need; default: on when an endpoint is given."""
+    concurrency: int = 8
+    """Parallel parts of one transfer (multipart upload, ranged download)."""
+    connect_timeout: float = 5
+    attempts: int = 6
+    """Tries of one request (botocore's standard retry mode: exponential backoff)."""
+    _client: Any = field(default=None, repr=False)
+
+    kind = "s3"
+
+    def __post_init__(self) -> None:
+        self.bucket, self.prefix = parse_uri(self.uri)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def client(self) -> Any:
+        if self._client is None:
+            import boto3  # noqa: PLC0415 - only jobs with an S3 tier need boto3
+            from botocore.config import Config  # noqa: PLC0415
+
+            endpoint = self.endpoint or os.environ.get("AWS_ENDPOINT_URL") or None
+            if self.path_style is None:
+                style = "path" if endpoint is not None else "auto"
+            else:
+                style = "path" if self.path_style else "virtual"
+            config = Config(
+                retries={"max_attempts": self.attempts, "mode": "standard"}, connect_timeout=self.connect_timeout,
+                read_timeout=60, s3={"addressing_style": style}, max_pool_connections=max(10, self.concurrency * 2),
+            )
+            self._client = boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=self.region or "us-east-1",
+                                                           config=config)
+        return self._client
+
+    def transfer_config(self) -> Any:
+        from boto3.s3.transfer import TransferConfig  # noqa: PLC0415
+
+        return TransferConfig(multipart_threshold=CHUNK, multipart_chunksize=CHUNK, max_concurrency=self.concurrency,
+                              use_threads=True)
+
+    def key(self, step: int, name: str = "") -> str:
+        parts = [p for p in (self.prefix, mf.step_dir(step), name) if p]
+        return "/".join(parts)
+
+    def _put(self, key: str, body: bytes) -> None:
+        self.client().put_object(Bucket=self.bucket, Key=key, Body=body)
+
+    def _get(self, key: str) -> bytes:
+        return self.client().get_object(Bucket=self.bucket, Key=key)["Body"].read()
+
+    def _objects(self, prefix: str) -> dict[str, int]:
+        """key -> size, of every object under ``prefix``."""
+        out: dict[str, int] = {}
+        for page in self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                out[obj["Key"]] = int(obj["Size"])
+        return out
+
+    def _steps(self) -> list[int]:
+        prefix = (self.prefix + "/" if self.prefix else "") + mf.STEP_PREFIX
+        found = set()
+        for page in self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/"):
+            for common in page.get("CommonPrefixes", []):
+                tail = common["Prefix"].rstrip("/").rsplit("/", 1)[-1]
+                if tail[len(mf.STEP_PREFIX):].isdigit():
+                    found.add(int(tail[len(mf.STEP_PREFIX):]))
+        return sorted(found)
+
+    # ------------------------------------------------------------------ writing
+
+    def put_share(self, step: int, name: str, source: Source, pieces: list[tuple[int, int, str]],
+                  heartbeat: Callable[[], None] = lambda: None) -> None:
+        """Upload the contiguous ``pieces`` (offset, size, hash) of ``source`` as the
+        object ``name``. The bytes are hashed as they are read: if a piece does not match
+        its hash (the disk returned something else than was written), the object is
+        deleted and CheckpointError raised."""
+        reader = RangeReader(source, pieces[0][0], [p[1] for p in pieces], heartbeat)
+        self.client().upload_fileobj(reader, self.bucket, self.key(step, name), Config=self.transfer_config())
+        digests = reader.digests()
+        if digests is None:
+            digests = [_hash_range(source, o, n) for o, n, _ in pieces]
+        if digests != [p[2] for p in pieces]:
+            self.client().delete_object(Bucket=self.bucket, Key=self.key(step, name))
+            raise CheckpointError(f"{self.name} tier: {name} of step {step} read back from disk does not match its hash")
+
+    def write_part(self, step: int, writer: int, part: dict[str, Any]) -> None:
+        self._put(self.key(step, f"parts/rank-{writer:05d}.json"), json.dumps(part, sort_keys=True).encode())
+
+    def commit(self, step: int, meta: dict[str, Any], expected: set[int], ranks: set[int], timeout: float,
+               heartbeat: Callable[[], None] = lambda: None) -> Committed:
+        deadline = time.monotonic() + timeout
+        parts_prefix = self.key(step, "parts/")
+        while True:
+            keys = self._objects(parts_prefix)
+            present = {int(k.rsplit("-", 1)[1].split(".")[0]) for k in keys}
+            if expected <= present:
+                break
+            if time.monotonic() > deadline:
+                raise CheckpointError(f"{self.name} tier: step {step} incomplete after {timeout:.0f}s; "
+                                      f"missing parts of writers {sorted(expected - present)}")
+            heartbeat()
+            time.sleep(0.5)
+        parts = [json.loads(self._get(self.key(step, f"parts/rank-{w:05d}.json"))) for w in sorted(expected)]
+        manifest = new_manifest(step, meta, ranks, merge_parts(parts))
+        text = json.dumps(manifest, indent=1, sort_keys=True).encode()
+        self._put(self.key(step, mf.MANIFEST), text)
+        self._put(self.key(step, mf.COMMITTED), (digest_bytes(text) + "\n").encode())
+        try:  # the manifest holds what the part records said; they are clutter now
+            self._delete_keys([self.key(step, f"parts/rank-{w:05d}.json") for w in sorted(expected)])
+        except Exception as err:  # noqa: BLE001 - the step is committed; leftovers are harmless
+            log.debug("step %d: part records not removed (%s)", step, type(err).__name__)
+        return Committed(self, step, self.key(step), manifest)
+
+    def delete(self, step: int) -> None:
+        """COMMITTED first, so that a step half deleted is never listed."""
+        self._delete_keys([self.key(step, mf.COMMITTED)])
+        self._delete_keys(list(self._objects(self.key(step) + "/")))
+
+    def _delete_keys(self, keys: list[str]) -> None:
+        for start in range(0, len(keys), 1000):
+            self.client().delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys[start:start + 1000]],
+                                                                       "Quiet": True})
+
+    def retain(self) -> list[int]:
+        """Delete committed steps beyond ``keep`` (oldest first), and uncommitted steps
+        older than the newest committed one (abandoned uploads)."""
+        committed = sorted(c.step for c in self.list())
+        doomed = committed[: max(0, len(committed) - self.keep)]
+        if committed:
+            doomed += [s for s in self._steps() if s < committed[-1] and s not in committed]
+        for step in doomed:
+            self.delete(step)
+        return sorted(set(doomed))
+
+    def sweep_staging(self) -> None:
+        """Nothing to do at start: an unfinished step has no COMMITTED and is swept by
+        ``retain`` once a newer step commits."""
+
+    # ------------------------------------------------------------------ reading
+
+    def list(self) -> list[Committed]:
+        out = []
+        for step in self._steps():
+            try:
+                text = self._get(self.key(step, mf.MANIFEST))
+                if self._get(self.key(step, mf.COMMITTED)).decode().strip() != digest_bytes(text):
+                    continue
+                manifest = json.loads(text)
+                out.append(Committed(self, int(manifest["step"]), self.key(step), manifest))
+            except Exception:  # noqa: BLE001 - a missing or unreadable step is simply not listed
+                continue
+        return sorted(out, key=lambda c: c.step, reverse=True)
+
+    def verify(self, committed: Committed, names: list[str] | None, allowed: re.Pattern[str]) -> str | None:
+        """Names and sizes: the bytes themselves are hashed as they are fetched."""
+        try:
+            files = mf.entries(committed.manifest, allowed)
+            sizes = self._objects(committed.location + "/")
+        except mf.ManifestRejected as err:
+            return f"manifest rejected: {err}"
+        for name in names if names is not None else list(files):
+            if name not in files:
+                return f"{name} is not in the manifest"
+            for stored, (expected, exact) in files[name].stored_sizes().items():
+                size = sizes.get(f"{committed.location}/{stored}")
+                if size is None:
+                    return f"{stored} is missing"
+                if size != expected if exact else size < expected:
+                    return f"{stored} has {size} bytes, the manifest says {'' if exact else 'at least '}{expected}"
+        return None
+
+    def fetch(self, committed: Committed, names: list[str], dest: Path, allowed: re.Pattern[str],
+              heartbeat: Callable[[], None] = lambda: None, workers: int = 4,
+              optional: frozenset[str] = frozenset()) -> dict[str, dict[str, Any]]:
+        """Download the named files (slices in parallel, each as parallel ranged GETs)
+        into ``dest``, then check every piece's hash (read back from the page cache: the
+        ranged parts arrive out of order); returns their records. A mismatch raises
+        CheckpointError, except for ``optional`` files, which are left out."""
+        files = mf.entries(committed.manifest, allowed)
+        jobs = []
+        for name in names:
+            entry = files[name]
+            target = mf.inside(dest, name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(target, "wb") as fh:
+                fh.truncate(entry.size)
+            # The pieces used from one object are a contiguous run of it (merge_parts
+            # leaves an object only when it ends): it lands at its first piece's offset.
+            spans: dict[str, tuple[int, int, int]] = {}
+            for piece in entry.pieces:
+                base, lo, hi = spans.get(piece.name, (piece.offset - piece.at, piece.at, piece.at))
+                spans[piece.name] = (base, min(lo, piece.at), max(hi, piece.at + piece.size))
+            jobs += [(target, obj, span) for obj, span in spans.items()]
+
+        def download(job: tuple[Path, str, tuple[int, int, int]]) -> None:
+            target, obj, (base, lo, hi) = job
+            fd = os.open(target, os.O_WRONLY)
+            try:
+                self.client().download_fileobj(self.bucket, f"{committed.location}/{obj}",
+                                               OffsetWriter(fd, base, (lo, hi), heartbeat), Config=self.transfer_config())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="s3-fetch") as pool:
+            list(pool.map(download, jobs))
+        failed: dict[str, str] = {}
+        for name in names:
+            for piece in files[name].pieces:
+                if hash_file(dest / name, piece.offset, piece.size)[1] != piece.hash:
+                    failed[name] = f"{self.name} tier: {piece.name} of step {committed.step} does not match its manifest"
+                    break
+            heartbeat()
+        return finish_fetch(files, names, dest, failed, optional)

@@ -1,0 +1,126 @@
+"""Hostile and broken manifests are rejected with the reason, before a byte is read; the
+archive format refuses what does not describe itself consistently."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+from llmtrain_store import archive
+from llmtrain_store import manifest as mf
+from llmtrain_store.fileio import FileWriter, PieceHasher, allocate, hash_file
+from llmtrain_store.tiers import DirTier, digest_bytes
+
+from store.helpers import ALLOWED, save_dir
+
+
+def _manifest(files):
+    return {"format": mf.FORMAT_VERSION, "step": 1, "world_size": 1, "ranks": [0], "files": files}
+
+
+@pytest.mark.parametrize("name, why", [
+    ("../../../../../../../../etc/passwd", "leaves the checkpoint folder"),
+    ("/etc/hostname", "is an absolute path"),
+    ("rng/../state.llmt", "leaves the checkpoint folder"),
+    ("rng\\rank-00000.llmt", "forbidden character"),
+    ("state.pt", "is not a file this engine writes"),
+    ("rng/rank-0.llmt", "is not a file this engine writes"),
+    ("./state.llmt", "not a plain relative name"),
+])
+def test_a_name_outside_what_the_engine_writes_is_rejected_with_the_reason(name, why):
+    with pytest.raises(mf.ManifestRejected, match=why.replace("(", r"\(")):
+        mf.entries(_manifest({name: {"size": 1, "hash": "x"}}), ALLOWED)
+
+
+def test_slices_must_tile_the_file_and_belong_to_it():
+    good = {"size": 8, "slices": [{"name": "state.llmt.part-000-of-002", "offset": 0, "size": 4, "hash": "a", "at": 0},
+                                  {"name": "state.llmt.part-001-of-002", "offset": 4, "size": 4, "hash": "b", "at": 0}]}
+    assert mf.entries(_manifest({"state.llmt": good}), ALLOWED)["state.llmt"].sliced
+    gap = json.loads(json.dumps(good))
+    gap["slices"][1]["offset"] = 5
+    with pytest.raises(mf.ManifestRejected, match="does not continue at byte 4"):
+        mf.entries(_manifest({"state.llmt": gap}), ALLOWED)
+    short = dict(good, size=9)
+    with pytest.raises(mf.ManifestRejected, match="its pieces hold 8 bytes, the file has 9"):
+        mf.entries(_manifest({"state.llmt": short}), ALLOWED)
+    foreign = json.loads(json.dumps(good))
+    foreign["slices"][0]["name"] = "rng/rank-00000.llmt"
+    with pytest.raises(mf.ManifestRejected, match="is not one of its slices"):
+        mf.entries(_manifest({"state.llmt": foreign}), ALLOWED)
+
+
+def test_a_manifest_of_another_format_or_without_files_is_rejected():
+    with pytest.raises(mf.ManifestRejected, match="this trainer reads format"):
+        mf.entries({"format": 1, "files": {"state.llmt": {"size": 1, "hash": "x"}}}, ALLOWED)
+    with pytest.raises(mf.ManifestRejected, match="lists no files"):
+        mf.entries(_manifest({}), ALLOWED)
+    with pytest.raises(mf.ManifestRejected, match="no valid size"):
+        mf.entries(_manifest({"state.llmt": {"size": "1", "hash": "x"}}), ALLOWED)
+
+
+def test_inside_refuses_a_symlink_on_the_way_and_an_escape(tmp_path):
+    folder = tmp_path / "step"
+    (folder / "rng").mkdir(parents=True)
+    (tmp_path / "secret").write_text("s")
+    (folder / "state.llmt").symlink_to(tmp_path / "secret")
+    with pytest.raises(mf.ManifestRejected, match="is a symlink"):
+        mf.inside(folder, "state.llmt")
+    (folder / "rng2").symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(mf.ManifestRejected, match="is a symlink"):
+        mf.inside(folder, "rng2/secret")
+
+
+def test_a_recommitted_manifest_naming_a_system_file_is_not_a_candidate(tmp_path):
+    """The attack of the issue: a manifest listing ../../etc/passwd with its true size and
+    hash, recommitted so that COMMITTED matches: verification names the reason."""
+    tier = DirTier("local", tmp_path / "ckpt")
+    committed = save_dir(tier, 10, {"state.llmt": b"s" * 100, "rng/rank-00000.llmt": b"r"})
+    folder = tier.final(10)
+    target = "../" * 12 + "etc/passwd"
+    size, digest = hash_file(folder / target)
+    manifest = dict(committed.manifest)
+    manifest["files"] = {**manifest["files"], target: {"size": size, "hash": digest}}
+    text = json.dumps(manifest).encode()
+    (folder / mf.MANIFEST).write_bytes(text)
+    (folder / mf.COMMITTED).write_text(digest_bytes(text))
+    listed = tier.list()[0]
+    assert listed.step == 10, "COMMITTED matches: only the names' check stands in the way"
+    why = tier.verify(listed, None, ALLOWED)
+    assert why is not None and "leaves the checkpoint folder" in why
+
+
+def test_the_archive_header_is_checked_against_the_file(tmp_path):
+    entries = archive.layout([("a", "float32", (3,), 12), ("b", "uint8", (5000,), 5000)])
+    header = archive.encode_header({"k": 1}, entries)
+    assert len(header) % archive.ALIGN == 0
+    size = len(header) + archive.payload_size(entries)
+    decoded = archive.decode_header(header, file_size=size)
+    assert decoded.meta == {"k": 1} and decoded.entry("b").offset == archive.ALIGN
+    with pytest.raises(archive.ArchiveError, match="the header describes"):
+        archive.decode_header(header, file_size=size - 1)
+    with pytest.raises(archive.ArchiveError, match="bad magic"):
+        archive.decode_header(b"PK\x03\x04" + header[4:])
+    body = json.loads(header[16:].rstrip(b"\0"))
+    body["tensors"][0]["offset"] = 1 << 40
+    forged = json.dumps(body).encode()
+    with pytest.raises(archive.ArchiveError, match="lies outside the payload"):
+        archive.decode_header(archive.MAGIC + struct.pack("<Q", len(forged)) + forged)
+
+
+def test_a_file_is_hashed_in_pieces_as_it_is_written_direct_or_buffered(tmp_path):
+    data = bytes(range(256)) * 4096 * 3  # 3 MiB, not a multiple of the piece
+    piece = 1 << 20
+    for direct in (True, False):
+        writer = FileWriter(tmp_path / f"f{direct}", piece, direct=direct)
+        memory = allocate(len(data))  # direct I/O needs page-aligned memory
+        memory[: len(data)] = data
+        writer.write(memoryview(memory)[: len(data)], aligned_memory=True)
+        pieces = writer.close()
+        assert [(o, n) for o, n, _ in pieces] == [(0, piece), (piece, piece), (2 * piece, len(data) - 2 * piece)]
+        for offset, size, digest in pieces:
+            assert hash_file(tmp_path / f"f{direct}", offset, size) == (size, digest)
+    hasher = PieceHasher(piece)
+    for start in range(0, len(data), 1000):  # fed in odd chunks: the same pieces
+        hasher.update(data[start:start + 1000])
+    assert hasher.finish() == pieces
