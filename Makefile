@@ -36,9 +36,9 @@ demo: setup
 test: setup system-deps cluster-tools
 	$(BIN)/pytest
 
-# Unit and API-contract tests only (no torchrun runs, no cluster).
+# Unit and API-contract tests only (no torchrun runs, no cluster, no built tools).
 test-fast: setup
-	$(BIN)/pytest -m "not slow and not cluster and not e2e"
+	$(BIN)/pytest -m "not slow and not cluster and not e2e and not tools"
 
 lint: setup
 	$(BIN)/lint-imports

@@ -18,7 +18,6 @@ split: reconcile time apart from work-queue wait).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time

@@ -63,7 +63,7 @@ def main() -> None:
     args = p.parse_args()
     rounds = args.rounds or (1 if args.quick else 3)
 
-    from e2e.jobs import PVC, create, job_manifest, pods, status, wait_status  # noqa: PLC0415
+    from e2e.jobs import PVC, create, job_manifest, pods, wait_status  # noqa: PLC0415
     from localcluster.cluster import LocalCluster  # noqa: PLC0415
 
     bed = LocalCluster.default().up()

@@ -3,7 +3,7 @@
 Both train the same model on the same samples with the same optimizer, in this process
 at world size 1. The *bare* loop is the minimum: forward, backward, AdamW step. The
 *full* trainer runs with every feature on: async checkpoints to a local tier every
-``--checkpoint-every`` steps (snapshot, background write, sha256 manifest, commit,
+``--checkpoint-every`` steps (snapshot, background write, hashed manifest, commit,
 retention), the Prometheus endpoint, the hang watchdog, the per-step loss/stop
 agreement and the step log.
 

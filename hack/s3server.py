@@ -37,8 +37,11 @@ def _free_port() -> int:
 
 
 class MinioServer:
-    def __init__(self, root: Path, port: int | None = None, binary: Path | None = None):
+    def __init__(self, root: Path, port: int | None = None, binary: Path | None = None, host: str = "127.0.0.1"):
+        """``host``: the address to listen on (``0.0.0.0`` to be reached from network
+        namespaces); clients here use loopback either way."""
         self.root = Path(root)
+        self.host = host
         self.data = self.root / "minio-data"
         self.port = port or _free_port()
         self.binary = binary or build_tools() / "minio"
@@ -56,7 +59,7 @@ class MinioServer:
         console = _free_port()
         with self.log.open("a") as fh:
             self.proc = subprocess.Popen(
-                [str(self.binary), "server", str(self.data), "--address", f"127.0.0.1:{self.port}",
+                [str(self.binary), "server", str(self.data), "--address", f"{self.host}:{self.port}",
                  "--console-address", f"127.0.0.1:{console}", "--quiet"],
                 stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
             )

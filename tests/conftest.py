@@ -14,6 +14,9 @@ def pytest_collection_modifyitems(config, items):
     def needs_cluster(item) -> bool:
         return any(part in str(item.fspath) for part in ("/cluster/", "/e2e/"))
 
+    for item in items:
+        if "minio" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.tools)
     items.sort(key=needs_cluster)
 
 

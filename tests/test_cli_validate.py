@@ -36,7 +36,7 @@ def test_a_broken_copy_fails_and_names_the_field(tmp_path):
     assert result.returncode == 1
     assert "02-three-tier-checkpoints.yaml (three-tier): ok" in result.stdout
     assert "broken.yaml (three-tier): INVALID" in result.stderr
-    assert ("spec.checkpoint.shared.intervalSteps: checkpoint.shared.intervalSteps must be a multiple of "
+    assert ("spec.checkpoint.shared.intervalSteps: checkpoint.shared.intervalSteps must be a multiple of a fixed "
             "checkpoint.intervalSteps (25 % 10 != 0)") in result.stderr
 
 

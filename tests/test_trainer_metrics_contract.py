@@ -12,10 +12,33 @@ def test_the_probe_reads_what_the_trainer_exports():
     m = TrainerMetrics(rank=0, strategy="ddp", config_hash="abc", job="j")
     m.started(world_size=2, restarts=3, failed_attempts={"crash": 1, "hang": 1, "victim": 1, "preempted": 0, "permanent": 0})
     m.step(step=42, samples=336, loss=2.5, seconds=0.5, tokens=512)
-    m.checkpoint_committed("local", 40, 0.1)
-    m.checkpoint_committed("shared", 30, 0.3)
+    m.checkpoint_committed("local", 40, 0.1, 1000)
+    m.checkpoint_committed("shared", 30, 0.3, 1000)
+    for tier in ("local", "shared", "s3"):
+        m.tier_health(tier, None)
     probe = parse(generate_latest(m.registry).decode())
     assert (probe.step, probe.world_size, probe.restarts) == (42, 2, 3)
     assert probe.failed_attempts == {"crash": 1, "hang": 1, "victim": 1, "preempted": 0, "permanent": 0}
     assert probe.last_checkpoint == {"local": 40, "shared": 30}
     assert probe.last_step_time is not None
+    assert probe.tier_degraded == {} and probe.cost_seconds is None and probe.mtbf_seconds is None, "unset reads as absent"
+
+
+def test_tier_health_and_the_cadence_reach_the_probe_and_a_recovered_tier_leaves_no_reason():
+    m = TrainerMetrics(rank=0, strategy="ddp", config_hash="abc", job="j")
+    m.checkpoint_failed("s3", "Unreachable")
+    m.checkpoint_failed("s3", "CredentialsRefused")  # only the current reason stays
+    m.checkpoint_failed("local", "NoSpace")
+    m.cadence(25, Chosen(1.5, 900.0))
+    text = generate_latest(m.registry).decode()
+    probe = parse(text)
+    assert probe.tier_degraded == {"s3": "CredentialsRefused", "local": "NoSpace"}
+    assert (probe.interval_steps, probe.cost_seconds, probe.mtbf_seconds) == (25, 1.5, 900.0)
+    assert 'llmtrain_trainer_checkpoint_failures_total{reason="Unreachable",tier="s3"} 1.0' in text
+    m.tier_health("s3", None)
+    assert parse(generate_latest(m.registry).decode()).tier_degraded == {"local": "NoSpace"}
+
+
+class Chosen:
+    def __init__(self, cost_seconds: float, mtbf_seconds: float):
+        self.cost_seconds, self.mtbf_seconds = cost_seconds, mtbf_seconds

@@ -108,3 +108,23 @@ CONFIG_HASH_ANNOTATION = "llmtrain.io/config-hash"
 """On the rendered-config ConfigMap: the hash of its content."""
 TERMINATION_LOG = "/dev/termination-log"
 """Kubernetes' default termination-message path."""
+
+
+TIER_REASONS = {
+    "NoSpace": "the filesystem is full",
+    "PermissionDenied": "permission denied (check the volume's owner and mode)",
+    "ReadOnly": "the filesystem is read-only",
+    "IOError": "an I/O error on the device",
+    "Unreachable": "the endpoint cannot be reached",
+    "CredentialsRefused": "the credentials were refused (check the credentials Secret)",
+    "NoCredentials": "no credentials were found (check the credentials Secret)",
+    "NoSuchBucket": "the bucket does not exist",
+    "ServerError": "the server answered with an error (5xx)",
+    "Throttled": "the server throttles requests",
+    "Timeout": "the operation timed out",
+    "Corrupt": "what was written does not verify",
+    "Error": "an unexpected error",
+}
+"""Why a checkpoint tier is degraded: the ``reason`` label of the trainer's tier metrics,
+and what it means (the operator's condition message says it). Never a remote service's
+own error text, which may quote a credential."""

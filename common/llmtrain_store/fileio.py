@@ -17,8 +17,10 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import xxhash
 
@@ -156,6 +158,118 @@ class FileWriter:
         except OSError:
             pass
         self.path.unlink(missing_ok=True)
+
+
+class Segments:
+    """A file's bytes as consecutive page-aligned buffers (e.g. an archive's header block
+    and the arena holding its payload), each a multiple of ``ALIGN`` long."""
+
+    def __init__(self, buffers: list[memoryview]):
+        self.buffers = [memoryview(b).cast("B") for b in buffers]
+        self.starts, total = [], 0
+        for b in self.buffers:
+            self.starts.append(total)
+            total += len(b)
+        self.size = total
+
+    def views(self, offset: int, length: int) -> Iterator[memoryview]:
+        """The bytes [offset, offset + length) as views into the buffers, in order."""
+        for start, buf in zip(self.starts, self.buffers):
+            end = start + len(buf)
+            if offset < end and length > 0:
+                lo = offset - start
+                take = min(len(buf) - lo, length)
+                yield buf[lo:lo + take]
+                offset += take
+                length -= take
+
+
+WRITERS = 2
+"""Threads that write (or read) one large file, each its own pieces, so that two requests
+are in flight: NVMe devices reach their bandwidth only with requests queued. On this
+machine's virtual disk it makes no measurable difference (one thread 460-770 MB/s, two
+460-610 MB/s, dd 390-770 MB/s in the same runs)."""
+
+
+def _by_piece(size: int, piece: int, work: Callable[[int, int], Any], threads: int) -> list[Any]:
+    """Run ``work(offset, length)`` for every piece of a ``size``-byte file, spread over
+    ``threads`` threads; results in piece order."""
+    ranges = [(o, min(piece, size - o)) for o in range(0, size, piece)]
+    if threads <= 1 or len(ranges) <= 1:
+        return [work(o, n) for o, n in ranges]
+    with ThreadPoolExecutor(max_workers=min(threads, len(ranges)), thread_name_prefix="ckpt-io") as pool:
+        return list(pool.map(lambda r: work(*r), ranges))
+
+
+def write_segments(path: Path, data: Segments, piece: int, direct: bool = True, threads: int = WRITERS) -> list[tuple[int, int, str]]:
+    """Write ``data`` as the file ``path``: each piece hashed as it goes out, by direct I/O
+    where the filesystem allows, several pieces at a time; fsync'ed. Returns the pieces
+    (offset, size, hash). The buffers must be page-aligned (``allocate``)."""
+    fd = _open_direct(path) if direct else None
+    if fd is None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        def write(offset: int, length: int) -> tuple[int, int, str]:
+            hasher, at = Hasher(), offset
+            for view in data.views(offset, length):
+                for start in range(0, len(view), CHUNK):
+                    chunk = view[start:start + CHUNK]
+                    done = 0
+                    while done < len(chunk):
+                        done += os.pwrite(fd, chunk[done:], at + done)
+                    hasher.update(chunk)
+                    at += len(chunk)
+            return offset, length, hasher.hexdigest()
+
+        pieces = _by_piece(data.size, piece, write, threads)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    return pieces
+
+
+def read_pieces(path: Path, dest: Segments, expected: list[tuple[int, int, str]], threads: int = WRITERS) -> str | None:
+    """Read the file into ``dest`` (same length) piece by piece, several at a time, by
+    direct I/O where possible, hashing each piece as it comes in. None when every piece
+    matches ``expected``; else what does not."""
+    if sum(n for _, n, _ in expected) != dest.size or os.stat(path).st_size != dest.size:
+        return f"{path.name}: {os.stat(path).st_size} bytes, expected {dest.size}"
+    flag = getattr(os, "O_DIRECT", 0)
+    try:
+        fd = os.open(path, os.O_RDONLY | flag)
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+        fd = os.open(path, os.O_RDONLY)
+    digests = {o: h for o, _, h in expected}
+    try:
+        def read(offset: int, length: int) -> str | None:
+            hasher, at = Hasher(), offset
+            for view in dest.views(offset, length):
+                for start in range(0, len(view), CHUNK):
+                    chunk = view[start:start + CHUNK]
+                    done = 0
+                    while done < len(chunk):
+                        got = os.preadv(fd, [chunk[done:]], at + done)
+                        if got == 0:
+                            return f"{path.name}: truncated at byte {at + done}"
+                        done += got
+                    hasher.update(chunk)
+                    at += len(chunk)
+            if digests.get(offset) != hasher.hexdigest():
+                return f"{path.name}: bytes {offset}..{offset + length} do not match the manifest's hashes"
+            return None
+
+        piece = expected[0][1] if expected else dest.size
+        if any(o != i * piece for i, (o, _, _) in enumerate(expected)):
+            return f"{path.name}: the manifest's pieces are not of one size"
+        problems = [p for p in _by_piece(dest.size, max(piece, 1), read, threads) if p]
+    finally:
+        os.close(fd)
+    return problems[0] if problems else None
 
 
 def read_into(path: Path, dest: memoryview, offset: int = 0, aligned_memory: bool = False,

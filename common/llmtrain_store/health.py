@@ -11,22 +11,10 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass
 
-REASONS = {
-    "NoSpace": "the filesystem is full",
-    "PermissionDenied": "permission denied (check the volume's owner and mode)",
-    "ReadOnly": "the filesystem is read-only",
-    "IOError": "an I/O error on the device",
-    "Unreachable": "the endpoint cannot be reached",
-    "CredentialsRefused": "the credentials were refused (check the credentials Secret)",
-    "NoCredentials": "no credentials were found (check the credentials Secret)",
-    "NoSuchBucket": "the bucket does not exist",
-    "ServerError": "the server answered with an error (5xx)",
-    "Throttled": "the server throttles requests",
-    "Timeout": "the operation timed out",
-    "Corrupt": "what was written does not verify",
-    "Error": "an unexpected error",
-}
-"""Reason -> what it means, for messages."""
+from llmtrain_contract.names import TIER_REASONS
+
+REASONS = TIER_REASONS
+"""Reason -> what it means, for messages (the contract's table)."""
 
 _ERRNO = {errno.ENOSPC: "NoSpace", errno.EDQUOT: "NoSpace", errno.EACCES: "PermissionDenied", errno.EPERM: "PermissionDenied",
           errno.EROFS: "ReadOnly", errno.EIO: "IOError", errno.ETIMEDOUT: "Timeout", errno.ECONNREFUSED: "Unreachable",

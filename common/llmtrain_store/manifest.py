@@ -34,6 +34,15 @@ STEP_PREFIX = "step-"
 STAGING_PREFIX = ".staging-"
 
 RNG_NAME = re.compile(r"rng/rank-\d{5}\.llmt")
+_SLICED = r"(\.part-\d{3}-of-\d{3})?"
+ENGINE_FILES = {
+    "ddp": re.compile(rf"(state\.llmt{_SLICED}|rng/rank-\d{{5}}\.llmt)"),
+    "deepspeed": re.compile(rf"(ds/(mp_rank_00_model_states\.pt|zero_pp_rank_\d+_mp_rank_00_optim_states\.pt){_SLICED}"
+                            r"|rng/rank-\d{5}\.llmt)"),
+}
+"""Every file name each engine writes, by the manifest's ``strategy``: a manifest naming
+anything else is rejected. The trainer's engines answer with these; ``llmtrain
+checkpoints`` checks with them, without the trainer."""
 PIECE = 64 << 20
 """The largest piece: the bytes hashed as one unit. A node's share of a file is a run of
 whole pieces."""

@@ -34,6 +34,9 @@ INIT = str(Path(__file__).with_name("container_init.py"))
 NETNS_ETC = Path("/etc/netns")
 API_PORT = 443  # see control_plane.API_PORT
 CONFIG_RETRY_SECONDS = 1.0
+VOLUME_REFRESH_SECONDS = 3.0
+"""How often mounted ConfigMaps and Secrets are refreshed in running pods (the kubelet
+does it within about a minute; tests do not wait that long)."""
 """How often a pod waiting on a missing ConfigMap/Secret looks again (the kubelet retries too)."""
 
 
@@ -88,6 +91,7 @@ class PodRunner:
     lock: threading.Lock = field(default_factory=threading.Lock)
     dirty: bool = True
     next_config_retry: float = 0.0
+    next_volume_refresh: float = 0.0
     transitions: dict[str, tuple[str, str]] = field(default_factory=dict)
     """Condition type -> (status, when it last changed)."""
 
@@ -227,6 +231,9 @@ class PodRunner:
             self._prepare_and_launch()
         if self.deleting_since is not None and self.grace_deadline is not None and time.monotonic() > self.grace_deadline:
             self.kill(signal.SIGKILL)
+        if self.volumes is not None and self.deleting_since is None and time.monotonic() >= self.next_volume_refresh:
+            self.next_volume_refresh = time.monotonic() + VOLUME_REFRESH_SECONDS
+            volumes.refresh_config_volumes(self.core, self.pod, self.volumes)
 
     def _terminated(self, c: Container, code: int) -> None:
         exit_code = 128 - code if code < 0 else code

@@ -4,7 +4,7 @@
 |------------------------|--------------------------------------------------------------|
 | emptyDir               | ``<state>/pods/<uid>/volumes/<name>`` (removed with the pod) |
 | hostPath               | ``<state>/nodes/<node>/hostpath/<path>``: per simulated node |
-| configMap / secret     | files written from the API object at pod start               |
+| configMap / secret     | files written from the API object, refreshed while it runs   |
 | projected              | service-account token (TokenRequest), configMaps, downward API |
 | downwardAPI            | files from field references                                  |
 | persistentVolumeClaim  | the bound PV's hostPath (see provisioner.py), shared by nodes |
@@ -170,6 +170,34 @@ def prepare_volume(core: client.CoreV1Api, pod: dict[str, Any], volume: dict[str
         path.mkdir(parents=True, exist_ok=True)
         return path
     raise ConfigError(f"volume {name}: unsupported type {sorted(set(volume) - {'name'})}")
+
+
+def refresh_config_volumes(core: client.CoreV1Api, pod: dict[str, Any], mounted: dict[str, Path]) -> None:
+    """Rewrite the files of mounted ConfigMap and Secret volumes whose objects changed,
+    each replaced atomically, as the kubelet does for volumes not mounted by subPath."""
+    ns = pod["metadata"]["namespace"]
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        if ("configMap" not in volume and "secret" not in volume) or volume["name"] not in mounted:
+            continue
+        kind = "configmap" if "configMap" in volume else "secret"
+        ref = volume.get("configMap") or volume.get("secret")
+        try:
+            data = _read_key(core, kind, ns, ref.get("name") or ref.get("secretName"), None, True) or {}
+        except (ConfigError, ApiException):
+            continue  # gone or unreadable for now: keep what the pod has, as the kubelet does
+        folder = mounted[volume["name"]]
+        wanted = {item.get("path", item["key"]): data[item["key"]] for item in ref.get("items") or [] if item["key"] in data} \
+            if ref.get("items") else data
+        for name, value in wanted.items():
+            target = folder / name
+            try:
+                if target.exists() and target.read_text() == value:
+                    continue
+                tmp = target.with_name(f".{target.name}.tmp")
+                tmp.write_text(value)
+                tmp.replace(target)
+            except OSError:
+                continue
 
 
 def _token(core: client.CoreV1Api, pod: dict[str, Any], source: dict[str, Any]) -> str:

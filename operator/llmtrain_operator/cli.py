@@ -5,6 +5,8 @@ Subcommands:
   crd [--write]      print (or write into crds/ and the chart) the generated CRD
   exit-codes         print the trainer/operator exit-code table
   run FILE           run a job locally with torchrun, no cluster (see localrun/)
+  checkpoints ls|verify|prune TARGET...
+                     a job's checkpoints in every tier (see storecli.py)
 """
 
 from __future__ import annotations
@@ -102,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .localrun.cli import add_run_parser  # noqa: PLC0415
 
     add_run_parser(sub)
+    from .storecli import add_parser as add_checkpoints_parser  # noqa: PLC0415
+
+    add_checkpoints_parser(sub)
     return parser
 
 

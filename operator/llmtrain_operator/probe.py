@@ -1,8 +1,9 @@
 """Read a trainer's progress from its Prometheus endpoint.
 
 The trainer needs no Kubernetes credentials: the operator (and the local runner)
-scrape local rank 0 of each worker for the step, world size, torchrun restarts and the
-newest committed checkpoint per tier.
+scrape local rank 0 of each worker for the step, world size, torchrun restarts, the
+newest committed checkpoint and the health of each tier, and the checkpoint interval in
+force with its inputs.
 """
 
 from __future__ import annotations
@@ -17,17 +18,21 @@ from .api.observed import TrainerProbe
 
 RESTARTS = Metric.total(Metric.WORKER_GROUP_RESTARTS)
 FAILED_ATTEMPTS = Metric.total(Metric.FAILED_ATTEMPTS)
-READ = (Metric.STEP, Metric.WORLD_SIZE, RESTARTS, Metric.LAST_STEP_TIMESTAMP)
+READ = (Metric.STEP, Metric.WORLD_SIZE, RESTARTS, Metric.LAST_STEP_TIMESTAMP, Metric.CHECKPOINT_INTERVAL_STEPS,
+        Metric.CHECKPOINT_COST_SECONDS, Metric.CHECKPOINT_MTBF_SECONDS)
 
 
 def parse(text: str) -> TrainerProbe:
     values: dict[str, float] = {}
     checkpoints: dict[str, int] = {}
     failed: dict[str, int] = {}
+    degraded: dict[str, str] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == Metric.CHECKPOINT_LAST_STEP:
                 checkpoints[sample.labels.get("tier", "local")] = int(sample.value)
+            elif sample.name == Metric.CHECKPOINT_TIER_DEGRADED and sample.value >= 1:
+                degraded[sample.labels.get("tier", "local")] = sample.labels.get("reason", "Error")
             elif sample.name == FAILED_ATTEMPTS:
                 failed[sample.labels.get("cause", "crash")] = int(sample.value)
             elif sample.name in READ:
@@ -40,6 +45,11 @@ def parse(text: str) -> TrainerProbe:
         failed_attempts=failed,
         last_step_time=values.get(Metric.LAST_STEP_TIMESTAMP) or None,
         last_checkpoint=checkpoints,
+        tier_degraded=degraded,
+        interval_steps=as_int(Metric.CHECKPOINT_INTERVAL_STEPS) or None,
+        # Unset gauges read 0: only global rank 0, once it has chosen, reports these.
+        cost_seconds=values.get(Metric.CHECKPOINT_COST_SECONDS) or None,
+        mtbf_seconds=values.get(Metric.CHECKPOINT_MTBF_SECONDS) or None,
     )
 
 

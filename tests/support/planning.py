@@ -6,7 +6,7 @@ import copy
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from llmtrain_operator.api.observed import NodeView, Observed, PodView, TrainerProbe, format_time
+from llmtrain_operator.api.observed import ConfigMapView, NodeView, Observed, PodView, TrainerProbe, format_time
 from llmtrain_operator.planner import CreateObject, DeleteJob, DeletePod, ReplaceObject
 from llmtrain_operator.planner.manifests import CONFIG_HASH_ANNOTATION, config_map
 from llmtrain_operator.api import parse_job
@@ -55,7 +55,7 @@ def infrastructure(raw: dict[str, Any]) -> dict[str, Any]:
         cm = None
     return {
         "services": frozenset({"tiny-elastic-workers", "tiny-elastic-rdzv"}),
-        "configmaps": {cm["metadata"]["name"]: cm["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]} if cm else {},
+        "configmaps": {cm["metadata"]["name"]: ConfigMapView(cm["metadata"]["annotations"][CONFIG_HASH_ANNOTATION])} if cm else {},
     }
 
 

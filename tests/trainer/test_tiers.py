@@ -152,3 +152,24 @@ def test_the_final_checkpoint_that_no_tier_can_hold_is_a_retryable_failure_sayin
     assert codes == [ExitCode.TRANSIENT], job.logs()
     record = json.loads((tmp_path / "node0" / "run" / "exit" / "attempt-0" / "local-0.json").read_text())
     assert "no tier holds the final checkpoint (local: the filesystem is full" in record["message"], record
+
+
+def test_a_deepspeed_job_wide_copy_restores_at_another_world_size_through_tier_1(tmp_path):
+    """DeepSpeed ZeRO on two nodes: each rank stores its optimizer shard in the shared
+    tier, rank 0 the model states; one node alone then restores the universal form of
+    that job-wide copy (pulled into its tier 1 first)."""
+    cfg = base_config(maxSteps=10, strategy={"kind": "deepspeed", "zeroStage": 1}, checkpoint={"intervalSteps": 5})
+    job, codes = run_job(tmp_path, cfg, nodes=2, shared_tier=True, timeout=600)
+    assert codes == [0, 0], job.logs()
+    shared = tmp_path / "shared" / "step-00000010"
+    manifest = json.loads((shared / "manifest.json").read_text())
+    assert manifest["ranks"] == [0, 1] and manifest["world_size"] == 2
+    assert {"ds/zero_pp_rank_0_mp_rank_00_optim_states.pt", "ds/zero_pp_rank_1_mp_rank_00_optim_states.pt",
+            "ds/mp_rank_00_model_states.pt"} <= set(manifest["files"])
+    for node in (0, 1):  # only the job-wide copy is left
+        subprocess.run(["rm", "-rf", str(tmp_path / f"node{node}" / "ckpt")], check=True)
+    job2, codes = run_job(tmp_path, dict(cfg, maxSteps=12), nodes=1, shared_tier=True, timeout=600)
+    assert codes == [0], job2.logs()
+    logs = job2.logs()
+    assert "resumed from step 10 (shared tier, universal, saved at world size 2, now 1)" in logs
+    assert "pulled step 10 from the shared tier into tier 1" in logs

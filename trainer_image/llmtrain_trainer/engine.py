@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from llmtrain_contract.config import OptimizerConfig, TrainerConfig
 from llmtrain_store.archive import encode_header
-from llmtrain_store.manifest import FileEntry
+from llmtrain_store.manifest import ENGINE_FILES, FileEntry
 from llmtrain_store.sources import MemorySource
 from torch.nn.parallel import DistributedDataParallel
 
@@ -387,7 +387,7 @@ class DDPEngine:
 
     @staticmethod
     def allowed_names() -> re.Pattern[str]:
-        return re.compile(r"(state\.llmt(\.part-\d{3}-of-\d{3})?|rng/rank-\d{5}\.llmt)")
+        return ENGINE_FILES["ddp"]
 
     @staticmethod
     def file_rank(name: str) -> int | None:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from llmtrain_store.manifest import FileEntry
+from llmtrain_store.manifest import ENGINE_FILES, FileEntry
 from llmtrain_store.sources import MemorySource
 
 from llmtrain_contract.config import TrainerConfig
@@ -257,8 +257,7 @@ class DeepSpeedEngine:
 
     @staticmethod
     def allowed_names() -> re.Pattern[str]:
-        return re.compile(rf"({DS_TAG}/({MODEL_STATES}|zero_pp_rank_\d+_mp_rank_00_optim_states\.pt)(\.part-\d{{3}}-of-\d{{3}})?"
-                          r"|rng/rank-\d{5}\.llmt)")
+        return ENGINE_FILES["deepspeed"]
 
     @staticmethod
     def file_rank(name: str) -> int | None:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from llmtrain_contract.names import CONFIG_HASH_ANNOTATION
+
 from .vocabulary import PodPhase
 
 LABEL_JOB = "llmtrain.io/job"
@@ -20,6 +22,8 @@ LABEL_SLOT = "llmtrain.io/slot"
 LABEL_GENERATION = "llmtrain.io/generation"
 ROLE_WORKER = "worker"
 ROLE_STORE = "rendezvous"
+CADENCE_ANNOTATION = "llmtrain.io/cadence-failures"
+"""On the job's ConfigMap: the failure count its ``cadence.json`` holds (auto cadence)."""
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -170,6 +174,27 @@ class TrainerProbe:
     """Unix time the trainer finished its newest step (recovery ends at the first new one)."""
     last_checkpoint: dict[str, int] = field(default_factory=dict)
     """tier -> newest committed step."""
+    tier_degraded: dict[str, str] = field(default_factory=dict)
+    """tier -> why it is degraded now (a ``TIER_REASONS`` key); healthy tiers absent."""
+    interval_steps: int | None = None
+    """The checkpoint interval in force."""
+    cost_seconds: float | None = None
+    """The adaptive cadence's measured checkpoint cost (reported by global rank 0)."""
+    mtbf_seconds: float | None = None
+    """The adaptive cadence's MTBF (reported by global rank 0)."""
+
+
+@dataclass(frozen=True)
+class ConfigMapView:
+    config_hash: str
+    """The hash annotation of the rendered trainer config."""
+    cadence: str | None = None
+    """The failure history it carries for the adaptive cadence (its annotation)."""
+
+    @classmethod
+    def from_annotations(cls, annotations: dict[str, str] | None) -> "ConfigMapView":
+        annotations = annotations or {}
+        return cls(annotations.get(CONFIG_HASH_ANNOTATION, ""), annotations.get(CADENCE_ANNOTATION))
 
 
 @dataclass(frozen=True)
@@ -177,8 +202,8 @@ class Observed:
     pods: tuple[PodView, ...] = ()
     nodes: dict[str, NodeView] = field(default_factory=dict)
     services: frozenset[str] = frozenset()
-    configmaps: dict[str, str] = field(default_factory=dict)
-    """ConfigMap name -> the hash annotation of its content."""
+    configmaps: dict[str, ConfigMapView] = field(default_factory=dict)
+    """ConfigMap name -> what its annotations say it holds."""
     probes: dict[str, TrainerProbe] = field(default_factory=dict)
     """Pod name -> probe."""
     missing: tuple[str, ...] = ()

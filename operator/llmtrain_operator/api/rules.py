@@ -11,13 +11,14 @@ from typing import Any
 from llmtrain_contract.config import DataConfig, OptimizerConfig, StrategyConfig, TrainSpec
 from llmtrain_contract.rules import Rule
 
-from .spec import CheckpointSpec, FaultToleranceSpec, LLMTrainJobSpec, ReplicasSpec, TrainerSpec
+from .spec import AutoCadenceSpec, CheckpointSpec, FaultToleranceSpec, LLMTrainJobSpec, ReplicasSpec, TrainerSpec
 
 MODELS: tuple[tuple[str, type], ...] = (
     ("spec", LLMTrainJobSpec),
     ("spec.trainer", TrainerSpec),
     ("spec.replicas", ReplicasSpec),
     ("spec.checkpoint", CheckpointSpec),
+    ("spec.checkpoint.auto", AutoCadenceSpec),
     ("spec.faultTolerance", FaultToleranceSpec),
     ("spec.trainer.builtin", TrainSpec),
     ("spec.trainer.builtin.data", DataConfig),

@@ -66,6 +66,51 @@ class CheckpointRecord(CamelModel):
     """``<step>@<tier>``, for the printer column."""
 
 
+class TierHealth(CamelModel):
+    """One checkpoint tier, as the trainers report it."""
+
+    name: Literal["local", "shared", "s3"]
+    healthy: bool = True
+    reason: str | None = None
+    """Why it is degraded: ``NoSpace``, ``PermissionDenied``, ``ReadOnly``, ``IOError``,
+    ``Unreachable``, ``CredentialsRefused``, ``NoCredentials``, ``NoSuchBucket``,
+    ``ServerError``, ``Throttled``, ``Timeout``, ``Corrupt`` or ``Error``."""
+    message: str | None = None
+    pods: list[str] = Field(default_factory=list)
+    """The workers that report it degraded (a node-local tier fails on some nodes only)."""
+    since: str | None = None
+    """When it was first seen degraded (RFC 3339)."""
+    last_step: int | None = None
+    """The newest step committed in it."""
+
+
+class CadenceHistory(CamelModel):
+    """The job's failure history as given to the trainers (``cadence.json`` in the job's
+    ConfigMap): rewritten when the count of failures changes."""
+
+    failures: int = 0
+    """Restarts plus disruptions: every failure that cost the job work."""
+    active_seconds: float = 0.0
+    """``status.activeSeconds`` when the count last changed; the trainer adds the time
+    since ``time``."""
+    time: float = 0.0
+    """Unix time it was recorded."""
+
+
+class CheckpointCadence(CamelModel):
+    """The checkpoint interval in force, and (``intervalSteps: auto``) its inputs."""
+
+    mode: Literal["fixed", "auto"] = "fixed"
+    interval_steps: int | None = None
+    """As the trainers report it."""
+    cost_seconds: float | None = None
+    """Measured cost of one checkpoint: training stall plus tier-1 persist."""
+    mtbf_seconds: float | None = None
+    """The job's mean time between failures the interval was chosen for."""
+    history: CadenceHistory | None = None
+    """What the trainers were told (auto only)."""
+
+
 class QuarantinedNode(CamelModel):
     node: str
     until: str
@@ -135,6 +180,10 @@ class LLMTrainJobStatus(CamelModel):
     """Bumped by every ``RestartAll``; pods of an older generation are recreated."""
     last_failure: FailureRecord | None = None
     last_checkpoint: CheckpointRecord | None = None
+    checkpoint_tiers: list[TierHealth] = Field(default_factory=list)
+    """Each configured tier's health and newest step (condition ``CheckpointsDegraded``)."""
+    checkpoint_cadence: CheckpointCadence | None = None
+    """The checkpoint interval in force; with ``intervalSteps: auto``, how it was chosen."""
     quarantined_nodes: list[QuarantinedNode] = Field(default_factory=list)
     start_time: str | None = None
     """When the job first ran (RFC 3339)."""

@@ -42,6 +42,7 @@ class ConditionType(StrEnum):
     RUNNING = "Running"
     RESTARTING = "Restarting"
     DEGRADED = "Degraded"
+    CHECKPOINTS_DEGRADED = "CheckpointsDegraded"
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
@@ -56,6 +57,11 @@ class FailureKind(StrEnum):
     EVICTION = "Eviction"
     HANG = "Hang"
     WEDGED = "Wedged"
+    # checkpoints
+    CHECKPOINT_TIER_DEGRADED = "CheckpointTierDegraded"
+    CHECKPOINT_TIER_RECOVERED = "CheckpointTierRecovered"
+    TIERS_HEALTHY = "TiersHealthy"
+    CHECKPOINT_INTERVAL_CHANGED = "CheckpointIntervalChanged"
     PERMANENT = "Permanent"
     DEADLINE = "Deadline"
 
@@ -101,3 +107,8 @@ class Reason(StrEnum):
     DISRUPTION_TARGET = "DisruptionTarget"
     EVICTED = "Evicted"
     WEDGED = "Wedged"
+    # checkpoints
+    CHECKPOINT_TIER_DEGRADED = "CheckpointTierDegraded"
+    CHECKPOINT_TIER_RECOVERED = "CheckpointTierRecovered"
+    TIERS_HEALTHY = "TiersHealthy"
+    CHECKPOINT_INTERVAL_CHANGED = "CheckpointIntervalChanged"

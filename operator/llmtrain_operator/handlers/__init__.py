@@ -26,11 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
-from llmtrain_contract.names import CONFIG_HASH_ANNOTATION
 
 from .. import __version__, metrics
 from ..api.job import GROUP, PLURAL, VERSION
-from ..api.observed import LABEL_JOB
+from ..api.observed import LABEL_JOB, ConfigMapView
 from ..k8s.client import K8s, PermanentApiError, TransientApiError
 from ..k8s.lease import LeaseClient
 from ..settings import OperatorSettings, from_env
@@ -126,7 +125,7 @@ def services_by_job(namespace: str, name: str, labels: dict[str, str], **_: Any)
 
 @kopf.index("configmaps", labels=JOB_SELECTOR)
 def configmaps_by_job(namespace: str, name: str, labels: dict[str, str], annotations: dict[str, str], **_: Any) -> dict[Any, Any]:
-    return {(namespace, labels[LABEL_JOB]): (name, annotations.get(CONFIG_HASH_ANNOTATION, ""))}
+    return {(namespace, labels[LABEL_JOB]): (name, ConfigMapView.from_annotations(annotations))}
 
 
 # ---------------------------------------------------------------- the per-job loops

@@ -13,10 +13,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from llmtrain_contract.names import CONFIG_HASH_ANNOTATION
-
 from .. import metrics
-from ..api.observed import LABEL_JOB, ROLE_WORKER, Observed, node_view, parse_time, pod_view
+from ..api.observed import LABEL_JOB, ROLE_WORKER, ConfigMapView, Observed, node_view, parse_time, pod_view
 from ..api.vocabulary import Phase, PodPhase
 from ..api.spec import LLMTrainJobSpec
 from ..k8s.client import K8s, TransientApiError
@@ -45,7 +43,7 @@ class Children:
     pods: list[dict[str, Any]]
     nodes: list[dict[str, Any]]
     services: frozenset[str]
-    configmaps: dict[str, str]
+    configmaps: dict[str, ConfigMapView]
 
 
 class ChildSource(Protocol):
@@ -66,7 +64,7 @@ def listing_source(k8s: K8s) -> ChildSource:
         return Children(
             pods=pods, nodes=nodes,
             services=frozenset(s["metadata"]["name"] for s in services),
-            configmaps={c["metadata"]["name"]: (c["metadata"].get("annotations") or {}).get(CONFIG_HASH_ANNOTATION, "") for c in cms},
+            configmaps={c["metadata"]["name"]: ConfigMapView.from_annotations(c["metadata"].get("annotations")) for c in cms},
         )
 
     return source

@@ -27,15 +27,18 @@ from pathlib import Path
 from typing import Any
 
 from llmtrain_contract.command import store_command, torchrun_args, trainer_program, worker_command
-from llmtrain_contract.names import CONFIG_HASH_ANNOTATION, Env
+from llmtrain_contract.cadence import CADENCE_FILE
+from llmtrain_contract.names import Env
 
 from ..api.job import LLMTrainJob
-from ..api.observed import LABEL_GENERATION, LABEL_ROLE, LABEL_SLOT, ROLE_STORE, ROLE_WORKER, NodeView, Observed, PodView, TrainerProbe
+from ..api.observed import (
+    LABEL_GENERATION, LABEL_ROLE, LABEL_SLOT, ROLE_STORE, ROLE_WORKER, ConfigMapView, NodeView, Observed, PodView, TrainerProbe,
+)
 from ..api.vocabulary import PodPhase
 from ..planner import CreateObject, DeleteJob, DeletePod, ReplaceObject
 from ..planner.environment import worker_env
-from ..planner.manifests import TORCHRUN_MAX_RESTARTS, config_map
-from ..planner.render import config_text, trainer_config
+from ..planner.manifests import TORCHRUN_MAX_RESTARTS
+from ..planner.render import config_text, tier_paths, trainer_config
 from ..probe import scrape
 
 PY = sys.executable
@@ -127,6 +130,8 @@ class LocalCluster:
     objects: set[str] = field(default_factory=set)
     store_port: int | None = None
     warnings: list[str] = field(default_factory=list)
+    configmap: dict[str, Any] | None = None
+    """The job's ConfigMap as last created or replaced."""
 
     # ------------------------------------------------------------------ paths
 
@@ -138,13 +143,15 @@ class LocalCluster:
         if self.job.spec.checkpoint.shared is not None:
             paths["shared"] = str(self.workdir / "shared")
         if self.job.spec.checkpoint.s3 is not None:
-            paths["s3"] = "s3://unsupported-in-local-runs"
+            paths["s3"] = tier_paths(self.job)["s3"]  # S3 is S3 wherever the job runs
         return paths
 
     # ------------------------------------------------------------------ apply
 
     def apply(self, actions: list[Any]) -> None:
         for action in actions:
+            if isinstance(action, (CreateObject, ReplaceObject)) and action.manifest["kind"] == "ConfigMap":
+                self._share_config(action.manifest)
             if isinstance(action, CreateObject):
                 manifest = action.manifest
                 if manifest["kind"] != "Pod":
@@ -158,6 +165,23 @@ class LocalCluster:
                 self.delete(action.name, force=action.force)
             elif isinstance(action, (ReplaceObject, DeleteJob)):
                 pass  # configs are rendered per process start; the job itself lives in memory
+
+    def _share_config(self, manifest: dict[str, Any]) -> None:
+        """What the kubelet does with a mounted ConfigMap: the failure history
+        (``cadence.json``) reaches every running node; the trainer config itself is
+        rendered per process start."""
+        self.configmap = manifest
+        text = manifest.get("data", {}).get(CADENCE_FILE)
+        if text is None:
+            return
+        for folder in self.workdir.glob("node-*"):
+            self._write_cadence(folder, text)
+
+    @staticmethod
+    def _write_cadence(folder: Path, text: str) -> None:
+        tmp = folder / f".{CADENCE_FILE}.tmp"
+        tmp.write_text(text)
+        tmp.replace(folder / CADENCE_FILE)
 
     def _spawn(self, name: str, role: str, slot: int | None, generation: int, cmd: list[str], env: dict[str, str]) -> None:
         folder = self.slot_dir(slot) if slot is not None else self.workdir / "store"
@@ -192,6 +216,9 @@ class LocalCluster:
             config = folder / "config.yaml"
             folder.mkdir(parents=True, exist_ok=True)
             config.write_text(config_text(cfg))
+            cadence = (self.configmap or {}).get("data", {}).get(CADENCE_FILE)
+            if cadence is not None:
+                self._write_cadence(folder, cadence)
             program = trainer_program(str(config))
         else:
             program = [*(spec.trainer.command or []), *(spec.trainer.args or [])]
@@ -263,12 +290,9 @@ class LocalCluster:
         # The store's own "node": a store on a missing Node counts as lost and is recreated.
         nodes["local"] = NodeView("local", "True", None)
         services = frozenset(o.split("/", 1)[1] for o in self.objects if o.startswith("Service/"))
-        configmaps = {o.split("/", 1)[1]: self._config_hash() for o in self.objects if o.startswith("ConfigMap/")}
+        configmaps = {o.split("/", 1)[1]: ConfigMapView.from_annotations(self.configmap["metadata"].get("annotations"))
+                      for o in self.objects if o.startswith("ConfigMap/") and self.configmap is not None}
         return Observed(pods=tuple(views), nodes=nodes, services=services, configmaps=configmaps, probes=probes)
-
-    def _config_hash(self) -> str:
-        cm = config_map(self.job)
-        return cm["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] if cm else ""
 
     def _probe(self, pod: LocalPod) -> TrainerProbe | None:
         info = pod.folder / "run" / "metrics-local-rank-0.json"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..api.vocabulary import Phase
+from ..api.vocabulary import Phase, Reason
 
 
 @dataclass(frozen=True)
@@ -125,3 +125,52 @@ class JobFinished(Decision):
 
     def __str__(self) -> str:
         return f"job {'succeeded' if self.succeeded else 'failed'} ({self.reason}): {self.message}"
+
+
+@dataclass(frozen=True)
+class TierDegraded(Decision):
+    tier: str
+    reason: str
+    message: str
+
+    def event(self) -> Event:
+        return Event("Warning", Reason.CHECKPOINT_TIER_DEGRADED, self.message)
+
+    def __str__(self) -> str:
+        return f"checkpoint tier {self.tier} degraded ({self.reason}): {self.message}"
+
+
+@dataclass(frozen=True)
+class TierRecovered(Decision):
+    tier: str
+    step: int | None
+
+    def event(self) -> Event:
+        at = f"; newest step there {self.step}" if self.step is not None else ""
+        return Event("Normal", Reason.CHECKPOINT_TIER_RECOVERED, f"{self.tier} tier works again{at}")
+
+    def __str__(self) -> str:
+        return f"checkpoint tier {self.tier} recovered"
+
+
+@dataclass(frozen=True)
+class IntervalChanged(Decision):
+    old: int | None
+    new: int
+    detail: str
+
+    def event(self) -> Event:
+        return Event("Normal", Reason.CHECKPOINT_INTERVAL_CHANGED, f"checkpoint interval {self.old} -> {self.new} steps{self.detail}")
+
+    def __str__(self) -> str:
+        return f"checkpoint interval {self.old} -> {self.new}{self.detail}"
+
+
+@dataclass(frozen=True)
+class CadenceShared(Decision):
+    """The failure history in the job's ConfigMap was updated (logged, no Event)."""
+
+    failures: int
+
+    def __str__(self) -> str:
+        return f"failure history for the adaptive checkpoint interval shared with the trainers: {self.failures} failures"

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from llmtrain_contract.command import store_command, torchrun_args, trainer_program, worker_command
+from llmtrain_contract.cadence import CADENCE_FILE
 from llmtrain_contract.names import CONFIG_HASH_ANNOTATION, RDZV_PORT, TERMINATION_LOG
 
 from ..api.job import API_VERSION, KIND, LLMTrainJob
-from ..api.observed import LABEL_ROLE, ROLE_WORKER
+from ..api.observed import CADENCE_ANNOTATION, LABEL_ROLE, ROLE_WORKER
+from ..api.status import CadenceHistory
 from . import names
 from .environment import worker_env
 from .render import config_text, content_hash, tier_paths, trainer_config
@@ -67,17 +70,24 @@ def store_service(job: LLMTrainJob) -> dict[str, Any]:
     return headless_service(job, names.store_service(job.metadata.name), names.store_labels(job.metadata.name), [("rdzv", RDZV_PORT)])
 
 
-def config_map(job: LLMTrainJob) -> dict[str, Any] | None:
-    """The rendered trainer config; None for a user script (it has no config file)."""
+def config_map(job: LLMTrainJob, history: CadenceHistory | None = None) -> dict[str, Any] | None:
+    """The rendered trainer config, and (``intervalSteps: auto``) the job's failure history
+    as ``cadence.json``; None for a user script (it has no config file). The kubelet
+    refreshes a mounted ConfigMap in running pods, so the trainers see a new history
+    without a restart (the config itself is read once, at start)."""
     if job.spec.trainer.builtin is None:
         return None
     text = config_text(trainer_config(job))
+    annotations = {CONFIG_HASH_ANNOTATION: content_hash(text)}
+    data = {names.CONFIG_FILE: text}
+    if history is not None:
+        data[CADENCE_FILE] = json.dumps(history.to_wire(), sort_keys=True)
+        annotations[CADENCE_ANNOTATION] = str(history.failures)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(job, names.config_map(job.metadata.name), names.job_labels(job.metadata.name),
-                          {CONFIG_HASH_ANNOTATION: content_hash(text)}),
-        "data": {names.CONFIG_FILE: text},
+        "metadata": _meta(job, names.config_map(job.metadata.name), names.job_labels(job.metadata.name), annotations),
+        "data": data,
     }
 
 

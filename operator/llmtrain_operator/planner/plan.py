@@ -19,6 +19,7 @@ from ..api.status import LLMTrainJobStatus, migrate
 from ..api.vocabulary import Reason
 from .context import DeletePod, Pass, Plan, Verdict
 from .policies import (
+    checkpoints,
     children,
     completion,
     deadline,
@@ -44,6 +45,7 @@ POLICIES = (
     pod_failures.handle,
     node_failures.handle,
     in_place.handle,
+    checkpoints.handle,    # tier health, the interval in force, the failure history for auto
     children.handle,       # create what is missing (after the failures were handled)
     summary.handle,        # counts, phase, conditions
     wedge.handle,          # the backstop: no progress for progressTimeoutSeconds

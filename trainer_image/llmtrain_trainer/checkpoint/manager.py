@@ -47,6 +47,7 @@ from ..dist import DistInfo
 from ..engine import Engine, engine_class
 from .arena import Arena
 from .health import Health
+from .priority import lower_this_thread
 from .propagate import Layout, Propagator, Saved
 from .restore import Choice, find_restore_point
 from .tensorio import ChecksumMismatch, read_tensors, write_small
@@ -89,7 +90,7 @@ class CheckpointManager:
         self.heartbeat = heartbeat
         self.engine: Engine | None = None
         self.health = Health(metrics, [t.name for t in tiers])
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer")
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer", initializer=lower_this_thread)
         self._pending: Future[None] | None = None
         self.last_committed: dict[str, int] = {}
         self.costs: list[float] = []

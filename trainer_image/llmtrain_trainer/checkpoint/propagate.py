@@ -31,6 +31,8 @@ from llmtrain_store import shares
 from llmtrain_store.sources import FileSource, Source
 from llmtrain_store.tiers import CheckpointError
 
+from .priority import lower_this_thread
+
 log = logging.getLogger("llmtrain.checkpoint")
 
 RETRY_MIN, RETRY_MAX = 2.0, 60.0
@@ -180,6 +182,7 @@ class Propagator:
             return None
 
     def _run(self) -> None:
+        lower_this_thread()
         while (saved := self._next()) is not None:
             try:
                 if self._store(saved):

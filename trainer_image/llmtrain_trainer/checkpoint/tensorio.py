@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from llmtrain_store.archive import ALIGN, ArchiveError, decode_header, encode_header, header_block_size
-from llmtrain_store.fileio import FileWriter, PieceHasher, allocate, read_into
+from llmtrain_store.fileio import FileWriter, PieceHasher, Segments, allocate, read_pieces, write_segments
 from llmtrain_store.manifest import PIECE, piece_size
 
 from .arena import Arena
@@ -28,28 +28,21 @@ class ChecksumMismatch(Exception):
 
 
 def write_arena(path: Path, arena: Arena, meta: dict[str, Any], direct: bool = True) -> tuple[int, Pieces]:
-    """Header, then the arena's memory by direct I/O: no copy of the payload at all.
-    Returns (file size, pieces)."""
+    """Header, then the arena's memory by direct I/O, two pieces at a time: no copy of the
+    payload at all. Returns (file size, pieces)."""
     header = encode_header(meta, arena.entries)
     head = allocate(len(header))
     head[: len(header)] = header
-    writer = FileWriter(path, piece_size(len(header) + arena.size), direct=direct)
-    try:
-        writer.write(memoryview(head)[: len(header)], aligned_memory=True)
-        writer.write(arena.memory()[: arena.size], aligned_memory=True)
-        pieces = writer.close()
-    except BaseException:
-        writer.abort()
-        raise
-    return writer.size, pieces
+    data = Segments([memoryview(head)[: len(header)], arena.memory()[: arena.size]])
+    pieces = write_segments(path, data, piece_size(data.size), direct=direct)
+    return data.size, pieces
 
 
 def read_arena(path: Path, arena: Arena, expected: Pieces) -> dict[str, Any]:
-    """Read an archive's payload straight into ``arena`` (direct I/O), checking its layout
-    and every piece's hash; returns the header's meta."""
+    """Read an archive's payload straight into ``arena`` (direct I/O, two pieces at a
+    time), checking its layout and every piece's hash; returns the header's meta."""
     with open(path, "rb") as fh:
-        first = fh.read(16)
-        size = header_block_size(first)
+        size = header_block_size(fh.read(16))
         fh.seek(0)
         prefix = fh.read(size)
     header = decode_header(prefix, file_size=sum(p[1] for p in expected))
@@ -57,13 +50,13 @@ def read_arena(path: Path, arena: Arena, expected: Pieces) -> dict[str, Any]:
     theirs = [(e.name, e.dtype, list(e.shape), e.offset, e.nbytes) for e in header.tensors]
     if mine != theirs or header.payload_size != arena.size:
         raise ArchiveError(f"{path.name}: its tensors do not match this model's (another model or optimizer)")
-    hasher = PieceHasher(_piece_of(expected))
-    hasher.update(prefix)
-    got = read_into(path, arena.memory()[: arena.size], offset=header.payload_offset, aligned_memory=True, hasher=hasher)
-    if got != arena.size:
-        raise ChecksumMismatch(f"{path.name}: truncated ({header.payload_offset + got} of {header.file_size} bytes)")
-    if hasher.finish() != [tuple(p) for p in expected]:
-        raise ChecksumMismatch(f"{path.name}: its bytes do not match the manifest's hashes")
+    head = allocate(header.payload_offset)
+    problem = read_pieces(path, Segments([memoryview(head)[: header.payload_offset], arena.memory()[: arena.size]]),
+                          [tuple(p) for p in expected])
+    if problem is not None:
+        raise ChecksumMismatch(problem)
+    if bytes(head[: len(prefix)]) != prefix:  # the header decoded above is the one verified
+        raise ChecksumMismatch(f"{path.name}: the header changed while it was read")
     return header.meta
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from llmtrain_contract.names import CONFIG_HASH_ANNOTATION
 
+from ...api.observed import CADENCE_ANNOTATION
 from ...api.vocabulary import PodPhase, Reason
 from .. import manifests, names
 from ..context import CreateObject, DeletePod, Pass, ReplaceObject, Verdict
+from ..decisions import CadenceShared
 from ..quarantine import active_quarantine
 
 
@@ -24,16 +26,21 @@ def ensure_infrastructure(ctx: Pass) -> None:
         if manifest["metadata"]["name"] not in ctx.observed.services:
             ctx.actions.append(CreateObject(manifest))
             created.append(f"Service {manifest['metadata']['name']}")
-    cm = manifests.config_map(job)
+    cadence = ctx.status.checkpoint_cadence
+    cm = manifests.config_map(job, cadence.history if cadence is not None else None)
     if cm is not None:
-        want = cm["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+        annotations = cm["metadata"]["annotations"]
         have = ctx.observed.configmaps.get(cm["metadata"]["name"])
         if have is None:
             ctx.actions.append(CreateObject(cm))
             created.append(f"ConfigMap {cm['metadata']['name']}")
-        elif have != want:
+        elif have.config_hash != annotations[CONFIG_HASH_ANNOTATION]:
             ctx.actions.append(ReplaceObject(cm))
             ctx.event(Reason.CONFIG_UPDATED, f"re-rendered ConfigMap {cm['metadata']['name']}; running workers keep the old one until they restart")
+        elif have.cadence != annotations.get(CADENCE_ANNOTATION):
+            # The failure history changed: the kubelet refreshes it in the running pods.
+            ctx.actions.append(ReplaceObject(cm))
+            ctx.decide(CadenceShared(int(annotations.get(CADENCE_ANNOTATION, "0"))))
     store = ctx.observed.store()
     if store is None:
         ctx.actions.append(CreateObject(manifests.store_pod(job)))

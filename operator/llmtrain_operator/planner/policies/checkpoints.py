@@ -1,0 +1,95 @@
+"""Checkpoints from the trainers' metrics: each tier's health (the ``CheckpointsDegraded``
+condition; Events when a tier degrades or recovers), the interval in force and, with
+``intervalSteps: auto``, the failure history the trainers choose it from (rendered into
+the job's ConfigMap by the children policy, which runs after this one)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from llmtrain_contract.names import TIER_REASONS
+
+from ...api.spec import AUTO
+from ...api.status import CadenceHistory, CheckpointCadence, TierHealth
+from ...api.vocabulary import ConditionType, Reason
+from ..context import Pass, Verdict
+from ..decisions import IntervalChanged, TierDegraded, TierRecovered
+
+
+def handle(ctx: Pass) -> Verdict:
+    if not ctx.spec.checkpoint.enabled:
+        ctx.status.checkpoint_tiers, ctx.status.checkpoint_cadence = [], None
+        return Verdict.CONTINUE
+    _tiers(ctx)
+    _cadence(ctx)
+    return Verdict.CONTINUE
+
+
+def configured_tiers(ctx: Pass) -> list[str]:
+    ckpt = ctx.spec.checkpoint
+    return ["local"] + (["shared"] if ckpt.shared is not None else []) + (["s3"] if ckpt.s3 is not None else [])
+
+
+def _tiers(ctx: Pass) -> None:
+    status, probes = ctx.status, ctx.observed.probes
+    previous = {t.name: t for t in status.checkpoint_tiers}
+    tiers = []
+    for name in configured_tiers(ctx):
+        before = previous.get(name)
+        steps = [p.last_checkpoint[name] for p in probes.values() if name in p.last_checkpoint]
+        last = max(steps + ([before.last_step] if before and before.last_step is not None else []), default=None)
+        if not probes:  # nobody reports now (starting, suspended, finished): keep what was known
+            tiers.append(before.model_copy(update={"last_step": last}) if before else TierHealth(name=name, last_step=last))
+            continue
+        degraded = sorted((pod, p.tier_degraded[name]) for pod, p in probes.items() if name in p.tier_degraded)
+        if not degraded:
+            if before is not None and not before.healthy:
+                ctx.decide(TierRecovered(name, last))
+            tiers.append(TierHealth(name=name, last_step=last))
+            continue
+        reason = Counter(r for _, r in degraded).most_common(1)[0][0]
+        pods = [pod for pod, _ in degraded]
+        message = (f"{name} tier: {TIER_REASONS.get(reason, TIER_REASONS['Error'])} (reported by {', '.join(pods)}); "
+                   "training goes on and the tier catches up once it works")
+        same = before is not None and not before.healthy and before.reason == reason
+        tiers.append(TierHealth(name=name, healthy=False, reason=reason, message=message, pods=pods,
+                                since=before.since if same and before else ctx.stamp, last_step=last))
+        if not same:
+            ctx.decide(TierDegraded(name, reason, message))
+    status.checkpoint_tiers = tiers
+    bad = [t for t in tiers if not t.healthy]
+    if bad:
+        ctx.condition(ConditionType.CHECKPOINTS_DEGRADED, True, bad[0].name.capitalize() + (bad[0].reason or "Error"),
+                      "; ".join(t.message or "" for t in bad))
+    else:
+        ctx.condition(ConditionType.CHECKPOINTS_DEGRADED, False, Reason.TIERS_HEALTHY, "")
+
+
+def _cadence(ctx: Pass) -> None:
+    ckpt, status = ctx.spec.checkpoint, ctx.status
+    auto = ckpt.interval_steps == AUTO
+    cadence = status.checkpoint_cadence or CheckpointCadence()
+    cadence.mode = "auto" if auto else "fixed"
+    probes = list(ctx.observed.probes.values())
+    reported = [p.interval_steps for p in probes if p.interval_steps]
+    if reported:
+        new = max(reported)  # the ranks agree on one interval; a pod still starting may lag
+        cost = next((p.cost_seconds for p in probes if p.cost_seconds is not None), None)
+        mtbf = next((p.mtbf_seconds for p in probes if p.mtbf_seconds is not None), None)
+        if auto and cadence.interval_steps is not None and new != cadence.interval_steps:
+            why = f": sqrt(2 x cost {cost:.2f}s x MTBF {mtbf:.0f}s)" if cost is not None and mtbf is not None else ""
+            ctx.decide(IntervalChanged(cadence.interval_steps, new, why))
+        cadence.interval_steps = new
+        # As reported now: a trainer that just restarted has not measured a cost yet.
+        cadence.cost_seconds = round(cost, 3) if cost is not None else None
+        cadence.mtbf_seconds = round(mtbf, 1) if mtbf is not None else None
+    elif cadence.interval_steps is None and not auto:
+        cadence.interval_steps = int(ckpt.interval_steps)
+    if auto:
+        failures = status.restarts + status.disruptions
+        if cadence.history is None or cadence.history.failures != failures:
+            cadence.history = CadenceHistory(failures=failures, active_seconds=round(status.active_seconds, 1),
+                                             time=round(ctx.now.timestamp(), 3))
+    else:
+        cadence.history = None
+    status.checkpoint_cadence = cadence

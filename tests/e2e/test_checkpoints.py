@@ -1,0 +1,126 @@
+"""Checkpoints on the cluster: a job restored from S3 after every other copy is gone, a tier
+with refused credentials shown as degraded (naming the cause, never the secret), and the
+adaptive interval shortened by failures, visible in the status."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from support.waiting import wait_for
+
+from s3server import MinioServer
+
+from .jobs import PVC, create, events, job_manifest, status, wait_status
+
+GATEWAY = "10.244.0.1"
+"""Where pods reach this host (the local cluster's bridge)."""
+
+
+@pytest.fixture(scope="module")
+def s3(operator, tmp_path_factory):
+    with MinioServer(tmp_path_factory.mktemp("minio-e2e"), host="0.0.0.0") as server:
+        server.make_bucket("ckpt")
+        yield server
+
+
+def _secret(bed, namespace: str, name: str, env: dict[str, str]) -> None:
+    bed.kubectl("create", "namespace", namespace, check=False)
+    bed.kubectl("delete", "secret", name, "-n", namespace, check=False)
+    bed.kubectl("create", "secret", "generic", name, "-n", namespace,
+                f"--from-literal=AWS_ACCESS_KEY_ID={env['AWS_ACCESS_KEY_ID']}",
+                f"--from-literal=AWS_SECRET_ACCESS_KEY={env['AWS_SECRET_ACCESS_KEY']}")
+
+
+def _s3_spec(server: MinioServer, secret: str) -> dict:
+    return {"bucket": "ckpt", "endpoint": f"http://{GATEWAY}:{server.port}", "credentialsSecret": {"name": secret}}
+
+
+def _worker_logs(bed, namespace: str, name: str) -> str:
+    out = bed.kubectl("get", "pods", "-n", namespace, "-l", f"llmtrain.io/job={name},llmtrain.io/role=worker", "-o", "json")
+    return "\n".join(bed.pod_log(namespace, p["metadata"]["name"]) for p in json.loads(out.stdout)["items"])
+
+
+def test_every_copy_but_s3_wiped_the_job_resumes_from_s3_through_tier_1(operator, s3):
+    bed, ns, name = operator, "e2e-s3", "from-s3"
+    _secret(bed, ns, "s3-creds", s3.env())
+    bed.kubectl("apply", "-n", ns, "-f", "-", input=PVC)
+    spec = {"spec.trainer.builtin.maxSteps": 40, "spec.checkpoint.intervalSteps": 10,
+            "spec.checkpoint.shared": {"claimName": "ckpt-shared"}, "spec.checkpoint.s3": _s3_spec(s3, "s3-creds")}
+    create(bed, ns, job_manifest(name, spec))
+    done = wait_status(bed, ns, name, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, "first run finished")
+    assert done["phase"] == "Succeeded", json.dumps(done)[:2000]
+    tiers = {t["name"]: t for t in done["checkpointTiers"]}
+    assert tiers["s3"]["healthy"] and tiers["s3"]["lastStep"] == 40, tiers
+    keys = s3.keys("ckpt", f"llmtrain/{ns}/{name}/step-00000040/")
+    assert f"llmtrain/{ns}/{name}/step-00000040/COMMITTED" in keys
+
+    # Every copy but S3's goes: the job (its pods and their node-local tier 1) and the
+    # shared volume's folder. The same job again, asked for more steps.
+    bed.kubectl("delete", "ltj", name, "-n", ns, "--wait=true")
+    wait_for(lambda: not json.loads(bed.kubectl("get", "pods", "-n", ns, "-l", f"llmtrain.io/job={name}", "-o", "json").stdout)["items"],
+             120, what="the first run's pods gone")
+    shutil.rmtree(bed.state / "pvs" / f"pv-{ns}-ckpt-shared" / ns / name, ignore_errors=True)
+    create(bed, ns, job_manifest(name, {**spec, "spec.trainer.builtin.maxSteps": 50}))
+    again = wait_status(bed, ns, name, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, "second run finished")
+    assert again["phase"] == "Succeeded", json.dumps(again)[:2000]
+    logs = _worker_logs(bed, ns, name)
+    assert "resumed from step 40 (s3 tier" in logs, logs[-3000:]
+    assert "pulled step 40 from the s3 tier into tier 1" in logs
+
+
+def test_refused_s3_credentials_degrade_the_tier_in_the_status_naming_the_cause_never_the_secret(operator, s3):
+    bed, ns, name = operator, "e2e-s3-creds", "bad-creds"
+    secret_value = "not-the-secret-" + "9" * 20
+    _secret(bed, ns, "s3-wrong", {**s3.env(), "AWS_SECRET_ACCESS_KEY": secret_value})
+    create(bed, ns, job_manifest(name, {"spec.trainer.builtin.maxSteps": 400, "spec.checkpoint.intervalSteps": 10,
+                                        "spec.checkpoint.s3": _s3_spec(s3, "s3-wrong"),
+                                        "spec.env": [{"name": "LLMTRAIN_FAULT_INJECT", "value": "slow@step=1,seconds=0.2,steps=400"}]}))
+    degraded = wait_status(bed, ns, name, lambda s: any(c["type"] == "CheckpointsDegraded" and c["status"] == "True"
+                                                          for c in s.get("conditions", [])), 300, "the S3 tier degraded")
+    condition = next(c for c in degraded["conditions"] if c["type"] == "CheckpointsDegraded")
+    assert condition["reason"] == "S3CredentialsRefused", condition
+    assert "the credentials were refused (check the credentials Secret)" in condition["message"]
+    assert degraded["phase"] == "Running", "training goes on"
+    tiers = {t["name"]: t for t in degraded["checkpointTiers"]}
+    assert tiers["local"]["healthy"] and not tiers["s3"]["healthy"] and tiers["s3"]["reason"] == "CredentialsRefused"
+    assert "CheckpointTierDegraded" in events(bed, ns, name)
+    everything = (bed.kubectl("get", "events", "-n", ns, "-o", "json").stdout + json.dumps(degraded)
+                  + _worker_logs(bed, ns, name) + "".join(bed.pod_log("llmtrain-system", p["metadata"]["name"]) for p in json.loads(
+                      bed.kubectl("get", "pods", "-n", "llmtrain-system", "-o", "json").stdout)["items"]))
+    assert secret_value not in everything
+    bed.kubectl("delete", "ltj", name, "-n", ns, "--wait=false")
+
+
+def test_failures_shorten_the_adaptive_interval_visible_in_the_status(operator):
+    bed, ns, name = operator, "e2e-cadence", "adaptive"
+    create(bed, ns, job_manifest(name, {
+        "spec.trainer.builtin.maxSteps": 100000, "spec.checkpoint.intervalSteps": "auto",
+        "spec.checkpoint.auto": {"initialSteps": 10, "minSteps": 2, "maxSteps": 5000, "mtbfPriorSeconds": 600},
+        "spec.faultTolerance.maxRestarts": 10,
+        # Steps of >= 0.2 s; two crashes of a rank, at steps 60 and 120 of the run.
+        "spec.env": [{"name": "LLMTRAIN_FAULT_INJECT",
+                      "value": "slow@step=1,seconds=0.2,steps=100000;crash@step=60,rank=1;crash@step=120,rank=0"}],
+    }))
+    seen: list[dict] = []
+
+    def chosen(wanted_failures: int):
+        def check(s: dict) -> bool:
+            cadence = s.get("checkpointCadence") or {}
+            history = cadence.get("history") or {}
+            if cadence.get("mtbfSeconds") is not None and cadence.get("costSeconds") is not None:
+                seen.append({"failures": history.get("failures"), "interval": cadence.get("intervalSteps"),
+                             "mtbf": cadence["mtbfSeconds"]})
+            return history.get("failures", 0) >= wanted_failures and any(x["failures"] >= wanted_failures for x in seen)
+        return check
+
+    wait_status(bed, ns, name, chosen(0), 300, "an interval chosen before any failure")
+    first = next(x for x in seen if x["failures"] == 0)
+    final = wait_status(bed, ns, name, chosen(2), 600, "an interval chosen after two failures")
+    later = [x for x in seen if x["failures"] >= 2][-1]
+    assert final["checkpointCadence"]["mode"] == "auto"
+    assert later["mtbf"] < first["mtbf"], (first, later)
+    assert later["interval"] < first["interval"], (first, later, seen)
+    assert "CheckpointIntervalChanged" in events(bed, ns, name)
+    bed.kubectl("delete", "ltj", name, "-n", ns, "--wait=false")
