@@ -203,8 +203,10 @@ def measure(subject: Any, pairs: int, window: int, warmup: int = 2, log: Callabl
 
 def deferral(subject: "OurTrainer", steps: int, log: Callable[[str], None] = print) -> dict[str, float]:
     """Checkpoints due at every step, far faster than one can be written: the trainer's own
-    loop (``step_once``) takes one whenever none is in flight and defers the rest. Counts
-    both, and times the burst against as many steps with no checkpoint due."""
+    loop (``step_once``) takes one whenever none is in flight, defers one that falls due
+    during a write, and waits for the write when the next one falls due too. Counts the
+    checkpoints taken and deferred, and times the burst against as many steps with no
+    checkpoint due."""
     trainer = subject.trainer
     cadence = trainer.cadence
     saved_interval = cadence.interval

@@ -129,3 +129,19 @@ def test_a_fixed_interval_saves_every_multiple_and_ignores_history(tmp_path):
     cadence.observe(1.0, [3.0])
     assert cadence.proposal() == 5
     assert [s for s in range(1, 21) if cadence.due(s, 100)] == [5, 10, 15, 20]
+
+
+def test_a_deferred_checkpoint_becomes_overdue_when_the_next_one_falls_due(tmp_path):
+    fixed = Cadence(CheckpointRuntime.model_validate({"intervalSteps": 5}), tmp_path, Metrics())
+    fixed.saved(5)
+    assert not fixed.overdue(10), "nothing deferred"
+    fixed.deferred()
+    assert [s for s in range(11, 21) if fixed.overdue(s)] == [15, 20]
+    fixed.saved(15)
+    assert not fixed.overdue(20)
+
+    auto = _auto(tmp_path)
+    auto.start(100)
+    auto.agreed(10)
+    auto.deferred()
+    assert [s for s in range(101, 125) if auto.overdue(s)][:1] == [120]

@@ -4,6 +4,8 @@ file once per job takes each node 1/N of the time."""
 
 from __future__ import annotations
 
+import hashlib
+
 from .manifest import slice_name
 
 
@@ -30,3 +32,11 @@ def share_record(name: str, index: int, count: int, run: list[tuple[int, int, st
         out.append({"name": obj, "offset": offset, "size": size, "hash": digest, "at": at})
         at += size
     return out
+
+
+def fingerprint(pieces: list[tuple[int, int, str]]) -> str:
+    """One digest of a whole file's piece list. The nodes' copies of a replicated file
+    must be byte-identical for their shares to compose one file: a commit compares the
+    fingerprints each node reports of its own whole copy."""
+    listing = ";".join(f"{offset}:{size}:{digest}" for offset, size, digest in pieces)
+    return hashlib.sha256(listing.encode()).hexdigest()[:32]

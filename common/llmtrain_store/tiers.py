@@ -103,15 +103,22 @@ def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
     and each shared file from the pieces the writers stored. Every writer hashes pieces at
     the same boundaries, so where two stored the same piece (a node that had to store its
     whole file next to nodes that stored their share), one copy is chosen. Raises
-    CheckpointError when the pieces do not cover a file."""
+    CheckpointError when the pieces do not cover a file, or when the writers' copies of it
+    differ (shares of different files never make one)."""
     files: dict[str, Any] = {}
     offered: dict[str, list[dict[str, Any]]] = {}
     sizes: dict[str, int] = {}
+    copies: dict[str, set[tuple[int, str | None]]] = {}
     for part in parts:
         files.update(part.get("files", {}))
         for name, record in part.get("slices", {}).items():
             sizes[name] = int(record["size"])
+            copies.setdefault(name, set()).add((int(record["size"]), record.get("whole")))
             offered.setdefault(name, []).extend(record["pieces"])
+    for name, seen in copies.items():
+        if len(seen) > 1:
+            raise CheckpointError(f"{name}: the writers' copies differ ({len(seen)} versions: sizes "
+                                  f"{sorted({size for size, _ in seen})}); a file stored in shares must be byte-identical on every node")
     for name, pieces in offered.items():
         chosen, covered = [], 0
         by_offset: dict[int, list[dict[str, Any]]] = {}

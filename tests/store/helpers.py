@@ -54,7 +54,7 @@ def save_shared(tier: Any, step: int, state: bytes, nodes: int, piece: int = mf.
         part: dict[str, Any] = {"files": {}, "slices": {}}
         if runs[node]:
             tier.put_share(step, mf.slice_name("state.llmt", node, nodes), MemorySource([state]), runs[node])
-        part["slices"]["state.llmt"] = {"size": len(state), "pieces": shares.share_record("state.llmt", node, nodes, runs[node])}
+        part["slices"]["state.llmt"] = {"size": len(state), "whole": shares.fingerprint(pieces), "pieces": shares.share_record("state.llmt", node, nodes, runs[node])}
         name = f"rng/rank-{node:05d}.llmt"
         rng_pieces = pieces_of(rng + bytes([node]))
         tier.put_share(step, name, MemorySource([rng + bytes([node])]), rng_pieces)

@@ -103,6 +103,21 @@ def test_merge_parts_takes_one_copy_of_pieces_stored_twice():
         merge_parts([{"slices": {"f": {"size": 60, "pieces": shares.share_record("f", 0, 2, pieces[:3])}}}])
 
 
+def test_merge_parts_refuses_shares_of_copies_that_differ():
+    ours = [(i * 10, 10, f"h{i}") for i in range(6)]
+    theirs = ours[:5] + [(50, 14, "other")]  # another node's copy: same start, other tail
+    part0 = {"slices": {"f": {"size": 60, "whole": shares.fingerprint(ours), "pieces": shares.share_record("f", 0, 2, ours[:3])}}}
+    part1 = {"slices": {"f": {"size": 64, "whole": shares.fingerprint(theirs), "pieces": shares.share_record("f", 1, 2, theirs[3:])}}}
+    with pytest.raises(CheckpointError, match=r"f: the writers' copies differ \(2 versions: sizes \[60, 64\]\)"):
+        merge_parts([part0, part1])
+    same_size = dict(part1["slices"]["f"], size=60, whole=shares.fingerprint(ours[:5] + [(50, 10, "other")]))
+    with pytest.raises(CheckpointError, match="copies differ"):
+        merge_parts([part0, {"slices": {"f": same_size}}])
+    part1["slices"]["f"] = dict(part1["slices"]["f"], size=60, whole=shares.fingerprint(ours),
+                                pieces=shares.share_record("f", 1, 2, ours[3:]))
+    assert len(merge_parts([part0, part1])["f"]["slices"]) == 6
+
+
 def test_retention_keeps_the_newest_and_leaves_a_pinned_step_until_unpinned(tmp_path):
     tier = DirTier("local", tmp_path, keep=2)
     for step in (1, 2, 3):

@@ -253,7 +253,10 @@ class DeepSpeedEngine:
         return self._snapshot
 
     def replicated_files(self) -> set[str]:
-        return {f"{DS_TAG}/{MODEL_STATES}"}
+        # The model-states file is not byte-identical across data-parallel ranks (its
+        # pickle carries rank-specific metadata), so it cannot be stored in shares:
+        # rank 0 stores it whole in job-wide tiers; each node leader keeps its own in tier 1.
+        return set()
 
     @staticmethod
     def allowed_names() -> re.Pattern[str]:

@@ -269,6 +269,8 @@ class Trainer:
         if stop:
             return True
         if self.cadence.due(self.step, cfg.max_steps):
+            if busy and self.cadence.overdue(self.step):
+                busy = not self._wait_for_previous_checkpoint()
             if busy:
                 # A rank is still writing the previous checkpoint: every rank defers to the
                 # first step where none is (they all see the same agreed flag).
@@ -320,6 +322,21 @@ class Trainer:
                 + (f" | ckpt@{ckpt}" if ckpt else ""),
                 flush=True,
             )
+
+    def _wait_for_previous_checkpoint(self) -> bool:
+        """Every rank waits until its previous checkpoint is written; True when all are
+        (they agree, so that all save the same step or all defer again)."""
+        began = time.perf_counter()
+        free = self.ckpt.wait_free(self.ckpt.commit_timeout)
+        flags = torch.tensor([0.0 if free else 1.0], dtype=torch.float64)
+        if self.info.world_size > 1:
+            dist.all_reduce(flags)
+        waited = time.perf_counter() - began
+        self.ckpt.metrics.checkpoint_stall(waited)
+        if self.info.rank == 0:
+            log.warning("step %d: waited %.1fs for the previous checkpoint's write, which took longer than an interval "
+                        "(a shorter interval than the tiers can write only adds stalls)", self.step, waited)
+        return flags[0] == 0
 
     def _final_save(self) -> int:
         """The last checkpoint, synchronous, into every tier. Training is done; if no tier

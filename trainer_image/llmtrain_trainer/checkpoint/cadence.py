@@ -5,7 +5,9 @@ The ranks must save the same steps. Rank 0 proposes the interval from its own
 measurements and the job's failure history, and every rank learns it from the per-step
 agreement (the trainer's one small all-reduce), so the decision is the same everywhere.
 A checkpoint deferred because a rank was still writing the previous one is taken at the
-first step where no rank is busy.
+first step where no rank is busy, but never later than the step the next one falls due:
+there the trainer waits for the write (as a PyTorch DCP loop waits on the previous
+``async_save``), so writes slower than the interval cost stalls, never checkpoints.
 """
 
 from __future__ import annotations
@@ -121,3 +123,12 @@ class Cadence:
 
     def deferred(self) -> None:
         self.pending = True
+
+    def overdue(self, step: int) -> bool:
+        """A deferred checkpoint has waited a whole interval: take it now, even if that
+        means waiting for the previous write."""
+        if not self.pending:
+            return False
+        if self.auto is None:
+            return step % self.interval == 0
+        return step >= self._last_saved + 2 * self.interval

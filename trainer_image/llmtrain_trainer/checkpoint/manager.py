@@ -277,6 +277,27 @@ class CheckpointManager:
             finally:
                 self._pending = None
 
+    def wait_free(self, timeout: float) -> bool:
+        """Block (feeding the hang watchdog: this is the training thread waiting on a
+        checkpoint, not a hang) until a new snapshot can be taken. False after
+        ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.busy():
+            if time.monotonic() >= deadline:
+                return False
+            if self._pending is not None:
+                try:
+                    self._pending.result(timeout=0.2)
+                except TimeoutError:
+                    pass
+                except Exception:  # noqa: BLE001 - _guard logs the failure; the write is over
+                    pass
+            else:
+                time.sleep(0.05)
+            self.heartbeat()
+        self._pending = None
+        return True
+
     def save(self, step: int, samples: int, tiers_busy: list[bool] | None = None, sync: bool = False) -> float:
         """Checkpoint the state after optimizer step ``step``. ``tiers_busy``: per slower
         tier, whether any rank is still storing into it (agreed by all ranks). Returns the
@@ -459,6 +480,27 @@ class NoCheckpoints:
 
     def defer(self) -> None:
         return None
+
+    def wait_free(self, timeout: float) -> bool:
+        """Block (feeding the hang watchdog: this is the training thread waiting on a
+        checkpoint, not a hang) until a new snapshot can be taken. False after
+        ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.busy():
+            if time.monotonic() >= deadline:
+                return False
+            if self._pending is not None:
+                try:
+                    self._pending.result(timeout=0.2)
+                except TimeoutError:
+                    pass
+                except Exception:  # noqa: BLE001 - _guard logs the failure; the write is over
+                    pass
+            else:
+                time.sleep(0.05)
+            self.heartbeat()
+        self._pending = None
+        return True
 
     def save(self, step: int, samples: int, tiers_busy: list[bool] | None = None, sync: bool = False) -> float:
         return 0.0

@@ -243,7 +243,8 @@ class Propagator:
                 if run:
                     tier.put_share(saved.step, mf.slice_name(name, layout.node, layout.nodes), sources[name], run)
                     stored += sum(p[1] for p in run)
-                part["slices"][name] = {"size": record["size"], "pieces": shares.share_record(name, layout.node, layout.nodes, run)}
+                part["slices"][name] = {"size": record["size"], "whole": shares.fingerprint(pieces),
+                                        "pieces": shares.share_record(name, layout.node, layout.nodes, run)}
             elif layout.file_rank(name) is None and layout.rank != 0:
                 continue  # a shared file that is not sliced: rank 0 stores it
             else:
