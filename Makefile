@@ -51,6 +51,7 @@ bench: setup cluster-tools
 	$(BIN)/python bench/trainer_overhead.py $(BENCH_ARGS)
 	$(BIN)/python bench/operator_scale.py $(BENCH_ARGS)
 	$(BIN)/python bench/recovery.py $(BENCH_ARGS)
+	$(BIN)/python bench/checkpoint.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

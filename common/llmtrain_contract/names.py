@@ -98,6 +98,9 @@ class Termination:
     RANK = "rank"
     STEP = "step"
     MESSAGE = "message"
+    CHECKPOINTS = "checkpoints"
+    """Tier -> the newest step the pod's ranks saw committed there (their metrics are gone
+    once the pod ends, so the final checkpoint is reported here)."""
 
 
 RDZV_PORT = 29400

@@ -61,8 +61,12 @@ def mark_started(run_dir: Path, attempt: int, local_rank: int) -> None:
     _write_json(_folder(run_dir, attempt) / f"local-{local_rank}.started", {"time": time.time()})
 
 
-def write(run_dir: Path, attempt: int, rank: int, local_rank: int, code: int, message: str, step: int | None) -> None:
+def write(run_dir: Path, attempt: int, rank: int, local_rank: int, code: int, message: str, step: int | None,
+          checkpoints: dict[str, int] | None = None) -> None:
+    """``checkpoints``: tier -> the newest step this rank saw committed there."""
     record = {"rank": rank, "local_rank": local_rank, "code": int(code), "message": message, "step": step, "time": time.time()}
+    if checkpoints:
+        record["checkpoints"] = dict(checkpoints)
     _write_json(_folder(run_dir, attempt) / f"local-{local_rank}.json", record)
 
 

@@ -28,15 +28,28 @@ from llmtrain_contract.names import TERMINATION_LOG, Env, Termination
 def decide(returncode: int, records: list[dict]) -> tuple[int, dict]:
     """The pod's exit code and termination message from torchrun's code and the records."""
     T = Termination
+    committed = _checkpoints(records)
+    extra = {T.CHECKPOINTS: committed} if committed else {}
     if returncode == 0:
-        return 0, {T.CODE: 0, T.REASON: "Completed"}
+        return 0, {T.CODE: 0, T.REASON: "Completed", **extra}
     best = exitrecord.most_significant(records)
     if best is not None and best["code"] != 0:
         code = int(best["code"])
         return code, {T.CODE: code, T.REASON: classify_exit(code).reason, T.RANK: best["rank"],
-                      T.STEP: best.get("step"), T.MESSAGE: best.get("message", "")[:2000]}
+                      T.STEP: best.get("step"), T.MESSAGE: best.get("message", "")[:2000], **extra}
     code = 128 - returncode if returncode < 0 else returncode
-    return code, {T.CODE: code, T.REASON: classify_exit(code).reason, T.MESSAGE: "torchrun exited without an exit record"}
+    return code, {T.CODE: code, T.REASON: classify_exit(code).reason, T.MESSAGE: "torchrun exited without an exit record", **extra}
+
+
+def _checkpoints(records: list[dict]) -> dict[str, int]:
+    """Tier -> the newest committed step any local rank saw (the node leader knows tier
+    1, global rank 0 the job-wide tiers)."""
+    out: dict[str, int] = {}
+    for record in records:
+        for tier, step in (record.get("checkpoints") or {}).items():
+            if isinstance(step, int):
+                out[tier] = max(step, out.get(tier, step))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -327,12 +327,12 @@ class Trainer:
         """Every rank waits until its previous checkpoint is written; True when all are
         (they agree, so that all save the same step or all defer again)."""
         began = time.perf_counter()
-        free = self.ckpt.wait_free(self.ckpt.commit_timeout)
+        free = self.ckpt.wait_free()
         flags = torch.tensor([0.0 if free else 1.0], dtype=torch.float64)
         if self.info.world_size > 1:
             dist.all_reduce(flags)
         waited = time.perf_counter() - began
-        self.ckpt.metrics.checkpoint_stall(waited)
+        self.metrics.checkpoint_stall(waited)
         if self.info.rank == 0:
             log.warning("step %d: waited %.1fs for the previous checkpoint's write, which took longer than an interval "
                         "(a shorter interval than the tiers can write only adds stalls)", self.step, waited)

@@ -41,11 +41,12 @@ POLICIES = (
     suspension.handle,
     deadline.handle,
     progress.handle,       # step, world size, newest checkpoint, end of a recovery
+    checkpoints.handle,    # tier health, the interval in force, the failure history for auto
+                           # (before completion: a finished job's final commits count too)
     completion.handle,
     pod_failures.handle,
     node_failures.handle,
     in_place.handle,
-    checkpoints.handle,    # tier health, the interval in force, the failure history for auto
     children.handle,       # create what is missing (after the failures were handled)
     summary.handle,        # counts, phase, conditions
     wedge.handle,          # the backstop: no progress for progressTimeoutSeconds

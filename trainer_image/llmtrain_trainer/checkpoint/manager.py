@@ -277,11 +277,11 @@ class CheckpointManager:
             finally:
                 self._pending = None
 
-    def wait_free(self, timeout: float) -> bool:
+    def wait_free(self) -> bool:
         """Block (feeding the hang watchdog: this is the training thread waiting on a
-        checkpoint, not a hang) until a new snapshot can be taken. False after
-        ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
+        checkpoint, not a hang) until a new snapshot can be taken. False when that takes
+        longer than the commit timeout."""
+        deadline = time.monotonic() + self.commit_timeout
         while self.busy():
             if time.monotonic() >= deadline:
                 return False
@@ -481,25 +481,7 @@ class NoCheckpoints:
     def defer(self) -> None:
         return None
 
-    def wait_free(self, timeout: float) -> bool:
-        """Block (feeding the hang watchdog: this is the training thread waiting on a
-        checkpoint, not a hang) until a new snapshot can be taken. False after
-        ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while self.busy():
-            if time.monotonic() >= deadline:
-                return False
-            if self._pending is not None:
-                try:
-                    self._pending.result(timeout=0.2)
-                except TimeoutError:
-                    pass
-                except Exception:  # noqa: BLE001 - _guard logs the failure; the write is over
-                    pass
-            else:
-                time.sleep(0.05)
-            self.heartbeat()
-        self._pending = None
+    def wait_free(self) -> bool:
         return True
 
     def save(self, step: int, samples: int, tiers_busy: list[bool] | None = None, sync: bool = False) -> float:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from llmtrain_contract.names import TIER_REASONS
+from llmtrain_contract.names import TIER_REASONS, Termination
 
 from ...api.spec import AUTO
 from ...api.status import CadenceHistory, CheckpointCadence, TierHealth
@@ -33,10 +33,14 @@ def configured_tiers(ctx: Pass) -> list[str]:
 def _tiers(ctx: Pass) -> None:
     status, probes = ctx.status, ctx.observed.probes
     previous = {t.name: t for t in status.checkpoint_tiers}
+    # A pod that ended reports its last commits in its termination message (the final
+    # checkpoint is committed after the last scrape a probe could see).
+    ended = [p.termination.get(Termination.CHECKPOINTS) for p in ctx.observed.workers()]
     tiers = []
     for name in configured_tiers(ctx):
         before = previous.get(name)
         steps = [p.last_checkpoint[name] for p in probes.values() if name in p.last_checkpoint]
+        steps += [c[name] for c in ended if isinstance(c, dict) and isinstance(c.get(name), int)]
         last = max(steps + ([before.last_step] if before and before.last_step is not None else []), default=None)
         if not probes:  # nobody reports now (starting, suspended, finished): keep what was known
             tiers.append(before.model_copy(update={"last_step": last}) if before else TierHealth(name=name, last_step=last))
