@@ -3,6 +3,7 @@ scaling, the restart budget, and the job lifecycle."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -224,6 +225,27 @@ def test_a_wedged_job_is_restarted_all_at_once():
     assert status["restartsByReason"] == {"Wedged": 1} and status["restartGeneration"] == 1
     assert sorted(actions) == [f"delete {W0}", f"delete {W1}"]
     assert "RestartAll" in events and status["lastFailure"]["kind"] == "Wedged"
+
+
+@pytest.mark.parametrize("phase", ["Restarting", "Created"])
+def test_a_job_stuck_outside_running_is_restarted_too(phase):
+    # E.g. a frozen pod that never becomes ready again: the job sits in Restarting (or a
+    # trainer stuck before its first step in Created) with its workers alive.
+    raw = job(status=running_status(phase=phase, lastProgressTime=ago(130), step=0 if phase == "Created" else 20))
+    pods = [worker(0, ready=False), worker(1, ready=False)]
+    _, status, actions, events = run(raw, observed(raw, pods, probes={}))
+    assert status["restartsByReason"] == {"Wedged": 1} and sorted(actions) == [f"delete {W0}", f"delete {W1}"]
+    assert f"(phase {phase})" in status["lastFailure"]["message"]
+    if phase == "Created":
+        assert "no training step for 130s" in status["lastFailure"]["message"]
+
+
+def test_waiting_for_capacity_is_not_a_wedge_and_restarts_the_clock():
+    raw = job(status=running_status(phase="Created", lastProgressTime=ago(130), step=0))
+    queued = [worker(0, phase="Pending", ready=False), dataclasses.replace(worker(1, phase="Pending", ready=False), unschedulable=True)]
+    _, status, actions, _ = run(raw, observed(raw, queued, probes={}))
+    assert actions == [] and not status.get("restartsByReason")
+    assert status["lastProgressTime"] == ago(0), "the clock starts once every worker can run"
 
 
 def test_progress_resets_the_wedge_timer():

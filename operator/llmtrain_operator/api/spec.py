@@ -315,7 +315,8 @@ class FaultToleranceSpec(Ruled):
 
     progress_timeout_seconds: int = Field(900, ge=0, le=604800)
     """Operator-side backstop: if ``status.step`` does not advance for this long while
-    Running, restart all pods. 0 disables. Seconds. Default 900; must exceed
+    Running, Restarting or Created with workers alive (not while one waits to be
+    scheduled), restart all pods. 0 disables. Seconds. Default 900; must exceed
     ``hangTimeoutSeconds``."""
 
     backoff: BackoffSpec = Field(default_factory=BackoffSpec)

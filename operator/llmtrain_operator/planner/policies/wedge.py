@@ -1,5 +1,12 @@
 """The operator's backstop: ``status.step`` not advancing for ``progressTimeoutSeconds``
-while Running means the whole job is wedged: RestartAll."""
+means the whole job is wedged: RestartAll.
+
+It acts in every phase where workers exist and should be training (Running, Restarting,
+Created), so no job sits forever, whatever stopped it: a frozen pod that still looks
+alive, a launcher that never exits, a trainer stuck before its first step. Waiting for
+capacity is not a wedge: while no worker runs yet, or one cannot be scheduled, the clock
+starts over (restarting would not help; a queue is not a failure of the job).
+"""
 
 from __future__ import annotations
 
@@ -8,23 +15,27 @@ from ..accounting import record_failure
 from ..budget import count_restart, restart_all
 from ..context import Pass, Verdict
 
+WATCHED = (Phase.RUNNING, Phase.RESTARTING, Phase.CREATED)
+
 
 def handle(ctx: Pass) -> Verdict:
     limit = ctx.spec.fault_tolerance.progress_timeout_seconds
     status = ctx.status
-    if not limit or status.phase != Phase.RUNNING:
+    if not limit or status.phase not in WATCHED:
         return Verdict.CONTINUE
+    workers = [p for p in ctx.observed.workers() if p.active]
     idle = ctx.seconds_since(status.last_progress_time)
-    if idle is None:
+    if idle is None or not workers or any(p.unschedulable for p in workers):
         status.last_progress_time = ctx.stamp
         ctx.after(limit)
         return Verdict.CONTINUE
     if idle < limit:
         ctx.after(limit - idle)
         return Verdict.CONTINUE
-    record_failure(ctx, FailureKind.WEDGED, Reason.NO_PROGRESS, message=f"step {status.step} did not advance for {idle:.0f}s")
+    what = f"step {status.step} did not advance for {idle:.0f}s" if status.step else f"no training step for {idle:.0f}s"
+    record_failure(ctx, FailureKind.WEDGED, Reason.NO_PROGRESS, message=f"{what} (phase {status.phase})")
     if not count_restart(ctx, Reason.WEDGED):
         return Verdict.FINISHED
-    restart_all(ctx, f"step {status.step} did not advance for {idle:.0f}s (progressTimeoutSeconds={limit})")
+    restart_all(ctx, f"{what} (progressTimeoutSeconds={limit}, phase {status.phase})")
     status.last_progress_time = ctx.stamp
     return Verdict.CONTINUE
