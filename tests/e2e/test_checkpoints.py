@@ -5,6 +5,7 @@ adaptive interval shortened by failures, visible in the status."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -99,9 +100,7 @@ def test_failures_shorten_the_adaptive_interval_visible_in_the_status(operator):
         "spec.trainer.builtin.maxSteps": 100000, "spec.checkpoint.intervalSteps": "auto",
         "spec.checkpoint.auto": {"initialSteps": 10, "minSteps": 2, "maxSteps": 5000, "mtbfPriorSeconds": 600},
         "spec.faultTolerance.maxRestarts": 10,
-        # Steps of >= 0.2 s; four crashes of a rank. Four failures cut the MTBF about
-        # five-fold, so the interval (sqrt of it) shrinks by more than any noise in the
-        # measured cost of a checkpoint this small.
+        # Steps of >= 0.2 s; four crashes of a rank.
         "spec.env": [{"name": "LLMTRAIN_FAULT_INJECT",
                       "value": "slow@step=1,seconds=0.2,steps=100000;crash@step=60,rank=1;crash@step=120,rank=0;"
                                "crash@step=180,rank=1;crash@step=240,rank=0"}],
@@ -112,9 +111,9 @@ def test_failures_shorten_the_adaptive_interval_visible_in_the_status(operator):
         def check(s: dict) -> bool:
             cadence = s.get("checkpointCadence") or {}
             history = cadence.get("history") or {}
-            if cadence.get("mtbfSeconds") is not None and cadence.get("costSeconds") is not None:
+            if cadence.get("mtbfSeconds") is not None and cadence.get("costSeconds"):
                 seen.append({"failures": history.get("failures"), "interval": cadence.get("intervalSteps"),
-                             "mtbf": cadence["mtbfSeconds"]})
+                             "mtbf": cadence["mtbfSeconds"], "cost": cadence["costSeconds"]})
             return history.get("failures", 0) >= wanted_failures and any(x["failures"] >= wanted_failures for x in seen)
         return check
 
@@ -123,7 +122,14 @@ def test_failures_shorten_the_adaptive_interval_visible_in_the_status(operator):
     first = [x for x in seen if x["failures"] == 0][-1]  # the cost averaged over the most checkpoints
     later = [x for x in seen if x["failures"] >= 4][-1]
     assert final["checkpointCadence"]["mode"] == "auto"
-    assert later["mtbf"] < first["mtbf"], (first, later)
-    assert later["interval"] < first["interval"], (first, later, seen)
+    # (prior + active seconds) / (1 + failures): four failures cut it more than three-fold.
+    assert later["mtbf"] < first["mtbf"] / 3, (first, later)
+    # The interval is sqrt(2 x cost x MTBF) / step time. The cost of a checkpoint this small
+    # varies several-fold with the machine's load, so the interval alone can move either
+    # way; what must hold is that the trainers chose it with the shortened MTBF: the step
+    # time it implies (the steps are paced at >= 0.2 s) stays the same, where ignoring the
+    # failures would put it off by sqrt(first MTBF / later MTBF) > 1.7.
+    implied = [math.sqrt(2 * x["cost"] * x["mtbf"]) / x["interval"] for x in (first, later)]
+    assert 1 / 1.5 < implied[1] / implied[0] < 1.5, (first, later, implied)
     assert "CheckpointIntervalChanged" in events(bed, ns, name)
     bed.kubectl("delete", "ltj", name, "-n", ns, "--wait=false")
