@@ -222,6 +222,7 @@ def deferral(subject: "OurTrainer", steps: int, log: Callable[[str], None] = pri
     trainer.ckpt.wait()
     burst = time.perf_counter() - began
     cadence.interval = saved_interval
+    cadence.pending = False  # a checkpoint still owed by the burst is not the next row's
     out = {"steps": steps, "taken": len(trainer.ckpt.costs) - committed, "deferred": trainer.ckpt.deferred - deferred,
            "plain_seconds": plain, "burst_seconds": burst}
     log(f"    {steps} steps with a checkpoint due at each: {out['taken']} taken, {out['deferred']} deferred; "
