@@ -248,6 +248,17 @@ def test_waiting_for_capacity_is_not_a_wedge_and_restarts_the_clock():
     assert status["lastProgressTime"] == ago(0), "the clock starts once every worker can run"
 
 
+def test_steps_redone_after_a_restore_are_progress_too():
+    # status.step is 20 (the high-water mark); the trainers restored step 10 and are at 15.
+    raw = job(status=running_status(lastProgressTime=ago(130), step=20))
+    probes = {W0: TrainerProbe(step=15, world_size=2, restarts=0, last_step_time=NOW.timestamp() - 2)}
+    _, status, actions, _ = run(raw, observed(raw, [worker(0), worker(1)], probes=probes))
+    assert actions == [] and status["lastProgressTime"] == ago(0) and status["step"] == 20
+    stale = {W0: TrainerProbe(step=15, world_size=2, restarts=0, last_step_time=NOW.timestamp() - 200)}
+    _, status, actions, _ = run(raw, observed(raw, [worker(0), worker(1)], probes=stale))
+    assert status["restartsByReason"] == {"Wedged": 1}, "a step older than the last progress is not progress"
+
+
 def test_progress_resets_the_wedge_timer():
     raw = job(status=running_status(lastProgressTime=ago(130), step=20))
     probes = {W0: TrainerProbe(step=21, world_size=2, restarts=0)}

@@ -18,6 +18,13 @@ def handle(ctx: Pass) -> Verdict:
     if steps and max(steps) > status.step:
         status.step = max(steps)
         status.last_progress_time = ctx.stamp
+    # A step finished since the last progress is progress too: after a restore from an
+    # older checkpoint the steps up to the old high-water mark are redone, and the
+    # backstop must not take that for a wedge.
+    finished = [p.last_step_time for p in probes if p.last_step_time]
+    since = parse_time(status.last_progress_time)
+    if finished and (since is None or max(finished) > since.timestamp()):
+        status.last_progress_time = ctx.stamp
     _recovery(ctx, [p.last_step_time for p in probes if p.last_step_time])
     worlds = [p.world_size for p in probes if p.world_size]
     if worlds:

@@ -1,5 +1,6 @@
-"""The operator's backstop: ``status.step`` not advancing for ``progressTimeoutSeconds``
-means the whole job is wedged: RestartAll.
+"""The operator's backstop: no training step finished for ``progressTimeoutSeconds``
+(``status.lastProgressTime``, kept by the progress policy) means the whole job is
+wedged: RestartAll.
 
 It acts in every phase where workers exist and should be training (Running, Restarting,
 Created), so no job sits forever, whatever stopped it: a frozen pod that still looks
