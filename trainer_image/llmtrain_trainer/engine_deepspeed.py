@@ -253,8 +253,9 @@ class DeepSpeedEngine:
         return self._snapshot
 
     def replicated_files(self) -> set[str]:
-        # The model-states file is not byte-identical across data-parallel ranks (its
-        # pickle carries rank-specific metadata), so it cannot be stored in shares:
+        # The model-states file is not byte-identical across data-parallel ranks (two
+        # nodes' copies of one step differed by 64 bytes in the two-node test), so it
+        # cannot be stored in shares:
         # rank 0 stores it whole in job-wide tiers; each node leader keeps its own in tier 1.
         return set()
 
