@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import re
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from typing import Any
 from . import manifest as mf
 from .fileio import Hasher, hash_file
 from .sources import Source, iter_range
-from .tiers import CheckpointError, Committed, digest_bytes, finish_fetch, merge_parts, new_manifest
+from .tiers import CheckpointError, Committed, digest_bytes, finish_fetch, merge_parts, new_manifest, wait_for_parts
 
 CHUNK = 32 << 20
 """Part size of multipart uploads and ranged downloads."""
@@ -248,18 +247,10 @@ class S3Tier:
 
     def commit(self, step: int, meta: dict[str, Any], expected: set[int], ranks: set[int], timeout: float,
                heartbeat: Callable[[], None] = lambda: None) -> Committed:
-        deadline = time.monotonic() + timeout
         parts_prefix = self.key(step, "parts/")
-        while True:
-            keys = self._objects(parts_prefix)
-            present = {int(k.rsplit("-", 1)[1].split(".")[0]) for k in keys}
-            if expected <= present:
-                break
-            if time.monotonic() > deadline:
-                raise CheckpointError(f"{self.name} tier: step {step} incomplete after {timeout:.0f}s; "
-                                      f"missing parts of writers {sorted(expected - present)}")
-            heartbeat()
-            time.sleep(0.5)
+        wait_for_parts(self.name, step, expected,
+                       lambda: {int(k.rsplit("-", 1)[1].split(".")[0]) for k in self._objects(parts_prefix)},
+                       timeout, heartbeat, poll=0.5)
         parts = [json.loads(self._get(self.key(step, f"parts/rank-{w:05d}.json"))) for w in sorted(expected)]
         manifest = new_manifest(step, meta, ranks, merge_parts(parts))
         text = json.dumps(manifest, indent=1, sort_keys=True).encode()

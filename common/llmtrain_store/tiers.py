@@ -98,6 +98,23 @@ class Committed:
         return self.ranks == set(range(self.world_size))
 
 
+def wait_for_parts(tier: str, step: int, expected: set[int], present: Callable[[], set[int]], timeout: float,
+                   heartbeat: Callable[[], None], poll: float) -> None:
+    """Before a commit: wait until every expected writer's part record is in (``present``
+    lists them), feeding ``heartbeat``; CheckpointError naming the missing writers after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        have = present()
+        if expected <= have:
+            return
+        if time.monotonic() > deadline:
+            raise CheckpointError(f"{tier} tier: step {step} incomplete after {timeout:.0f}s; "
+                                  f"missing parts of writers {sorted(expected - have)}")
+        heartbeat()
+        time.sleep(poll)
+
+
 def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """The manifest's ``files`` from the writers' part records: whole files as they are,
     and each shared file from the pieces the writers stored. Every writer hashes pieces at
@@ -198,16 +215,8 @@ class DirTier:
         ``ranks``: the ranks whose state the checkpoint covers."""
         folder = self.staging(step)
         parts_dir = folder / "parts"
-        deadline = time.monotonic() + timeout
-        while True:
-            present = {int(p.stem.split("-")[1]) for p in parts_dir.glob("rank-*.json")}
-            if expected <= present:
-                break
-            if time.monotonic() > deadline:
-                raise CheckpointError(f"{self.name} tier: step {step} incomplete after {timeout:.0f}s; "
-                                      f"missing parts of writers {sorted(expected - present)}")
-            heartbeat()
-            time.sleep(0.02)
+        wait_for_parts(self.name, step, expected, lambda: {int(p.stem.split("-")[1]) for p in parts_dir.glob("rank-*.json")},
+                       timeout, heartbeat, poll=0.02)
         parts = [json.loads((parts_dir / f"rank-{w:05d}.json").read_text()) for w in sorted(expected)]
         manifest = new_manifest(step, meta, ranks, merge_parts(parts))
         text = write_json_durably(folder / mf.MANIFEST, manifest)
