@@ -32,6 +32,8 @@ class Env:
     TERMINATION_LOG = "LLMTRAIN_TERMINATION_LOG"
     """Where the launcher writes the pod's termination message."""
     LOG_LEVEL = "LLMTRAIN_LOG_LEVEL"
+    SUPERVISED = "LLMTRAIN_SUPERVISED"
+    """Set to 1 by the launcher: its supervisor watches the ranks' heartbeats from outside."""
     FAULT_INJECT = "LLMTRAIN_FAULT_INJECT"
     """TEST ONLY: faults to inject (``llmtrain_trainer.faults``)."""
     FAULT_STATE_DIR = "LLMTRAIN_FAULT_STATE_DIR"

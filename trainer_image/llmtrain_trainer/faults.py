@@ -11,6 +11,11 @@ Off unless the environment variable ``LLMTRAIN_FAULT_INJECT`` is set. Its value 
                                   (every time it runs; tests that must outlast a failure)
     exit@step=5,rank=0,code=64    exit with a given code
     sigterm@step=12,rank=0        send SIGTERM to this process (emergency checkpoint path)
+    stop@step=15,rank=1           SIGSTOP this process (frozen: its own threads stop too)
+    stop@step=15,rank=0,target=agent
+                                  SIGSTOP the torchrun agent (target=launcher: the launcher)
+    gil@step=15,rank=1            hold the GIL in native code: a catastrophic regular
+                                  expression that runs for hours without releasing it
 
 Each fault fires at most once per job: before firing, a marker is written into
 ``LLMTRAIN_FAULT_STATE_DIR`` (default: the run dir), so a restarted worker that replays
@@ -20,6 +25,7 @@ step 25 does not crash again. ``attempt=N`` restricts a fault to torchrun's Nth 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
@@ -30,7 +36,9 @@ from llmtrain_contract.names import Env
 
 ENV = Env.FAULT_INJECT
 STATE_ENV = Env.FAULT_STATE_DIR
-KINDS = {"crash", "hang", "slow", "exit", "sigterm"}
+KINDS = {"crash", "hang", "slow", "exit", "sigterm", "stop", "gil"}
+TARGETS = ("self", "agent", "launcher")
+"""What ``stop`` freezes: this rank, its torchrun agent (the parent), or the launcher."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,8 @@ def parse(text: str) -> list[Fault]:
         opts = dict(kv.split("=", 1) for kv in rest.split(",") if "=" in kv)
         if "step" not in opts:
             raise ValueError(f"{ENV}: fault {item!r} needs step=N")
+        if opts.get("target", "self") not in TARGETS:
+            raise ValueError(f"{ENV}: fault {item!r}: target must be one of {list(TARGETS)}")
         faults.append(
             Fault(
                 kind=kind,
@@ -105,3 +115,16 @@ class FaultInjector:
             os._exit(int(fault.params.get("code", "1")))
         elif fault.kind == "sigterm":
             os.kill(os.getpid(), signal.SIGTERM)
+        elif fault.kind == "stop":
+            target = fault.params.get("target", "self")
+            pid = {"self": os.getpid(), "agent": os.getppid(), "launcher": _parent(os.getppid())}[target]
+            os.kill(pid, signal.SIGSTOP)
+        elif fault.kind == "gil":
+            # Nested quantifiers on a non-matching subject: exponential backtracking inside
+            # the regex engine, which never releases the GIL (2**40 steps: hours).
+            re.match(r"(a+)+$", "a" * 40 + "b")
+
+
+def _parent(pid: int) -> int:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return int(text[text.rindex(")") + 2:].split()[1])

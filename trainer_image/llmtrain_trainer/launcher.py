@@ -7,6 +7,10 @@ exit codes (hang, preempted, config error ...). The launcher forwards SIGTERM/SI
 torchrun, and when it exits, picks the most significant exit record the ranks wrote in
 the latest attempt, exits with that code and writes it to the termination-message file
 (``/dev/termination-log`` in Kubernetes), where the operator reads it.
+
+While torchrun runs, the launcher's supervisor (``supervisor.py``) watches every local
+rank's heartbeat from outside the trainer processes, so that a frozen rank, a rank
+holding the GIL or a stopped torchrun agent is detected and blamed on the right rank.
 """
 
 from __future__ import annotations
@@ -21,15 +25,20 @@ import time
 from pathlib import Path
 
 from . import exitrecord
-from llmtrain_contract.exitcodes import classify_exit
+from .supervisor import Supervisor
+from llmtrain_contract.exitcodes import ExitCode, classify_exit
 from llmtrain_contract.names import TERMINATION_LOG, Env, Termination
 
 
-def decide(returncode: int, records: list[dict]) -> tuple[int, dict]:
-    """The pod's exit code and termination message from torchrun's code and the records."""
+def decide(returncode: int, records: list[dict], agent_hang: str | None = None) -> tuple[int, dict]:
+    """The pod's exit code and termination message from torchrun's code and the records
+    (or why the supervisor ended a stopped torchrun agent)."""
     T = Termination
     committed = _checkpoints(records)
     extra = {T.CHECKPOINTS: committed} if committed else {}
+    if agent_hang is not None:
+        code = int(ExitCode.HANG)
+        return code, {T.CODE: code, T.REASON: classify_exit(code).reason, T.MESSAGE: agent_hang, **extra}
     if returncode == 0:
         return 0, {T.CODE: 0, T.REASON: "Completed", **extra}
     best = exitrecord.most_significant(records)
@@ -73,15 +82,18 @@ def main(argv: list[str] | None = None) -> int:
     # worker rank 0 hosts a fresh store per attempt. The rendezvous itself stays on the
     # job's external store, so no node is a single point of failure either way.
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    env[Env.SUPERVISED] = "1"
     child = subprocess.Popen(command, env=env)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _: child.send_signal(signum))
+    supervisor = Supervisor(run_dir, agent_pid=child.pid).start()
     returncode = child.wait()
+    supervisor.stop()
 
     attempt = exitrecord.latest_attempt(run_dir)
     records = [r for r in exitrecord.read_attempt(run_dir, attempt)] if attempt is not None else []
     records = [r for r in records if r.get("time", 0) >= started]  # ignore an older container's
-    code, message = decide(returncode, records)
+    code, message = decide(returncode, records, supervisor.agent_hang)
     try:
         Path(args.termination_log).write_text(json.dumps(message))
     except OSError:

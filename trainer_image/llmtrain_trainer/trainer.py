@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from llmtrain_contract.config import TrainerConfig
 from llmtrain_contract.exitcodes import ExitCode
+from llmtrain_contract.names import Env
 from llmtrain_store import manifest as mf
 from llmtrain_store.s3 import S3Tier
 from llmtrain_store.tiers import CheckpointError, DirTier
@@ -34,6 +35,7 @@ from .engine import engine_class
 from .engine_deepspeed import convert_to_universal, wait_for_universal
 from .faults import FaultInjector
 from .schedule import lr_at
+from .heartbeat import Heartbeat, State
 from .watchdog import Watchdog, dump_stacks_and_exit
 
 log = logging.getLogger("llmtrain.trainer")
@@ -74,7 +76,11 @@ class Trainer:
         self.faults = FaultInjector.from_env(info.rank, info.restart_count, run_dir)
         self.step = 0
         self._stop = threading.Event()
-        self.watchdog = Watchdog(cfg.fault_tolerance.hang_timeout_seconds, self._on_hang)
+        hang_timeout = cfg.fault_tolerance.hang_timeout_seconds
+        self.watchdog = Watchdog(
+            hang_timeout, self._on_hang, heartbeat=Heartbeat(run_dir, info.rank, info.local_rank, info.restart_count, hang_timeout),
+            supervised=os.environ.get(Env.SUPERVISED) == "1",
+        )
         self.engine: Any = None
         tiers = build_tiers(cfg)
         meta = {"config_hash": cfg.config_hash(), "strategy": self.strategy, "job": cfg.job_name, "max_steps": cfg.max_steps}
@@ -92,14 +98,18 @@ class Trainer:
     # ------------------------------------------------------------------ hooks
 
     def _on_hang(self, stale: float) -> None:
+        timeout = self.cfg.fault_tolerance.hang_timeout_seconds
+        if self.watchdog.state == State.COLLECTIVE:
+            # Blocked in a collective: a peer stopped participating. That peer is the
+            # cause (its own pod reports it); this rank is a victim, never charged.
+            code = ExitCode.COLLECTIVE_TIMEOUT
+            message = f"victim: blocked in a collective for {stale:.1f}s, waiting for a peer (hangTimeoutSeconds={timeout})"
+        else:
+            code = ExitCode.HANG
+            message = f"no step progress for {stale:.1f}s (hangTimeoutSeconds={timeout})"
         dump_stacks_and_exit(
-            ExitCode.HANG,
-            stale,
-            lambda: exitrecord.write(
-                self.run_dir, self.info.restart_count, self.info.rank, self.info.local_rank, ExitCode.HANG,
-                f"no step progress for {stale:.1f}s (hangTimeoutSeconds={self.cfg.fault_tolerance.hang_timeout_seconds})",
-                self.step,
-            ),
+            code, stale,
+            lambda: exitrecord.write(self.run_dir, self.info.restart_count, self.info.rank, self.info.local_rank, code, message, self.step),
         )
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
@@ -156,7 +166,8 @@ class Trainer:
 
     def _barrier(self) -> None:
         if self.info.world_size > 1:
-            dist.barrier()
+            with self.watchdog.section(State.COLLECTIVE):
+                dist.barrier()
 
     def _files(self, folder: Path) -> dict[str, mf.FileEntry]:
         return mf.entries(json.loads((folder / mf.MANIFEST).read_text()), self.engine.allowed_names())
@@ -251,12 +262,14 @@ class Trainer:
             self.source.batch(micro_batch_indices(step, a, info.rank, info.world_size, cfg.global_batch_size, cfg.micro_batch_size))
             for a in range(self.accum)
         ]
-        local_loss = self.engine.train_step(step, batches)
-        loss, stop, busy, interval, tiers_busy = self._agree(local_loss)
+        with self.watchdog.section(State.TRAIN_STEP):
+            local_loss = self.engine.train_step(step, batches)
+        with self.watchdog.section(State.COLLECTIVE):
+            loss, stop, busy, interval, tiers_busy = self._agree(local_loss)
         self.cadence.agreed(interval)
         self.step = step + 1
         seconds = time.perf_counter() - began
-        self.watchdog.beat()
+        self.watchdog.beat(self.step)
         samples = self.step * cfg.global_batch_size
         tokens = cfg.global_batch_size * cfg.data.seq_len
         self.metrics.step(self.step, samples, loss, seconds, tokens)

@@ -5,10 +5,17 @@ exception can reach it. A daemon thread watches a heartbeat; when it goes stale,
 watchdog dumps the stacks of every thread (faulthandler, so it works even while the GIL
 holder is stuck in native code that released it), records the exit, and terminates the
 process with the hang code. torchrun then sees a failed worker and the recovery starts.
+
+A thread cannot see its own process frozen (SIGSTOP) or its interpreter held by native
+code that never releases the GIL, so under the launcher the first detector is the
+launcher's supervisor, which reads the rank's heartbeat file from outside
+(``supervisor.py``). This watchdog then waits ``SUPERVISOR_GRACE_SECONDS`` longer and
+only acts if the supervisor did not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import logging
 import os
@@ -16,31 +23,57 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable
+from typing import Callable, ContextManager
+
+from .heartbeat import Heartbeat, State
 
 log = logging.getLogger("llmtrain.watchdog")
 
 
+SUPERVISOR_GRACE_SECONDS = 3.0
+"""How much later than the supervisor this in-process watchdog fires when supervised."""
+
+
 class Watchdog:
-    def __init__(self, timeout_seconds: float, on_hang: Callable[[float], None], poll_seconds: float | None = None):
-        self.timeout = timeout_seconds
+    def __init__(self, timeout_seconds: float, on_hang: Callable[[float], None], poll_seconds: float | None = None,
+                 heartbeat: Heartbeat | None = None, supervised: bool = False):
+        self.timeout = timeout_seconds + (SUPERVISOR_GRACE_SECONDS if supervised else 0.0)
         self.on_hang = on_hang
         self.poll = poll_seconds or min(1.0, timeout_seconds / 10)
+        self.heartbeat = heartbeat
         self._last = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hang-watchdog", daemon=True)
 
     def start(self) -> "Watchdog":
         self.beat()
+        if self.heartbeat is not None:
+            self.heartbeat.set_state(State.STEPPING)  # armed: the supervisor watches from now on
         self._thread.start()
         return self
 
-    def beat(self) -> None:
-        """Record progress. Cheap enough to call every step (one monotonic read)."""
+    def beat(self, step: int | None = None) -> None:
+        """Record progress. Cheap enough to call every step (a monotonic read and a store
+        into the shared heartbeat page)."""
         self._last = time.monotonic()
+        heartbeat = self.heartbeat  # stop() may clear it from another thread
+        if heartbeat is not None:
+            heartbeat.beat(step)
+
+    def section(self, state: State) -> ContextManager[None]:
+        """Mark where the rank is (a collective, the train step) for whoever reads its
+        heartbeat."""
+        return self.heartbeat.section(state) if self.heartbeat is not None else contextlib.nullcontext()
+
+    @property
+    def state(self) -> State:
+        return self.heartbeat.state if self.heartbeat is not None else State.STEPPING
 
     def stop(self) -> None:
         self._stop.set()
+        heartbeat, self.heartbeat = self.heartbeat, None
+        if heartbeat is not None:
+            heartbeat.close()
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll):

@@ -1,0 +1,176 @@
+"""The launcher's supervisor, against real processes: a rank that is stopped, one that
+spins holding the GIL, one stuck outside a collective and one waiting inside it; and a
+stopped torchrun agent. Each rank is a real child process publishing a real heartbeat
+file; the supervisor judges it from /proc, writes its exit record and kills it."""
+
+from __future__ import annotations
+
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from llmtrain_contract.exitcodes import ExitCode
+from llmtrain_trainer import exitrecord, heartbeat
+from llmtrain_trainer.heartbeat import Heartbeat, State
+from llmtrain_trainer.launcher import decide
+from llmtrain_trainer.supervisor import Supervisor, proc_info
+
+TIMEOUT = 1.0
+
+RANK = textwrap.dedent("""
+    import os, re, signal, sys, time
+    from pathlib import Path
+    from llmtrain_trainer.heartbeat import Heartbeat, State
+    run_dir, local, behaviour = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    hb = Heartbeat(run_dir, rank=10 + local, local_rank=local, attempt=0, timeout_seconds={timeout})
+    hb.set_state(State.STEPPING)
+    for step in range(1, 4):
+        hb.beat(step)
+        time.sleep(0.05)
+    if behaviour == "collective":
+        hb.set_state(State.COLLECTIVE)
+    print("ready", flush=True)
+    if behaviour == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif behaviour == "gil":
+        re.match(r"(a+)+$", "a" * 40 + "b")
+    elif behaviour == "healthy":
+        step = 3
+        while True:
+            step += 1
+            hb.beat(step)
+            time.sleep(0.1)
+    time.sleep(3600)
+""").replace("{timeout}", str(TIMEOUT))
+
+
+def start_rank(run_dir: Path, local: int, behaviour: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", RANK, str(run_dir), str(local), behaviour], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def supervise_until_acted(sup: Supervisor, deadline: float = 15.0) -> list:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        verdicts = sup.check()
+        if verdicts:
+            return verdicts
+        time.sleep(0.2)
+    raise AssertionError("the supervisor never acted")
+
+
+@pytest.fixture
+def ranks(tmp_path):
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def test_heartbeat_round_trip_and_sections(tmp_path):
+    hb = Heartbeat(tmp_path, rank=5, local_rank=1, attempt=2, timeout_seconds=30)
+    hb.set_state(State.STEPPING)
+    hb.beat(7)
+    with hb.section(State.COLLECTIVE):
+        (beat,) = heartbeat.read_all(tmp_path)
+        assert (beat.rank, beat.local_rank, beat.attempt, beat.step, beat.state, beat.timeout) == (5, 1, 2, 7, State.COLLECTIVE, 30)
+    assert heartbeat.read_all(tmp_path)[0].state == State.STEPPING
+    hb.close()
+    assert heartbeat.read_all(tmp_path)[0].state == State.DONE
+    hb.beat(8)  # a writer thread beating after the loop closed the page must not raise
+    (tmp_path / "heartbeat" / "local-9.hb").write_bytes(b"garbage")
+    assert len(heartbeat.read_all(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("behaviour, kind", [("stop", "frozen"), ("gil", "spinning"), ("sleep", "stuck")])
+def test_a_stale_rank_is_the_cause_and_its_peer_in_a_collective_the_victim(tmp_path, ranks, behaviour, kind, capfd):
+    ranks += [start_rank(tmp_path, 0, "collective"), start_rank(tmp_path, 1, behaviour), start_rank(tmp_path, 2, "healthy")]
+    sup = Supervisor(tmp_path)
+    began = time.monotonic()
+    verdicts = supervise_until_acted(sup)
+    assert time.monotonic() - began <= TIMEOUT + 3
+    assert {(v.beat.local_rank, v.cause, v.kind) for v in verdicts} == {(0, False, "victim"), (1, True, kind)}
+    for proc in ranks[:2]:
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    assert ranks[2].poll() is None, "a rank that makes progress is left alone"
+    records = {r["local_rank"]: r for r in exitrecord.read_attempt(tmp_path, 0)}
+    assert records[1]["code"] == ExitCode.HANG and records[1]["rank"] == 11
+    assert records[1]["message"].startswith(f"cause ({kind}): rank 11")
+    assert records[0]["code"] == ExitCode.COLLECTIVE_TIMEOUT and records[0]["message"].startswith("victim: rank 10")
+    assert exitrecord.attempt_cause(tmp_path, 0, 2) == "hang"
+    code, message = decide(1, exitrecord.read_attempt(tmp_path, 0))
+    assert code == ExitCode.HANG and message["rank"] == 11, "the pod reports the cause, not the victim"
+    err = capfd.readouterr().err
+    assert "stacks of rank 11 (py-spy" in err
+    if behaviour == "gil":
+        assert "<module>" in err and "Thread" in err, err  # py-spy read the spinning process
+    assert supervise_again_is_quiet(sup)
+
+
+def supervise_again_is_quiet(sup: Supervisor) -> bool:
+    """An ended rank is judged once: no second record, no second kill."""
+    return sup.check() == []
+
+
+def test_only_victims_in_this_pod_are_reported_as_victims(tmp_path, ranks):
+    ranks += [start_rank(tmp_path, 0, "collective"), start_rank(tmp_path, 1, "collective")]
+    verdicts = supervise_until_acted(Supervisor(tmp_path))
+    assert {(v.beat.local_rank, v.cause) for v in verdicts} == {(0, False), (1, False)}
+    assert exitrecord.attempt_cause(tmp_path, 0, 2) == "victim"
+
+
+def test_a_heartbeat_older_than_its_pid_is_a_leftover_and_ignored(tmp_path, ranks):
+    # An earlier container's file whose pid a newer process now has (pids restart low in a
+    # new container): stale, but not that process's heartbeat.
+    Heartbeat(tmp_path, 0, 0, 0, TIMEOUT).set_state(State.STEPPING)
+    path = tmp_path / "heartbeat" / "local-0.hb"
+    data = bytearray(path.read_bytes())
+    time.sleep(TIMEOUT + 1.5)
+    newer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    ranks.append(newer)
+    struct.pack_into("<i", data, 8, newer.pid)  # the pid field
+    path.write_bytes(bytes(data))
+    assert heartbeat.read_all(tmp_path)[0].pid == newer.pid
+    assert Supervisor(tmp_path).check() == []
+    assert newer.poll() is None
+
+
+def test_a_stopped_torchrun_agent_is_ended_with_its_workers(tmp_path, ranks):
+    agent = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        print(child.pid, flush=True)
+        time.sleep(3600)
+    """)], stdout=subprocess.PIPE, text=True)
+    ranks.append(agent)
+    worker = int(agent.stdout.readline())
+    Heartbeat(tmp_path, 0, 0, 0, TIMEOUT)  # a rank published its timeout
+    sup = Supervisor(tmp_path, agent_pid=agent.pid)
+    sup.check()
+    assert sup.agent_hang is None
+    agent.send_signal(signal.SIGSTOP)
+    end = time.monotonic() + 10
+    while sup.agent_hang is None and time.monotonic() < end:
+        sup.check()
+        time.sleep(0.2)
+    assert sup.agent_hang is not None and "torchrun agent" in sup.agent_hang
+    assert agent.wait(timeout=10) == -signal.SIGKILL
+    end = time.monotonic() + 10
+    while (info := proc_info(worker)) is not None and info.state != "Z" and time.monotonic() < end:
+        time.sleep(0.1)
+    assert info is None or info.state == "Z", "the agent's workers are ended too"
+    code, message = decide(-9, [], sup.agent_hang)
+    assert code == ExitCode.HANG and message["reason"] == "Hang" and "torchrun agent" in message["message"]
+
+
+def test_the_supervisor_survives_a_run_dir_without_heartbeats(tmp_path):
+    sup = Supervisor(tmp_path / "missing")
+    assert sup.check() == [] and sup.agent_hang is None

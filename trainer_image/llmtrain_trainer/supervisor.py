@@ -1,0 +1,253 @@
+"""The launcher's supervisor: hang detection from outside the trainer processes.
+
+It reads every local rank's heartbeat file (``heartbeat.py``) once a second. When a rank
+made no progress for its ``hangTimeoutSeconds``, the supervisor looks at the process from
+outside, in ``/proc``, and tells the cause from its victims:
+
+| the stale rank is ...                                   | verdict                      |
+|---------------------------------------------------------|------------------------------|
+| stopped (SIGSTOP, a debugger, ``T``/``t`` in ``/proc``)   | cause: ``frozen``            |
+| burning CPU without progress (a loop holding the GIL)   | cause: ``spinning``          |
+| idle outside any collective (a sleep, a lock, I/O)      | cause: ``stuck``             |
+| idle inside a collective or the train step              | victim: waits for a peer     |
+
+Then it dumps the stacks of the causes with ``py-spy dump --nonblocking`` (which reads a
+stopped or spinning process without pausing it), writes one exit record per stale rank
+(``HANG`` for a cause, ``COLLECTIVE_TIMEOUT`` for a victim, so the blame lands on the
+cause's pod and victims are never charged), and SIGKILLs the stale ranks: torchrun then
+ends the worker group and restarts it (or exits, and the launcher reports the record).
+
+The torchrun agent is watched too: an agent stopped for longer than the ranks' timeout
+can neither restart nor report its workers, so the supervisor kills it and its workers
+and the launcher exits with the hang code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmtrain_contract.exitcodes import ExitCode
+
+from . import exitrecord, heartbeat
+from .heartbeat import WAITING_STATES, Beat, State
+
+log = logging.getLogger("llmtrain.supervisor")
+
+BUSY_CPU_FRACTION = 0.3
+"""CPU seconds per wall second above which a stale rank is spinning, not waiting."""
+DUMP_TIMEOUT_SECONDS = 10.0
+JOINT_FRACTION = 0.5
+"""When one rank is stale, the others idle for this fraction of their timeout are judged
+with it."""
+PID_REUSE_SLACK_SECONDS = 1.0
+"""A heartbeat can't be older than its process: one that is, by more than the clocks'
+rounding, was written by an earlier process under the same pid."""
+DEFAULT_AGENT_TIMEOUT_SECONDS = 60.0
+"""How long the agent may stay stopped when no rank has published its timeout yet."""
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    state: str
+    """``/proc/<pid>/stat`` state: R running, S sleeping, D disk, T stopped, t traced, Z zombie."""
+    cpu_seconds: float
+    started: float
+    """Seconds after boot, the clock ``CLOCK_MONOTONIC`` counts too (on a machine that
+    never suspended)."""
+
+
+def proc_info(pid: int) -> ProcInfo | None:
+    """What the kernel says of a process, or None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces: split after it.
+    fields = text[text.rindex(")") + 2:].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return ProcInfo(state=fields[0], cpu_seconds=(int(fields[11]) + int(fields[12])) / ticks, started=int(fields[19]) / ticks)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    beat: Beat
+    cause: bool
+    kind: str
+    """``frozen``, ``spinning``, ``stuck`` (causes) or ``victim``."""
+    stale: float
+
+    def message(self) -> str:
+        where = {State.TRAIN_STEP: "in the train step", State.COLLECTIVE: "in a collective"}.get(self.beat.state, "outside any collective")
+        what = {
+            "frozen": "is frozen (stopped: SIGSTOP, a debugger or a paused machine)",
+            "spinning": "burns CPU without progress (native code holding the GIL, or a loop)",
+            "stuck": f"is blocked {where}",
+            "victim": f"is blocked {where}, waiting for a peer that stopped participating",
+        }[self.kind]
+        role = f"cause ({self.kind})" if self.cause else "victim"
+        return (f"{role}: rank {self.beat.rank} (local {self.beat.local_rank}, pid {self.beat.pid}) {what}; "
+                f"no step progress for {self.stale:.1f}s after step {self.beat.step} (hangTimeoutSeconds={self.beat.timeout:g})")
+
+
+def judge(beat: Beat, info: ProcInfo, busy_fraction: float, stale: float) -> Verdict:
+    """Cause or victim, from the process's state and CPU use while it made no progress."""
+    if info.state in ("T", "t"):
+        return Verdict(beat, True, "frozen", stale)
+    if busy_fraction >= BUSY_CPU_FRACTION:
+        return Verdict(beat, True, "spinning", stale)
+    if beat.state in WAITING_STATES:
+        return Verdict(beat, False, "victim", stale)
+    return Verdict(beat, True, "stuck", stale)
+
+
+def dump_stack(pid: int) -> str:
+    """The Python stacks of every thread of ``pid``, read from outside."""
+    tool = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(tool).exists():
+        return "(py-spy is not installed: no stack dump)"
+    try:
+        done = subprocess.run([tool, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True, text=True,
+                              timeout=DUMP_TIMEOUT_SECONDS)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"(py-spy dump failed: {err})"
+    return (done.stdout + done.stderr).strip() or f"(py-spy dump printed nothing, exit {done.returncode})"
+
+
+@dataclass
+class _Seen:
+    beat: float
+    since: float
+    cpu: float
+
+
+@dataclass
+class Supervisor:
+    run_dir: Path
+    agent_pid: int | None = None
+    poll_seconds: float = 1.0
+    agent_hang: str | None = None
+    """Set when the supervisor ended a stopped torchrun agent: why."""
+    _seen: dict[int, _Seen] = field(default_factory=dict)
+    _ended: set[int] = field(default_factory=set)
+    _agent_stopped_since: float | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> "Supervisor":
+        self._thread = threading.Thread(target=self._run, name="rank-supervisor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=DUMP_TIMEOUT_SECONDS + 5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_seconds):
+            try:
+                self.check()
+            except Exception:  # noqa: BLE001 - the supervisor must outlive its own bugs
+                log.exception("supervisor check failed")
+
+    def check(self, now: float | None = None) -> list[Verdict]:
+        """One look at every rank (and the agent); acts on what is stale. Returns the
+        verdicts it acted on."""
+        now = time.monotonic() if now is None else now
+        live: list[tuple[Beat, ProcInfo]] = []
+        for beat in heartbeat.read_all(self.run_dir):
+            info = proc_info(beat.pid)
+            if info is None or info.state == "Z" or beat.pid in self._ended:
+                continue
+            if info.started > beat.beat + PID_REUSE_SLACK_SECONDS:
+                continue  # a file left by an earlier container, its pid reused by a newer process
+            live.append((beat, info))
+        self._check_agent(now, [b.timeout for b, _ in live])
+        armed: list[tuple[Beat, ProcInfo, _Seen]] = []
+        for beat, info in live:
+            seen = self._seen.get(beat.pid)
+            if seen is None or seen.beat != beat.beat:
+                seen = self._seen[beat.pid] = _Seen(beat.beat, now, info.cpu_seconds)
+            if beat.state not in (State.STARTING, State.DONE):
+                armed.append((beat, info, seen))
+        if not any(beat.stale_for(now) > beat.timeout for beat, _, _ in armed):
+            return []
+        # Ending one rank ends the pod's worker group, so every rank that has been idle
+        # for a while is judged now, together: local ranks stall within moments of each
+        # other, and a cause judged a poll later would already be gone without a record.
+        stale = [
+            judge(beat, info, (info.cpu_seconds - seen.cpu) / max(now - seen.since, 1e-3), beat.stale_for(now))
+            for beat, info, seen in armed
+            if beat.stale_for(now) > beat.timeout * JOINT_FRACTION
+        ]
+        self._act(stale)
+        return stale
+
+    def _act(self, verdicts: list[Verdict]) -> None:
+        for verdict in verdicts:
+            text = f"llmtrain supervisor: HANG: {verdict.message()}\n"
+            if verdict.cause:
+                text += f"stacks of rank {verdict.beat.rank} (py-spy, read from outside):\n{dump_stack(verdict.beat.pid)}\n"
+            _write_stderr(text)
+        for verdict in verdicts:
+            beat = verdict.beat
+            exitrecord.write(self.run_dir, beat.attempt, beat.rank, beat.local_rank,
+                             ExitCode.HANG if verdict.cause else ExitCode.COLLECTIVE_TIMEOUT, verdict.message(), beat.step)
+        for verdict in verdicts:
+            self._ended.add(verdict.beat.pid)
+            _kill(verdict.beat.pid)
+
+    def _check_agent(self, now: float, timeouts: list[float]) -> None:
+        if self.agent_pid is None or self.agent_hang is not None:
+            return
+        info = proc_info(self.agent_pid)
+        if info is None or info.state not in ("T", "t"):
+            self._agent_stopped_since = None
+            return
+        if self._agent_stopped_since is None:
+            self._agent_stopped_since = now
+        limit = max(timeouts) if timeouts else DEFAULT_AGENT_TIMEOUT_SECONDS
+        stopped = now - self._agent_stopped_since
+        if stopped <= limit:
+            return
+        self.agent_hang = (f"cause: the torchrun agent (pid {self.agent_pid}) is frozen (stopped) for {stopped:.1f}s: "
+                           "it can neither restart nor report its workers")
+        _write_stderr(f"llmtrain supervisor: HANG: {self.agent_hang}\n")
+        for pid in [self.agent_pid, *_children(self.agent_pid)]:
+            _kill(pid)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if int(text[text.rindex(")") + 2:].split()[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)  # works on a stopped process too
+    except ProcessLookupError:
+        pass
+
+
+def _write_stderr(text: str) -> None:
+    """One write, so that the dump does not interleave with the ranks' output."""
+    sys.stderr.flush()
+    view = memoryview(text.encode())
+    while view:
+        view = view[os.write(sys.stderr.fileno(), view):]
