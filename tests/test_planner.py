@@ -498,3 +498,21 @@ def test_the_pod_template_merges_over_the_worker_pod_and_operator_fields_win():
     assert [e.get("value") for e in trainer["env"] if e["name"] == "LLMTRAIN_JOB"] == ["tiny-elastic"]  # owned env wins
     assert [c["name"] for c in spec["containers"]] == ["trainer", "sidecar"]
     assert spec["restartPolicy"] == "Never"
+
+
+def test_the_worker_pod_has_a_liveness_probe_on_the_launcher_lasting_the_hang_timeout():
+    """A frozen launcher (alone or with its pod) is seen only by the kubelet: the probe
+    targets the launcher's /healthz, fails for about hangTimeoutSeconds, and kills quickly."""
+    from llmtrain_contract.names import HEALTH_PORT
+    from llmtrain_operator.api import parse_job
+    from llmtrain_operator.planner.manifests import worker_pod
+
+    pod = worker_pod(parse_job(job({"spec.faultTolerance.hangTimeoutSeconds": 31})), 0, 0)
+    trainer = pod["spec"]["containers"][0]
+    probe = trainer["livenessProbe"]
+    assert probe["httpGet"] == {"path": "/healthz", "port": HEALTH_PORT}
+    assert 31 <= probe["periodSeconds"] * probe["failureThreshold"] <= 31 + probe["periodSeconds"]
+    assert probe["terminationGracePeriodSeconds"] < pod["spec"]["terminationGracePeriodSeconds"]
+    assert {"name": "health", "containerPort": HEALTH_PORT} in trainer["ports"]
+    command = trainer["command"]
+    assert command[command.index("--health-port") + 1] == str(HEALTH_PORT) and command.index("--health-port") < command.index("--")

@@ -18,7 +18,7 @@ from llmtrain_contract.exitcodes import ExitCode
 from llmtrain_trainer import exitrecord, heartbeat
 from llmtrain_trainer.heartbeat import Heartbeat, State
 from llmtrain_trainer.launcher import decide
-from llmtrain_trainer.supervisor import Supervisor, proc_info
+from llmtrain_trainer.supervisor import Supervisor, proc_info, serve_health
 
 TIMEOUT = 1.0
 
@@ -174,3 +174,39 @@ def test_a_stopped_torchrun_agent_is_ended_with_its_workers(tmp_path, ranks):
 def test_the_supervisor_survives_a_run_dir_without_heartbeats(tmp_path):
     sup = Supervisor(tmp_path / "missing")
     assert sup.check() == [] and sup.agent_hang is None
+
+
+def test_healthz_answers_while_the_supervisor_checks(tmp_path):
+    import urllib.error
+    import urllib.request
+
+    sup = Supervisor(tmp_path)
+    server = serve_health(0, sup, host="127.0.0.1")
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        sup.check()
+        with urllib.request.urlopen(f"{url}/healthz", timeout=5) as resp:
+            assert resp.status == 200 and resp.read().startswith(b"ok")
+        sup.last_check = time.monotonic() - 60  # a supervisor that stopped checking
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{url}/healthz", timeout=5)
+        assert err.value.code == 503
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{url}/other", timeout=5)
+        assert err.value.code == 404
+    finally:
+        server.shutdown()
+
+
+def test_a_health_port_in_use_is_a_clear_config_error(tmp_path, capfd):
+    import socket
+
+    from llmtrain_trainer.launcher import main
+
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["--run-dir", str(tmp_path), "--termination-log", str(tmp_path / "t"), "--health-port", str(port), "--", "true"])
+    assert code == ExitCode.CONFIG_ERROR
+    assert f"cannot serve /healthz on port {port}" in capfd.readouterr().err

@@ -55,9 +55,12 @@ def trainer_program(config_path: str) -> list[str]:
     return ["-m", "llmtrain_trainer", "--config", config_path]
 
 
-def worker_command(python: str, run_dir: str, torchrun: list[str], program: list[str], termination_log: str | None = None) -> list[str]:
+def worker_command(python: str, run_dir: str, torchrun: list[str], program: list[str], termination_log: str | None = None,
+                   health_port: int | None = None) -> list[str]:
     """The full worker command: launcher -> torchrun -> program."""
     launcher = [python, "-m", "llmtrain_trainer.launcher", "--run-dir", run_dir]
     if termination_log:
         launcher += ["--termination-log", termination_log]
+    if health_port:
+        launcher += ["--health-port", str(health_port)]
     return [*launcher, "--", python, "-m", "torch.distributed.run", *torchrun, *program]

@@ -109,6 +109,8 @@ RDZV_PORT = 29400
 """The rendezvous store's port (its own pod, its own Service)."""
 METRICS_PORT = 9400
 """Default port of local rank 0's metrics endpoint; local rank r serves on port + r."""
+HEALTH_PORT = 9399
+"""The launcher's ``/healthz`` (the worker pod's liveness probe)."""
 CONFIG_HASH_ANNOTATION = "llmtrain.io/config-hash"
 """On the rendered-config ConfigMap: the hash of its content."""
 TERMINATION_LOG = "/dev/termination-log"

@@ -67,6 +67,10 @@ class Container:
     ready: bool = False
     next_start: float = 0.0
     next_probe: float = 0.0
+    next_liveness: float = 0.0
+    liveness_failures: int = 0
+    kill_at: float | None = None
+    """After a failed liveness probe: when the SIGTERMed container gets SIGKILL."""
     waiting_reason: str | None = "ContainerCreating"
     waiting_message: str | None = None
 
@@ -186,6 +190,9 @@ class PodRunner:
         logfile.close()
         c.started_at, c.terminated, c.ready, c.waiting_reason, c.waiting_message = now_iso(), None, False, None, None
         c.next_probe = time.monotonic() + float((spec.get("readinessProbe") or {}).get("initialDelaySeconds", 0))
+        live = spec.get("livenessProbe") or {}
+        c.next_liveness = time.monotonic() + float(live.get("initialDelaySeconds", 0)) + float(live.get("periodSeconds", 10))
+        c.liveness_failures, c.kill_at = 0, None
         self.dirty = True
 
     def _cgroup(self, c: Container) -> Path | None:
@@ -202,7 +209,7 @@ class PodRunner:
     # ------------------------------------------------------------------ supervise
 
     def tick(self) -> None:
-        """Poll processes, restart per policy, run readiness probes."""
+        """Poll processes, restart per policy, run readiness and liveness probes."""
         policy = (self.pod.get("spec") or {}).get("restartPolicy", "Always")
         for c in self.containers:
             if c.proc is not None and c.terminated is None:
@@ -224,6 +231,8 @@ class PodRunner:
                         c.ready, self.dirty = ok, True
                 elif not c.spec.get("readinessProbe") and not c.ready:
                     c.ready, self.dirty = True, True
+                if code is None and self.deleting_since is None:
+                    self._liveness(c)
             elif c.proc is None and c.terminated is None and c.waiting_reason == "CrashLoopBackOff" and time.monotonic() >= c.next_start:
                 self._launch(c)
         if (self.deleting_since is None and time.monotonic() >= self.next_config_retry
@@ -234,6 +243,31 @@ class PodRunner:
         if self.volumes is not None and self.deleting_since is None and time.monotonic() >= self.next_volume_refresh:
             self.next_volume_refresh = time.monotonic() + VOLUME_REFRESH_SECONDS
             volumes.refresh_config_volumes(self.core, self.pod, self.volumes)
+
+    def _liveness(self, c: Container) -> None:
+        """As the kubelet does: ``failureThreshold`` failed probes in a row kill the
+        container (SIGTERM, then SIGKILL after the probe's or the pod's grace period)."""
+        probe = c.spec.get("livenessProbe")
+        now = time.monotonic()
+        if c.kill_at is not None:
+            if now >= c.kill_at:
+                self._signal(c, signal.SIGKILL)
+                c.kill_at = float("inf")
+            return
+        if not probe or now < c.next_liveness:
+            return
+        c.next_liveness = now + float(probe.get("periodSeconds", 10))
+        if self._probe(probe):
+            c.liveness_failures = 0
+            return
+        c.liveness_failures += 1
+        if c.liveness_failures < int(probe.get("failureThreshold", 3)):
+            return
+        grace = probe.get("terminationGracePeriodSeconds", (self.pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+        print(f"localcluster: {self.pod['metadata']['name']}/{c.name}: liveness probe failed "
+              f"{c.liveness_failures} times; killing the container", flush=True)
+        self._signal(c, signal.SIGTERM)
+        c.kill_at = now + float(grace)
 
     def _terminated(self, c: Container, code: int) -> None:
         exit_code = 128 - code if code < 0 else code
@@ -294,22 +328,27 @@ class PodRunner:
         self.kill(signal.SIGTERM if grace_seconds > 0 else signal.SIGKILL)
 
     def kill(self, sig: int) -> None:
-        """SIGTERM reaches each container's first process (like PID 1); SIGKILL reaches
-        every process of the container (its cgroup)."""
+        """SIGTERM reaches each container's first process (like PID 1); SIGKILL, SIGSTOP and
+        SIGCONT reach every process of the container (a kill, a freeze and a thaw of it)."""
         for c in self.containers:
-            if c.proc is None or c.proc.poll() is not None:
-                continue
-            pids = {c.proc.pid}
-            if sig == signal.SIGKILL and c.cgroup is not None:
+            self._signal(c, sig)
+
+    def _signal(self, c: Container, sig: int) -> None:
+        if c.proc is None or c.proc.poll() is not None:
+            return
+        pids = {c.proc.pid}
+        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT):
+            pids |= _descendants(c.proc.pid)
+            if c.cgroup is not None:
                 try:
                     pids |= {int(p) for p in (c.cgroup / "cgroup.procs").read_text().split()}
                 except OSError:
                     pass
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
     def all_stopped(self) -> bool:
         return all(c.proc is None or c.proc.poll() is not None for c in self.containers)
@@ -403,3 +442,22 @@ class PodRunner:
                 log.warning("status of %s: %s", self.key, err.reason)
         except Exception as err:  # noqa: BLE001 - the API server may be restarting
             log.warning("status of %s: %s", self.key, err)
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process under ``pid`` (for a container without a cgroup of its own)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        children.setdefault(int(text[text.rindex(")") + 2:].split()[1]), []).append(int(stat.parent.name))
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out

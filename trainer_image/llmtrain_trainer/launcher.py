@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from . import exitrecord
-from .supervisor import Supervisor
+from .supervisor import Supervisor, serve_health
 from llmtrain_contract.exitcodes import ExitCode, classify_exit
 from llmtrain_contract.names import TERMINATION_LOG, Env, Termination
 
@@ -64,12 +64,14 @@ def _checkpoints(records: list[dict]) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
-        print("usage: python -m llmtrain_trainer.launcher [--run-dir DIR] [--termination-log PATH] -- torchrun ...", file=sys.stderr)
+        print("usage: python -m llmtrain_trainer.launcher [--run-dir DIR] [--termination-log PATH] [--health-port N] -- torchrun ...",
+              file=sys.stderr)
         return 64
     split = argv.index("--")
     parser = argparse.ArgumentParser(prog="llmtrain_trainer.launcher")
     parser.add_argument("--run-dir", default=os.environ.get(Env.RUN_DIR, "/tmp/llmtrain"))
     parser.add_argument("--termination-log", default=os.environ.get(Env.TERMINATION_LOG, TERMINATION_LOG))
+    parser.add_argument("--health-port", type=int, default=0, help="serve /healthz for a liveness probe here (0: off)")
     args = parser.parse_args(argv[:split])
     command = argv[split + 1:]
     run_dir = Path(args.run_dir)
@@ -83,12 +85,21 @@ def main(argv: list[str] | None = None) -> int:
     # job's external store, so no node is a single point of failure either way.
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     env[Env.SUPERVISED] = "1"
+    supervisor = Supervisor(run_dir)
+    try:
+        health = serve_health(args.health_port, supervisor) if args.health_port else None
+    except OSError as err:
+        print(f"llmtrain launcher: cannot serve /healthz on port {args.health_port}: {err}", file=sys.stderr, flush=True)
+        return int(ExitCode.CONFIG_ERROR)
     child = subprocess.Popen(command, env=env)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _: child.send_signal(signum))
-    supervisor = Supervisor(run_dir, agent_pid=child.pid).start()
+    supervisor.agent_pid = child.pid
+    supervisor.start()
     returncode = child.wait()
     supervisor.stop()
+    if health is not None:
+        health.shutdown()
 
     attempt = exitrecord.latest_attempt(run_dir)
     records = [r for r in exitrecord.read_attempt(run_dir, attempt)] if attempt is not None else []

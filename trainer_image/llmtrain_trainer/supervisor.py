@@ -20,6 +20,10 @@ ends the worker group and restarts it (or exits, and the launcher reports the re
 The torchrun agent is watched too: an agent stopped for longer than the ranks' timeout
 can neither restart nor report its workers, so the supervisor kills it and its workers
 and the launcher exits with the hang code.
+
+What no process in the pod can see, a frozen launcher (with or without the rest of the
+pod), the kubelet sees: the launcher serves ``/healthz`` (``serve_health``) for the pod's
+liveness probe, answering while its supervisor keeps checking.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from llmtrain_contract.exitcodes import ExitCode
@@ -51,6 +56,9 @@ with it."""
 PID_REUSE_SLACK_SECONDS = 1.0
 """A heartbeat can't be older than its process: one that is, by more than the clocks'
 rounding, was written by an earlier process under the same pid."""
+HEALTHY_CHECK_AGE_SECONDS = 30.0
+"""``/healthz`` fails when the supervisor's last check is older than this (a dump can
+take ``DUMP_TIMEOUT_SECONDS`` per rank)."""
 DEFAULT_AGENT_TIMEOUT_SECONDS = 60.0
 """How long the agent may stay stopped when no rank has published its timeout yet."""
 
@@ -134,6 +142,7 @@ class Supervisor:
     run_dir: Path
     agent_pid: int | None = None
     poll_seconds: float = 1.0
+    last_check: float = field(default_factory=time.monotonic)
     agent_hang: str | None = None
     """Set when the supervisor ended a stopped torchrun agent: why."""
     _seen: dict[int, _Seen] = field(default_factory=dict)
@@ -163,6 +172,7 @@ class Supervisor:
         """One look at every rank (and the agent); acts on what is stale. Returns the
         verdicts it acted on."""
         now = time.monotonic() if now is None else now
+        self.last_check = time.monotonic()
         live: list[tuple[Beat, ProcInfo]] = []
         for beat in heartbeat.read_all(self.run_dir):
             info = proc_info(beat.pid)
@@ -251,3 +261,25 @@ def _write_stderr(text: str) -> None:
     view = memoryview(text.encode())
     while view:
         view = view[os.write(sys.stderr.fileno(), view):]
+
+
+def serve_health(port: int, supervisor: Supervisor, host: str = "") -> ThreadingHTTPServer:
+    """``GET /healthz`` for the pod's liveness probe: 200 while the supervisor checks."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+            age = time.monotonic() - supervisor.last_check
+            healthy = self.path == "/healthz" and age < HEALTHY_CHECK_AGE_SECONDS
+            body = (f"ok: last check {age:.1f}s ago\n" if healthy else f"supervisor's last check {age:.1f}s ago\n").encode()
+            self.send_response(200 if healthy else (503 if self.path == "/healthz" else 404))
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass  # a probe every few seconds would flood the pod's log
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="launcher-health", daemon=True).start()
+    return server

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from llmtrain_contract.base import CamelModel, FieldRuleError
 from llmtrain_contract.rules import Rule, Ruled, cel_get, cel_literal, default_of
 from llmtrain_contract.config import TrainSpec, valid_world_sizes
+from llmtrain_contract.names import HEALTH_PORT
 from pydantic import Field, field_validator
 
 QUANTITY_PATTERN = (
@@ -554,7 +555,14 @@ _R_MAX = cel_get("self.replicas.max", default_of(ReplicasSpec, "max"))
 _GBS = cel_get("self.trainer.builtin.globalBatchSize", default_of(TrainSpec, "global_batch_size"))
 _MBS = cel_get("self.trainer.builtin.microBatchSize", default_of(TrainSpec, "micro_batch_size"))
 _PPN = cel_get("self.procsPerNode", default_of(LLMTrainJobSpec, "procs_per_node"))
+_MPORT = cel_get("self.metrics.port", default_of(MetricsSpec, "port"))
 LLMTrainJobSpec.RULES = (
+    Rule("metrics-ports-clear-of-health-port", "metrics.port",
+         f"metrics.port .. metrics.port + procsPerNode - 1 must not include {HEALTH_PORT}, the launcher's /healthz port",
+         check=lambda j: (f"{j.metrics.port} .. {j.metrics.port + j.procs_per_node - 1}"
+                          if j.metrics.port <= HEALTH_PORT < j.metrics.port + j.procs_per_node else None),
+         cel=f"!({_MPORT} <= {HEALTH_PORT} && {HEALTH_PORT} < {_MPORT} + {_PPN})",
+         example={"metrics.port": HEALTH_PORT}),
     Rule("gang-within-replicas", "scheduling.gang.minAvailable", "scheduling.gang.minAvailable must be <= replicas.max",
          check=lambda j: (f"{j.scheduling.gang.min_available} > {j.replicas.max}"
                           if j.scheduling and j.scheduling.gang and j.scheduling.gang.min_available > j.replicas.max else None),

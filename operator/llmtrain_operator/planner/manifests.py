@@ -8,7 +8,7 @@ from typing import Any
 
 from llmtrain_contract.command import store_command, torchrun_args, trainer_program, worker_command
 from llmtrain_contract.cadence import CADENCE_FILE
-from llmtrain_contract.names import CONFIG_HASH_ANNOTATION, RDZV_PORT, TERMINATION_LOG
+from llmtrain_contract.names import CONFIG_HASH_ANNOTATION, HEALTH_PORT, RDZV_PORT, TERMINATION_LOG
 
 from ..api.job import API_VERSION, KIND, LLMTrainJob
 from ..api.observed import CADENCE_ANNOTATION, LABEL_ROLE, ROLE_WORKER
@@ -173,7 +173,7 @@ def _command(job: LLMTrainJob) -> list[str]:
         program = trainer_program(f"{names.CONFIG_MOUNT}/{names.CONFIG_FILE}")
     else:
         program = [*(spec.trainer.command or []), *(spec.trainer.args or [])]
-    return worker_command(names.PYTHON, names.RUN_DIR, flags, program, TERMINATION_LOG)
+    return worker_command(names.PYTHON, names.RUN_DIR, flags, program, TERMINATION_LOG, HEALTH_PORT)
 
 
 MERGE_KEYS = {"containers": "name", "initContainers": "name", "volumes": "name", "env": "name",
@@ -204,11 +204,32 @@ def deep_merge(base: Any, override: Any) -> Any:
     return copy.deepcopy(override)
 
 
+LIVENESS_PERIOD_SECONDS = 2
+LIVENESS_KILL_GRACE_SECONDS = 5
+
+
+def liveness_probe(job: LLMTrainJob) -> dict[str, Any]:
+    """The launcher's /healthz, failing for ``hangTimeoutSeconds``: a frozen launcher (alone
+    or with its whole pod) is something no process in the pod can report, so the kubelet
+    kills the container and the pod fails. It answers through in-place restarts and
+    rendezvous waits, which the rank-served readiness probe does not."""
+    hang = job.spec.fault_tolerance.hang_timeout_seconds
+    return {
+        "httpGet": {"path": "/healthz", "port": HEALTH_PORT},
+        "periodSeconds": LIVENESS_PERIOD_SECONDS,
+        "timeoutSeconds": 2,
+        "failureThreshold": max(3, -(-hang // LIVENESS_PERIOD_SECONDS)),
+        # A frozen process ignores SIGTERM: don't wait the pod's whole checkpoint budget.
+        "terminationGracePeriodSeconds": LIVENESS_KILL_GRACE_SECONDS,
+    }
+
+
 def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: list[str] = ()) -> dict[str, Any]:
     spec = job.spec
     job_name = job.metadata.name
     volumes, mounts = _volumes(job)
     ports = [{"name": f"metrics-{r}" if r else "metrics", "containerPort": spec.metrics.port + r} for r in range(spec.procs_per_node)]
+    ports.append({"name": "health", "containerPort": HEALTH_PORT})
     container = {
         "name": "trainer",
         "image": spec.image,
@@ -222,6 +243,7 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: list[s
         "terminationMessagePolicy": "File",
         # Ready once the trainer joined the group and serves metrics.
         "readinessProbe": {"httpGet": {"path": "/metrics", "port": spec.metrics.port}, "periodSeconds": 2},
+        "livenessProbe": liveness_probe(job),
     }
     # Prometheus' kubernetes_sd convention: scrape local rank 0's trainer endpoint.
     annotations: dict[str, str] = {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.metrics.port)}

@@ -39,9 +39,10 @@ def handle(ctx: Pass) -> Verdict:
     book.attempts_seen = seen
     for cause, pod in charges:
         reason, kind = CHARGED_CAUSES[cause]
-        record_failure(ctx, kind, reason, pod, message=f"a rank in {pod.name} {'hung' if cause == 'hang' else 'failed'} "
+        where = f"pod {pod.name}" + (f" on node {pod.node}" if pod.node else "")
+        record_failure(ctx, kind, reason, pod, message=f"a rank in {where} {'hung' if cause == 'hang' else 'failed'} "
                        "and torchrun restarted the worker group in place")
-        ctx.event(Reason.RESTARTED_IN_PLACE, f"a rank in pod {pod.name} failed ({reason}); torchrun restarted the worker groups in place",
+        ctx.event(Reason.RESTARTED_IN_PLACE, f"a rank in {where} failed ({reason}); torchrun restarted the worker groups in place",
                   warning=True)
         if not charge_budget(ctx, reason):
             return Verdict.FINISHED

@@ -52,6 +52,10 @@ def handle(ctx: Pass) -> Verdict:
         verdict = classify_pod(pod)
         code = pod.termination.get(Termination.CODE, pod.exit_code)
         detail = pod.termination.get(Termination.MESSAGE) or pod.message or ""
+        if not pod.termination and code == 128 + 9:
+            # The launcher reports every exit it sees; a SIGKILL from outside leaves it no time.
+            detail = detail or ("killed (SIGKILL) before the launcher could report: a failed liveness probe "
+                                "(a frozen launcher or pod), the OOM killer, or a user")
         where = f"pod {pod.name}" + (f" on node {pod.node}" if pod.node else "")
         if verdict.failure_class == FailureClass.PERMANENT:
             record_failure(ctx, FailureKind.PERMANENT, verdict.reason, pod, exit_code=code, message=detail)

@@ -1,0 +1,80 @@
+"""Hangs that the hung process cannot report, on the cluster: a job's only rank frozen
+(SIGSTOP), a rank holding the GIL in native code while its peer waits in a real
+collective, and a whole worker pod frozen (launcher, torchrun and ranks). Each is
+detected from outside the failing process, blamed on the right pod and node in the
+status and Events, never charged to the victims, and the jobs succeed.
+
+Sanity bounds only; detection and recovery times are measured by bench/recovery.py."""
+
+from __future__ import annotations
+
+import json
+
+from .jobs import create, job_manifest, pods, wait_status
+
+NS = "e2e-hangs"
+HANG = 10
+FAULTS = "LLMTRAIN_FAULT_INJECT"
+PACE = "slow@step=1,seconds=0.5,steps=200"
+"""Every step takes >= 0.5 s: the jobs cannot finish before their faults are handled."""
+COMMON = {"spec.faultTolerance.hangTimeoutSeconds": HANG, "spec.faultTolerance.progressTimeoutSeconds": 600,
+          "spec.faultTolerance.maxRestarts": 6, "spec.checkpoint.intervalSteps": 5}
+
+
+def event_messages(bed, name: str) -> list[tuple[str, str]]:
+    out = bed.kubectl("get", "events", "-n", NS, "--field-selector", f"involvedObject.name={name}", "-o", "json")
+    return [(e["reason"], e.get("message", "")) for e in json.loads(out.stdout)["items"]]
+
+
+def pod_with_marker(bed, name: str, marker: str) -> dict:
+    """The worker pod whose run volume holds a fired fault's marker."""
+    for pod in pods(bed, NS, name):
+        if (bed.state / "pods" / pod["metadata"]["uid"] / "volumes" / "run" / "faults" / marker).exists():
+            return pod
+    raise AssertionError(f"no pod of {name} fired {marker}")
+
+
+def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succeed(operator):
+    bed = operator
+    create(bed, NS, job_manifest("single", {**COMMON, "spec.replicas": {"min": 1, "max": 1}, "spec.trainer.builtin.maxSteps": 30,
+                                            "spec.env": [{"name": FAULTS, "value": f"stop@step=8,rank=0;{PACE}"}]}))
+    create(bed, NS, job_manifest("pair", {**COMMON, "spec.trainer.builtin.maxSteps": 70,
+                                          "spec.env": [{"name": FAULTS, "value": f"gil@step=8,rank=1;{PACE}"}]}))
+
+    # 1. The job's only rank is frozen: its own watchdog thread is frozen with it, and
+    # nobody else is left to time out. The launcher's supervisor ends it; torchrun restarts
+    # it in place.
+    single = wait_status(bed, NS, "single", lambda s: s.get("restartsByReason", {}).get("Hang", 0) >= 1, 240, "the frozen rank detected")
+    failure = single["lastFailure"]
+    (pod,) = pods(bed, NS, "single")
+    assert (failure["kind"], failure["reason"], failure["pod"], failure["node"]) == \
+        ("Hang", "Hang", "single-worker-0", pod["spec"]["nodeName"]), failure
+    assert any(r == "RestartedInPlace" and f"pod single-worker-0 on node {pod['spec']['nodeName']}" in m
+               for r, m in event_messages(bed, "single")), event_messages(bed, "single")
+
+    # 2. Rank 1 holds the GIL; rank 0 waits for it in the gradient all-reduce. Only the
+    # spinning rank's pod is charged.
+    pair = wait_status(bed, NS, "pair", lambda s: s.get("restartsByReason", {}).get("Hang", 0) >= 1, 240, "the GIL-holding rank detected")
+    cause = pod_with_marker(bed, "pair", "fault-0-rank-1.fired")
+    failure = pair["lastFailure"]
+    assert (failure["kind"], failure["pod"], failure["node"]) == ("Hang", cause["metadata"]["name"], cause["spec"]["nodeName"]), failure
+    assert pair["restartsByReason"] == {"Hang": 1}, pair["restartsByReason"]
+
+    # 3. The whole other pod is frozen (launcher, torchrun, ranks): nothing in it can
+    # report. The kubelet's liveness probe on the launcher fails, the pod is killed and
+    # replaced, blamed on that pod; the survivor's ranks were victims, not charged.
+    wait_status(bed, NS, "pair", lambda s: s.get("lastRecoverySeconds") is not None and s.get("step", 0) >= 15, 240, "training again")
+    frozen = next(p for p in pods(bed, NS, "pair") if p["metadata"]["name"] != cause["metadata"]["name"])
+    name = frozen["metadata"]["name"]
+    bed.kill_pod(NS, name, "SIGSTOP")
+    replaced = wait_status(bed, NS, "pair", lambda s: s.get("restarts", 0) >= 2, 240, "the frozen pod replaced")
+    failure = replaced["lastFailure"]
+    assert (failure["pod"], failure["node"], failure["reason"]) == (name, frozen["spec"]["nodeName"], "Signal9"), failure
+    assert "liveness" in failure["message"], failure
+    assert replaced["restartsByReason"] == {"Hang": 1, "Signal9": 1}, replaced["restartsByReason"]
+
+    for job in ("single", "pair"):
+        done = wait_status(bed, NS, job, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, f"{job} finished")
+        assert done["phase"] == "Succeeded", json.dumps(done)[:3000]
+    assert wait_status(bed, NS, "single", lambda s: True, 10, "single")["restartsByReason"] == {"Hang": 1}
+    assert wait_status(bed, NS, "pair", lambda s: True, 10, "pair")["restartsByReason"] == {"Hang": 1, "Signal9": 1}
