@@ -516,3 +516,17 @@ def test_the_worker_pod_has_a_liveness_probe_on_the_launcher_lasting_the_hang_ti
     assert {"name": "health", "containerPort": HEALTH_PORT} in trainer["ports"]
     command = trainer["command"]
     assert command[command.index("--health-port") + 1] == str(HEALTH_PORT) and command.index("--health-port") < command.index("--")
+
+
+def test_a_skipped_window_is_recorded_once_with_an_event_and_as_the_last_failure():
+    raw = job(status=running_status(step=30))
+    probes = {W0: TrainerProbe(step=30, world_size=2, rollbacks=1, skipped=((11, 13, 80, 104),)),
+              W1: TrainerProbe(step=30, world_size=2, rollbacks=1, skipped=((11, 13, 80, 104),))}
+    _, status, actions, events = run(raw, observed(raw, [worker(0), worker(1)], probes=probes))
+    assert status["numerics"] == {"rollbacks": 1, "skipped": [{"firstStep": 11, "lastStep": 13, "firstSample": 80, "endSample": 104}]}
+    assert events.count("RolledBack") == 1 and actions == []
+    assert status["lastFailure"]["kind"] == "BadNumerics" and "samples 80..103" in status["lastFailure"]["message"]
+    assert status["restarts"] == 0, "a rollback is not charged to the restart budget"
+    again = job(status=status)
+    _, status2, _, events2 = run(again, observed(again, [worker(0), worker(1)], probes=probes))
+    assert "RolledBack" not in events2 and status2["numerics"] == status["numerics"]

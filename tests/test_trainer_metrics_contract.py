@@ -42,3 +42,17 @@ def test_tier_health_and_the_cadence_reach_the_probe_and_a_recovered_tier_leaves
 class Chosen:
     def __init__(self, cost_seconds: float, mtbf_seconds: float):
         self.cost_seconds, self.mtbf_seconds = cost_seconds, mtbf_seconds
+
+
+def test_rollbacks_and_skipped_windows_reach_the_probe():
+    from llmtrain_trainer.numerics import DataPosition
+
+    m = TrainerMetrics(rank=0, strategy="ddp", config_hash="abc", job="j")
+    assert parse(generate_latest(m.registry).decode()).skipped == ()
+    pos = DataPosition()
+    pos.skip(10, 13, 8, "the loss is nan")
+    pos.skip(20, 21, 8, "spike")
+    m.data_position(pos)
+    probe = parse(generate_latest(m.registry).decode())
+    assert probe.rollbacks == 2
+    assert probe.skipped == ((11, 13, 80, 104), (21, 21, 184, 192))  # the second after the first offset of 3

@@ -325,11 +325,23 @@ class CheckpointRuntime(CamelModel):
     """Time allowed for the emergency checkpoint after SIGTERM."""
 
 
+class NumericsRuntime(CamelModel):
+    spike_std_devs: float = Field(6.0, ge=0)
+    """A loss this many standard deviations above the recent window's mean is bad (0: only
+    non-finite losses are)."""
+    window_steps: int = Field(50, ge=5)
+    """The recent window; spikes are judged once it is full."""
+    max_rollbacks: int = Field(3, ge=0)
+    """Rollbacks allowed over the job; one more bad step exits with BAD_NUMERICS."""
+
+
 class FaultToleranceRuntime(CamelModel):
     hang_timeout_seconds: float = Field(300.0, gt=0)
     """No step progress for this long: dump stacks and exit with HANG."""
     collective_timeout_seconds: float = Field(120.0, gt=0)
     """Timeout for every collective and for process-group init."""
+    numerics: NumericsRuntime = Field(default_factory=NumericsRuntime)
+    """Bad numerics: a non-finite loss or a spike rolls back and skips the window."""
 
 
 class MetricsRuntime(CamelModel):

@@ -46,6 +46,10 @@ class ExitCode(enum.IntEnum):
     WORLD_SIZE_INVALID = 84
     """The world size cannot keep the fixed global batch. Permanent (config error)."""
 
+    BAD_NUMERICS = 85
+    """A non-finite or spiking loss after ``maxRollbacks`` rollbacks: the run diverges
+    whatever data it skips. Permanent: needs a human (a lower learning rate, a fix)."""
+
 
 class FailureClass(str, enum.Enum):
     SUCCEEDED = "Succeeded"
@@ -74,6 +78,7 @@ _BY_CODE: dict[int, Classification] = {
     ExitCode.CORRUPT_CHECKPOINT: Classification(FailureClass.PERMANENT, "CorruptCheckpoint"),
     ExitCode.COLLECTIVE_TIMEOUT: Classification(FailureClass.RETRYABLE, "CollectiveTimeout"),
     ExitCode.WORLD_SIZE_INVALID: Classification(FailureClass.PERMANENT, "WorldSizeInvalid"),
+    ExitCode.BAD_NUMERICS: Classification(FailureClass.PERMANENT, "BadNumerics"),
 }
 
 

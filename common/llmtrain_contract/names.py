@@ -84,6 +84,11 @@ class Metric:
     """Adaptive cadence input: a checkpoint's stall plus persist time."""
     CHECKPOINT_MTBF_SECONDS = f"{PREFIX}_checkpoint_mtbf_seconds"
     """Adaptive cadence input: the job's mean time between failures."""
+    NUMERICS_ROLLBACKS = f"{PREFIX}_numerics_rollbacks"
+    """Gauge: the job's rollbacks for bad numerics (a non-finite or spiking loss)."""
+    SKIPPED_SAMPLES = f"{PREFIX}_skipped_samples"
+    """Gauge per skipped window, labels ``first_step``, ``last_step`` (the steps redone)
+    and ``first_sample``, ``end_sample`` (the global sample range never trained on)."""
     INFO = f"{PREFIX}_info"
 
     @staticmethod

@@ -19,7 +19,7 @@ from .api.observed import TrainerProbe
 RESTARTS = Metric.total(Metric.WORKER_GROUP_RESTARTS)
 FAILED_ATTEMPTS = Metric.total(Metric.FAILED_ATTEMPTS)
 READ = (Metric.STEP, Metric.WORLD_SIZE, RESTARTS, Metric.LAST_STEP_TIMESTAMP, Metric.CHECKPOINT_INTERVAL_STEPS,
-        Metric.CHECKPOINT_COST_SECONDS, Metric.CHECKPOINT_MTBF_SECONDS)
+        Metric.CHECKPOINT_COST_SECONDS, Metric.CHECKPOINT_MTBF_SECONDS, Metric.NUMERICS_ROLLBACKS)
 
 
 def parse(text: str) -> TrainerProbe:
@@ -27,6 +27,7 @@ def parse(text: str) -> TrainerProbe:
     checkpoints: dict[str, int] = {}
     failed: dict[str, int] = {}
     degraded: dict[str, str] = {}
+    skipped: list[tuple[int, ...]] = []
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == Metric.CHECKPOINT_LAST_STEP:
@@ -35,6 +36,11 @@ def parse(text: str) -> TrainerProbe:
                 degraded[sample.labels.get("tier", "local")] = sample.labels.get("reason", "Error")
             elif sample.name == FAILED_ATTEMPTS:
                 failed[sample.labels.get("cause", "crash")] = int(sample.value)
+            elif sample.name == Metric.SKIPPED_SAMPLES and sample.value >= 1:
+                try:
+                    skipped.append(tuple(int(sample.labels[k]) for k in ("first_step", "last_step", "first_sample", "end_sample")))
+                except (KeyError, ValueError):
+                    pass
             elif sample.name in READ:
                 values[sample.name] = sample.value
     as_int = lambda key: int(values[key]) if key in values else None  # noqa: E731
@@ -50,6 +56,8 @@ def parse(text: str) -> TrainerProbe:
         # Unset gauges read 0: only global rank 0, once it has chosen, reports these.
         cost_seconds=values.get(Metric.CHECKPOINT_COST_SECONDS) or None,
         mtbf_seconds=values.get(Metric.CHECKPOINT_MTBF_SECONDS) or None,
+        rollbacks=as_int(Metric.NUMERICS_ROLLBACKS),
+        skipped=tuple(sorted(set(skipped))),
     )
 
 

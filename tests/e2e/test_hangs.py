@@ -36,8 +36,10 @@ def pod_with_marker(bed, name: str, marker: str) -> dict:
 
 def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succeed(operator):
     bed = operator
+    # The single job also meets bad numerics later: a NaN at step 20 rolls it back to
+    # step 15 and skips the samples of steps 16..20 (8 per step).
     create(bed, NS, job_manifest("single", {**COMMON, "spec.replicas": {"min": 1, "max": 1}, "spec.trainer.builtin.maxSteps": 30,
-                                            "spec.env": [{"name": FAULTS, "value": f"stop@step=8,rank=0;{PACE}"}]}))
+                                            "spec.env": [{"name": FAULTS, "value": f"stop@step=8,rank=0;nan@step=20,rank=0;{PACE}"}]}))
     create(bed, NS, job_manifest("pair", {**COMMON, "spec.trainer.builtin.maxSteps": 70,
                                           "spec.env": [{"name": FAULTS, "value": f"gil@step=8,rank=1;{PACE}"}]}))
 
@@ -76,5 +78,8 @@ def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succe
     for job in ("single", "pair"):
         done = wait_status(bed, NS, job, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, f"{job} finished")
         assert done["phase"] == "Succeeded", json.dumps(done)[:3000]
-    assert wait_status(bed, NS, "single", lambda s: True, 10, "single")["restartsByReason"] == {"Hang": 1}
+    single = wait_status(bed, NS, "single", lambda s: True, 10, "single")
+    assert single["restartsByReason"] == {"Hang": 1}, "a rollback is not a restart"
+    assert single["numerics"] == {"rollbacks": 1, "skipped": [{"firstStep": 16, "lastStep": 20, "firstSample": 120, "endSample": 160}]}
+    assert any(r == "RolledBack" and "samples 120..159" in m for r, m in event_messages(bed, "single"))
     assert wait_status(bed, NS, "pair", lambda s: True, 10, "pair")["restartsByReason"] == {"Hang": 1, "Signal9": 1}

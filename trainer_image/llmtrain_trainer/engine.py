@@ -25,7 +25,7 @@ import math
 import re
 import threading
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 import torch
 import torch.distributed as dist
@@ -74,6 +74,10 @@ class Engine(Protocol):
     def train_step(self, step: int, micro_batches: list[Batch]) -> torch.Tensor:
         """Forward/backward every micro-batch, then one optimizer step. Returns this
         rank's mean micro-batch loss (a 0-d tensor, not yet reduced across ranks)."""
+        ...
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        """The model's parameters (this rank's view)."""
         ...
 
     def snapshot(self) -> Snapshot | None:
@@ -285,6 +289,9 @@ class DDPEngine:
             if self.staging is not None:
                 self.staging.pin()
         self.model = DistributedDataParallel(model) if info.world_size > 1 else model
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        return self.model.parameters()
 
     # ------------------------------------------------------------------ training
 

@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from llmtrain_store.manifest import ENGINE_FILES, FileEntry
@@ -215,6 +215,9 @@ class DeepSpeedEngine:
         self.dev = self.engine.device
         self._snapshot: DeepSpeedSnapshot | None = None
         self._capture_root = Path(tempfile.mkdtemp(prefix="ds-capture-"))
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        return self.engine.module.parameters()
 
     def train_step(self, step: int, micro_batches: list[Batch]) -> torch.Tensor:
         lr = lr_at(step, self.cfg.optimizer, self.cfg.max_steps)

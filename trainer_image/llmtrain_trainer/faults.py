@@ -16,6 +16,9 @@ Off unless the environment variable ``LLMTRAIN_FAULT_INJECT`` is set. Its value 
                                   SIGSTOP the torchrun agent (target=launcher: the launcher)
     gil@step=15,rank=1            hold the GIL in native code: a catastrophic regular
                                   expression that runs for hours without releasing it
+    nan@step=15,rank=0            set a parameter of this rank to NaN before step 15:
+                                  its loss, then every rank's gradients, weights and
+                                  loss turn NaN (bad numerics)
 
 Each fault fires at most once per job: before firing, a marker is written into
 ``LLMTRAIN_FAULT_STATE_DIR`` (default: the run dir), so a restarted worker that replays
@@ -36,7 +39,7 @@ from llmtrain_contract.names import Env
 
 ENV = Env.FAULT_INJECT
 STATE_ENV = Env.FAULT_STATE_DIR
-KINDS = {"crash", "hang", "slow", "exit", "sigterm", "stop", "gil"}
+KINDS = {"crash", "hang", "slow", "exit", "sigterm", "stop", "gil", "nan"}
 TARGETS = ("self", "agent", "launcher")
 """What ``stop`` freezes: this rank, its torchrun agent (the parent), or the launcher."""
 
@@ -80,6 +83,8 @@ class FaultInjector:
         self.faults = [f for f in faults if f.rank in (None, rank) and f.attempt in (None, attempt)]
         self.rank = rank
         self.state_dir = state_dir
+        self.poison = False
+        """Set by a ``nan`` fault: the trainer poisons a parameter before this step."""
 
     @classmethod
     def from_env(cls, rank: int, attempt: int, run_dir: Path) -> "FaultInjector":
@@ -119,6 +124,8 @@ class FaultInjector:
             target = fault.params.get("target", "self")
             pid = {"self": os.getpid(), "agent": os.getppid(), "launcher": _parent(os.getppid())}[target]
             os.kill(pid, signal.SIGSTOP)
+        elif fault.kind == "nan":
+            self.poison = True
         elif fault.kind == "gil":
             # Nested quantifiers on a non-matching subject: exponential backtracking inside
             # the regex engine, which never releases the GIL (2**40 steps: hours).

@@ -37,6 +37,9 @@ class TrainerMetrics:
         self._restarts = Counter(Metric.WORKER_GROUP_RESTARTS, "Failure restarts torchrun made in this pod", registry=r)
         self._failed = Counter(Metric.FAILED_ATTEMPTS, "Failed attempts in this pod, by cause: a rank here crashed or "
                                "hung, or every rank was the victim of a peer that vanished elsewhere", ["cause"], registry=r)
+        self._rollbacks = Gauge(Metric.NUMERICS_ROLLBACKS, "Rollbacks for bad numerics over the job (from the checkpoints)", registry=r)
+        self._skipped = Gauge(Metric.SKIPPED_SAMPLES, "1 per window of samples skipped after bad numerics",
+                              ["first_step", "last_step", "first_sample", "end_sample"], registry=r)
         self._last_step_ts = Gauge(Metric.LAST_STEP_TIMESTAMP, "Unix time of the newest step", registry=r)
         self._stall = Histogram(Metric.CHECKPOINT_STALL_SECONDS, "Seconds the training loop was blocked by one checkpoint", buckets=CKPT_BUCKETS, registry=r)
         self._persist = Histogram(Metric.CHECKPOINT_PERSIST_SECONDS, "Seconds to persist and commit a checkpoint, per tier", ["tier"], buckets=CKPT_BUCKETS, registry=r)
@@ -119,6 +122,14 @@ class TrainerMetrics:
 
     def restored_bytes(self, tier: str, size: int, seconds: float) -> None:
         self._restored.labels(tier=tier).inc(size)
+
+    def data_position(self, position: Any) -> None:
+        """The job's rollbacks and skipped windows (a ``numerics.DataPosition``), as the
+        checkpoints carry them: the same on every rank, whichever pod it runs in."""
+        self._rollbacks.set(position.rollbacks)
+        for skip in position.skips:
+            self._skipped.labels(first_step=str(skip.first_step), last_step=str(skip.last_step),
+                                 first_sample=str(skip.first_sample), end_sample=str(skip.end_sample)).set(1)
 
 
 class NullMetrics:

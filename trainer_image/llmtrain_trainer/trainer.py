@@ -36,6 +36,7 @@ from .engine_deepspeed import convert_to_universal, wait_for_universal
 from .faults import FaultInjector
 from .schedule import lr_at
 from .heartbeat import Heartbeat, State
+from .numerics import DataPosition, LossGuard
 from .watchdog import Watchdog, dump_stacks_and_exit
 
 log = logging.getLogger("llmtrain.trainer")
@@ -63,6 +64,10 @@ def build_tiers(cfg: TrainerConfig) -> list[Any]:
     return tiers
 
 
+class BadNumerics(RuntimeError):
+    """Bad numerics once more after ``maxRollbacks`` rollbacks."""
+
+
 class Trainer:
     def __init__(self, cfg: TrainerConfig, info: DistInfo, metrics: Any, run_dir: Path, config_dir: Path | None = None):
         self.cfg = cfg
@@ -75,6 +80,9 @@ class Trainer:
         self.strategy = cfg.strategy.kind
         self.faults = FaultInjector.from_env(info.rank, info.restart_count, run_dir)
         self.step = 0
+        self.position = DataPosition()
+        """Where the data stream is: skipped windows of samples, rollbacks."""
+        self.guard = LossGuard(cfg.fault_tolerance.numerics)
         self._stop = threading.Event()
         hang_timeout = cfg.fault_tolerance.hang_timeout_seconds
         self.watchdog = Watchdog(
@@ -124,10 +132,18 @@ class Trainer:
         self.ckpt.bind(self.engine)
         if choice is not None:
             self._load(choice, path)
+            self.position = DataPosition.from_wire(choice.data)
         else:
             rng.seed_all(self.cfg.seed + self.info.rank)
+        self._publish_position()
         self.cadence.start(self.step)
         self.ckpt.prepare(self._barrier, self.step)
+
+    def _publish_position(self) -> None:
+        """Every later checkpoint records the data position (it is restored with it)."""
+        if isinstance(self.ckpt, CheckpointManager):
+            self.ckpt.meta["data"] = self.position.to_wire()
+        self.metrics.data_position(self.position)
 
     def _agree_on_restore(self) -> tuple[Choice | None, Path | None]:
         """The restore point every rank agrees on, with its files where this rank reads
@@ -239,6 +255,10 @@ class Trainer:
                 if self.step_once():
                     return self._preempted(self.step * self.cfg.global_batch_size)
             return self._final_save()
+        except BadNumerics as err:
+            self.exit_message = str(err)
+            log.error("%s", err)
+            return ExitCode.BAD_NUMERICS
         finally:
             self.close()
 
@@ -258,8 +278,13 @@ class Trainer:
         step = self.step
         began = time.perf_counter()
         self.faults.at_step(step + 1)
+        if self.faults.poison:
+            self.faults.poison = False
+            with torch.no_grad():
+                next(iter(self.engine.parameters())).view(-1)[0] = float("nan")
+        data_step = self.position.data_step(step)
         batches = [
-            self.source.batch(micro_batch_indices(step, a, info.rank, info.world_size, cfg.global_batch_size, cfg.micro_batch_size))
+            self.source.batch(micro_batch_indices(data_step, a, info.rank, info.world_size, cfg.global_batch_size, cfg.micro_batch_size))
             for a in range(self.accum)
         ]
         with self.watchdog.section(State.TRAIN_STEP):
@@ -267,6 +292,10 @@ class Trainer:
         with self.watchdog.section(State.COLLECTIVE):
             loss, stop, busy, interval, tiers_busy = self._agree(local_loss)
         self.cadence.agreed(interval)
+        bad = self.guard.judge(loss)
+        if bad is not None:
+            self._roll_back(step + 1, bad)
+            return False
         self.step = step + 1
         seconds = time.perf_counter() - began
         self.watchdog.beat(self.step)
@@ -294,6 +323,34 @@ class Trainer:
                 self.cadence.saved(self.step)
         self.cadence.observe(seconds, self.ckpt.costs)
         return False
+
+    def _roll_back(self, bad_step: int, why: str) -> None:
+        """Bad numerics at ``bad_step`` (every rank judged the same global loss): back to
+        the newest committed checkpoint, skipping the samples trained on since then.
+        Rolling back repeatedly at the same place skips further each time."""
+        limit = self.cfg.fault_tolerance.numerics.max_rollbacks
+        if self.position.rollbacks >= limit:
+            raise BadNumerics(f"bad numerics at step {bad_step}: {why}; {self.position.rollbacks} rollbacks already "
+                              f"(maxRollbacks={limit})")
+        self.ckpt.wait_free()  # a write in flight holds a good step: let it commit first
+        choice, path = self._agree_on_restore()
+        if choice is not None:
+            self._load(choice, path)  # sets self.step and the RNG state
+        else:
+            self.engine = engine_class(self.strategy).create(self.cfg, self.info, False)
+            self.ckpt.bind(self.engine)
+            rng.seed_all(self.cfg.seed + self.info.rank)
+            self.step = 0
+        # The current position, not the checkpoint's: windows skipped since that
+        # checkpoint stay skipped.
+        skip = self.position.skip(self.step, bad_step, self.cfg.global_batch_size, why)
+        self._publish_position()
+        self.cadence.start(self.step)
+        self.watchdog.beat()
+        if self.info.rank == 0:
+            log.warning("bad numerics at step %d: %s; rolled back to step %d and skipped samples %d..%d (the data of steps "
+                        "%d..%d); rollback %d of at most %d", bad_step, why, self.step, skip.first_sample, skip.end_sample - 1,
+                        skip.first_step, skip.last_step, self.position.rollbacks, limit)
 
     def close(self) -> None:
         self.watchdog.stop()
@@ -324,6 +381,8 @@ class Trainer:
             "step": self.step, "loss": loss, "samples": samples, "world": self.info.world_size,
             "accum": self.accum, "lr": lr_at(step0, cfg.optimizer, cfg.max_steps),
             "attempt": self.info.restart_count, "seconds": seconds, "time": time.time(),
+            "data_samples": [self.position.data_step(step0) * cfg.global_batch_size,
+                             (self.position.data_step(step0) + 1) * cfg.global_batch_size],
         }
         fh.write(json.dumps(record) + "\n")
         fh.flush()

@@ -270,6 +270,23 @@ class CheckpointSpec(Ruled):
 # ------------------------------------------------------------------- fault tolerance
 
 
+class NumericsSpec(CamelModel):
+    """Bad numerics: a non-finite loss, or a loss spike, rolls the job back to its newest
+    checkpoint and skips the samples trained on since then (recorded in
+    ``status.numerics``)."""
+
+    spike_std_devs: float = Field(6.0, ge=0, le=1000)
+    """A loss this many standard deviations above the mean of the recent window is a
+    spike. 0 turns the spike rule off (non-finite losses are always bad). Default 6."""
+
+    window_steps: int = Field(50, ge=5, le=100_000)
+    """Steps in the recent window; the spike rule applies once it is full. Default 50."""
+
+    max_rollbacks: int = Field(3, ge=0, le=1000)
+    """Rollbacks allowed over the job; one more bad step fails the job with
+    ``BadNumerics``. Default 3."""
+
+
 class BackoffSpec(CamelModel):
     """Exponential backoff between restarts: ``initial * factor^(restarts-1)``, capped."""
 
@@ -297,9 +314,11 @@ class FaultToleranceSpec(Ruled):
     Default ``ReplaceFailed``."""
 
     hang_timeout_seconds: int = Field(300, ge=10, le=86400)
-    """The trainer's watchdog: no optimizer step for this long means a hang (e.g. a
-    stuck NCCL/gloo collective). It dumps all stacks and exits with the hang code.
-    Seconds, 10..86400. Default 300; set it above your slowest step plus checkpoint."""
+    """No optimizer step for this long means a hang (a stuck NCCL/gloo collective, a
+    frozen or GIL-holding rank). The launcher's supervisor sees it from outside the
+    ranks, dumps the stacks and ends the cause with the hang code (its peers as victims);
+    the launcher's liveness probe fails after as long. Seconds, 10..86400. Default 300;
+    set it above your slowest step plus checkpoint."""
 
     collective_timeout_seconds: int = Field(120, ge=5, le=7200)
     """Timeout of every collective and of process-group init, in seconds, 5..7200.
@@ -322,6 +341,9 @@ class FaultToleranceSpec(Ruled):
 
     backoff: BackoffSpec = Field(default_factory=BackoffSpec)
     """Delay between successive restarts."""
+
+    numerics: NumericsSpec = Field(default_factory=NumericsSpec)
+    """Bad numerics: when a loss is bad, and how many rollbacks are allowed."""
 
 # ------------------------------------------------------------------------ scheduling
 

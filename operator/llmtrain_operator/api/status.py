@@ -111,6 +111,23 @@ class CheckpointCadence(CamelModel):
     """What the trainers were told (auto only)."""
 
 
+class SkippedWindow(CamelModel):
+    """Samples never trained on: the window rolled back over after bad numerics."""
+
+    first_step: int
+    last_step: int
+    """The steps redone after the rollback."""
+    first_sample: int
+    end_sample: int
+    """Global sample indices ``[firstSample, endSample)``."""
+
+
+class NumericsStatus(CamelModel):
+    rollbacks: int = 0
+    """Rollbacks for bad numerics (``faultTolerance.numerics.maxRollbacks`` bounds them)."""
+    skipped: list[SkippedWindow] = Field(default_factory=list)
+
+
 class QuarantinedNode(CamelModel):
     node: str
     until: str
@@ -185,6 +202,9 @@ class LLMTrainJobStatus(CamelModel):
     checkpoint_cadence: CheckpointCadence | None = None
     """The checkpoint interval in force; with ``intervalSteps: auto``, how it was chosen."""
     quarantined_nodes: list[QuarantinedNode] = Field(default_factory=list)
+    numerics: NumericsStatus | None = None
+    """Rollbacks for bad numerics and the sample windows they skipped, as the trainers'
+    checkpoints record them."""
     start_time: str | None = None
     """When the job first ran (RFC 3339)."""
     completion_time: str | None = None

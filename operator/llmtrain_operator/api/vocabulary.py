@@ -57,6 +57,7 @@ class FailureKind(StrEnum):
     EVICTION = "Eviction"
     HANG = "Hang"
     WEDGED = "Wedged"
+    BAD_NUMERICS = "BadNumerics"
     # checkpoints
     CHECKPOINT_TIER_DEGRADED = "CheckpointTierDegraded"
     CHECKPOINT_TIER_RECOVERED = "CheckpointTierRecovered"
@@ -85,6 +86,7 @@ class Reason(StrEnum):
     NODE_FAILURE = "NodeFailure"
     RESTART_ALL = "RestartAll"
     RESTARTED_IN_PLACE = "RestartedInPlace"
+    ROLLED_BACK = "RolledBack"
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     # validity

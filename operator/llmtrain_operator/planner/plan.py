@@ -25,6 +25,7 @@ from .policies import (
     deadline,
     in_place,
     node_failures,
+    numerics,
     pod_failures,
     progress,
     summary,
@@ -41,6 +42,7 @@ POLICIES = (
     suspension.handle,
     deadline.handle,
     progress.handle,       # step, world size, newest checkpoint, end of a recovery
+    numerics.handle,       # rollbacks for bad numerics and the samples they skipped
     checkpoints.handle,    # tier health, the interval in force, the failure history for auto
                            # (before completion: a finished job's final commits count too)
     completion.handle,

@@ -61,6 +61,7 @@ def trainer_config(job: LLMTrainJob, paths: dict[str, str] | None = None, run_di
         "faultTolerance": {
             "hangTimeoutSeconds": spec.fault_tolerance.hang_timeout_seconds,
             "collectiveTimeoutSeconds": spec.fault_tolerance.collective_timeout_seconds,
+            "numerics": spec.fault_tolerance.numerics.model_dump(mode="json", by_alias=True),
         },
         "metrics": {"host": metrics_host, "port": spec.metrics.port},
     }

@@ -56,6 +56,8 @@ class Candidate:
     """``universal``: the tier holding a complete copy every node can reach."""
     saved_max_steps: int | None = None
     """``maxSteps`` of the run that saved it (None: not recorded)."""
+    data: dict | None = field(default=None, hash=False, compare=False)
+    """The data position it recorded: skipped windows, rollbacks (None: none)."""
 
 
 @dataclass
@@ -75,6 +77,7 @@ class Choice:
     rank 0 lands on."""
     saved_max_steps: int | None = None
     names: list[str] = field(default_factory=list)
+    data: dict | None = None
     """The files this rank loads (verified during the agreement)."""
 
 
@@ -151,7 +154,7 @@ def listing_of(tiers: list[Any], config_hash: str, strategy: str, allowed: re.Pa
             found[(tier.name, c.location)] = c
             out.setdefault(c.step, []).append({
                 "tier": tier.name, "index": index, "location": c.location, "world": world, "ranks": ranks,
-                "samples": samples, "max_steps": man.get("max_steps"),
+                "samples": samples, "max_steps": man.get("max_steps"), "data": man.get("data"),
             })
     return out, found, unlisted
 
@@ -164,20 +167,20 @@ def candidates(listings: list[Listing], world: int, sharded: bool) -> list[Candi
     for step in steps:
         copies = [listing.get(step, []) for listing in listings]
         first = next(c[0] for c in copies if c)
-        samples, saved_world, saved_max = first["samples"], first["world"], first.get("max_steps")
+        samples, saved_world, saved_max, data = first["samples"], first["world"], first.get("max_steps"), first.get("data")
         if not sharded:
             holders = [r for r, c in enumerate(copies) if c]
             if len(holders) == len(copies):
-                out.append(Candidate(step, "local", samples, saved_world, saved_max_steps=saved_max))
+                out.append(Candidate(step, "local", samples, saved_world, saved_max_steps=saved_max, data=data))
             # The source should read from its fastest copy: prefer a rank holding it in tier 1.
             source = min(holders, key=lambda r: (copies[r][0]["index"], r))
-            out.append(Candidate(step, "broadcast", samples, saved_world, source_rank=source, saved_max_steps=saved_max))
+            out.append(Candidate(step, "broadcast", samples, saved_world, source_rank=source, saved_max_steps=saved_max, data=data))
             continue
         if saved_world == world and all(any(r in c["ranks"] for c in cs) for r, cs in enumerate(copies)):
-            out.append(Candidate(step, "local", samples, saved_world, saved_max_steps=saved_max))
+            out.append(Candidate(step, "local", samples, saved_world, saved_max_steps=saved_max, data=data))
         tier = _complete_everywhere(copies)
         if tier:
-            out.append(Candidate(step, "universal", samples, saved_world, universal_tier=tier, saved_max_steps=saved_max))
+            out.append(Candidate(step, "universal", samples, saved_world, universal_tier=tier, saved_max_steps=saved_max, data=data))
     return out
 
 
@@ -260,7 +263,7 @@ def find_restore_point(
         if all(r[0] for r in results):
             source_tier = results[cand.source_rank][2] if cand.mode == "broadcast" else tier_name
             return Choice(cand.step, cand.mode, cand.samples, cand.saved_world, copy, tier_name, cand.source_rank, source_tier,
-                          cand.saved_max_steps, names)
+                          cand.saved_max_steps, names, cand.data)
         reasons = [f"step {cand.step} ({cand.mode}): {r[1]}" for r in results if not r[0] and r[1]]
         if rank == 0:
             for reason in reasons:

@@ -1,0 +1,35 @@
+"""Bad numerics, as the trainers report them: each new window of samples skipped after a
+rollback (a non-finite or spiking loss) is recorded in ``status.numerics``, with an Event
+and as the job's ``lastFailure``. The trainers roll back by themselves (every rank judges
+the same global loss); the operator's part is the record. Rollbacks are bounded by
+``faultTolerance.numerics.maxRollbacks`` in the trainer, which fails the job with
+``BadNumerics`` (exit 85) past it; they are not charged to the restart budget."""
+
+from __future__ import annotations
+
+from ...api.status import NumericsStatus, SkippedWindow
+from ...api.vocabulary import FailureKind, Reason
+from ..accounting import record_failure
+from ..context import Pass, Verdict
+
+
+def handle(ctx: Pass) -> Verdict:
+    probes = [ctx.observed.probes[p.name] for p in ctx.observed.workers() if p.name in ctx.observed.probes]
+    reported = {w for probe in probes for w in probe.skipped}
+    rollbacks = max((p.rollbacks for p in probes if p.rollbacks is not None), default=0)
+    current = ctx.status.numerics or NumericsStatus()
+    known = {(w.first_step, w.last_step, w.first_sample, w.end_sample) for w in current.skipped}
+    new = sorted(reported - known)
+    if not new and rollbacks <= current.rollbacks:
+        return Verdict.CONTINUE
+    windows = sorted(known | reported, key=lambda w: (w[2], w[0]))
+    ctx.status.numerics = NumericsStatus(
+        rollbacks=max(rollbacks, current.rollbacks),
+        skipped=[SkippedWindow(first_step=a, last_step=b, first_sample=c, end_sample=d) for a, b, c, d in windows],
+    )
+    for first, last, start, end in new:
+        what = (f"bad numerics at step {last}: rolled back to step {first - 1}; samples {start}..{end - 1} "
+                f"(the data of steps {first}..{last}) are skipped")
+        record_failure(ctx, FailureKind.BAD_NUMERICS, Reason.ROLLED_BACK, message=what)
+        ctx.event(Reason.ROLLED_BACK, what, warning=True)
+    return Verdict.CONTINUE
