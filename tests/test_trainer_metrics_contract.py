@@ -56,3 +56,11 @@ def test_rollbacks_and_skipped_windows_reach_the_probe():
     probe = parse(generate_latest(m.registry).decode())
     assert probe.rollbacks == 2
     assert probe.skipped == ((11, 13, 80, 104), (21, 21, 184, 192))  # the second after the first offset of 3
+
+
+def test_stragglers_of_the_node_reach_the_probe_and_leave_when_cleared():
+    m = TrainerMetrics(rank=0, strategy="ddp", config_hash="abc", job="j")
+    m.stragglers({1: 5.234}, set())
+    assert parse(generate_latest(m.registry).decode()).stragglers == {1: 5.23}
+    m.stragglers({}, {1})
+    assert parse(generate_latest(m.registry).decode()).stragglers == {}

@@ -335,6 +335,15 @@ class NumericsRuntime(CamelModel):
     """Rollbacks allowed over the job; one more bad step exits with BAD_NUMERICS."""
 
 
+class StragglerRuntime(CamelModel):
+    factor: float = Field(2.0, gt=1)
+    """A rank's local step time above this multiple of the other ranks' median is slow."""
+    steps: int = Field(20, ge=0)
+    """Consecutive slow steps before it is a straggler (as many fast ones clear it); 0: off."""
+    min_excess_seconds: float = Field(0.05, ge=0)
+    """Also at least this much above the median (noise on very short steps is not)."""
+
+
 class FaultToleranceRuntime(CamelModel):
     hang_timeout_seconds: float = Field(300.0, gt=0)
     """No step progress for this long: dump stacks and exit with HANG."""
@@ -342,6 +351,8 @@ class FaultToleranceRuntime(CamelModel):
     """Timeout for every collective and for process-group init."""
     numerics: NumericsRuntime = Field(default_factory=NumericsRuntime)
     """Bad numerics: a non-finite loss or a spike rolls back and skips the window."""
+    stragglers: StragglerRuntime = Field(default_factory=StragglerRuntime)
+    """Stragglers: a rank whose local step time stays above the others'."""
 
 
 class MetricsRuntime(CamelModel):

@@ -89,6 +89,9 @@ class Metric:
     SKIPPED_SAMPLES = f"{PREFIX}_skipped_samples"
     """Gauge per skipped window, labels ``first_step``, ``last_step`` (the steps redone)
     and ``first_sample``, ``end_sample`` (the global sample range never trained on)."""
+    STRAGGLER = f"{PREFIX}_straggler"
+    """Gauge per straggling rank of the pod's node, label ``rank``: its local step time over
+    the other ranks' median (exported by the node's local rank 0)."""
     INFO = f"{PREFIX}_info"
 
     @staticmethod

@@ -28,6 +28,7 @@ def parse(text: str) -> TrainerProbe:
     failed: dict[str, int] = {}
     degraded: dict[str, str] = {}
     skipped: list[tuple[int, ...]] = []
+    stragglers: dict[int, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == Metric.CHECKPOINT_LAST_STEP:
@@ -36,6 +37,8 @@ def parse(text: str) -> TrainerProbe:
                 degraded[sample.labels.get("tier", "local")] = sample.labels.get("reason", "Error")
             elif sample.name == FAILED_ATTEMPTS:
                 failed[sample.labels.get("cause", "crash")] = int(sample.value)
+            elif sample.name == Metric.STRAGGLER and sample.labels.get("rank", "").isdigit():
+                stragglers[int(sample.labels["rank"])] = sample.value
             elif sample.name == Metric.SKIPPED_SAMPLES and sample.value >= 1:
                 try:
                     skipped.append(tuple(int(sample.labels[k]) for k in ("first_step", "last_step", "first_sample", "end_sample")))
@@ -58,6 +61,7 @@ def parse(text: str) -> TrainerProbe:
         mtbf_seconds=values.get(Metric.CHECKPOINT_MTBF_SECONDS) or None,
         rollbacks=as_int(Metric.NUMERICS_ROLLBACKS),
         skipped=tuple(sorted(set(skipped))),
+        stragglers=stragglers,
     )
 
 

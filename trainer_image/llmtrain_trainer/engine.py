@@ -24,6 +24,7 @@ import json
 import math
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
@@ -79,6 +80,11 @@ class Engine(Protocol):
     def parameters(self) -> Iterator[torch.nn.Parameter]:
         """The model's parameters (this rank's view)."""
         ...
+
+    sync_started: float
+    """``time.perf_counter()`` when the last train step began its last micro-batch's
+    backward pass, where the first gradient all-reduce (the first wait for the peers)
+    happens: the end of the rank's local share of the step."""
 
     def snapshot(self) -> Snapshot | None:
         """Capture this rank's state as of now, without copying it on the training path.
@@ -293,6 +299,8 @@ class DDPEngine:
     def parameters(self) -> Iterator[torch.nn.Parameter]:
         return self.model.parameters()
 
+    sync_started = 0.0
+
     # ------------------------------------------------------------------ training
 
     def train_step(self, step: int, micro_batches: list[Batch]) -> torch.Tensor:
@@ -307,6 +315,8 @@ class DDPEngine:
             sync = self.model.no_sync() if (not last and isinstance(self.model, DistributedDataParallel)) else _null()
             with sync, torch.autocast(self.dev.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype != torch.float32):
                 loss = self.model(x, y)
+            if last:
+                self.sync_started = time.perf_counter()  # the first wait for the peers comes next
             (loss / accum).backward()
             total += loss.detach().float()
         if self.cfg.optimizer.grad_clip > 0:

@@ -219,6 +219,8 @@ class DeepSpeedEngine:
     def parameters(self) -> Iterator[torch.nn.Parameter]:
         return self.engine.module.parameters()
 
+    sync_started = 0.0
+
     def train_step(self, step: int, micro_batches: list[Batch]) -> torch.Tensor:
         lr = lr_at(step, self.cfg.optimizer, self.cfg.max_steps)
         for group in self.optimizer.param_groups:
@@ -227,6 +229,8 @@ class DeepSpeedEngine:
         total = torch.zeros((), device=self.dev)
         for i, (x, y) in enumerate(micro_batches):
             loss = self.engine(x.to(self.dev), y.to(self.dev))
+            if i == len(micro_batches) - 1:
+                self.sync_started = time.perf_counter()  # the gradient reduction comes next
             self.engine.backward(loss)  # DeepSpeed scales by 1/accumulation itself
             if i == len(micro_batches) - 1 and self._snapshot is not None:
                 self._snapshot.copied()  # the update below changes what the snapshot holds

@@ -40,6 +40,8 @@ class TrainerMetrics:
         self._rollbacks = Gauge(Metric.NUMERICS_ROLLBACKS, "Rollbacks for bad numerics over the job (from the checkpoints)", registry=r)
         self._skipped = Gauge(Metric.SKIPPED_SAMPLES, "1 per window of samples skipped after bad numerics",
                               ["first_step", "last_step", "first_sample", "end_sample"], registry=r)
+        self._straggler = Gauge(Metric.STRAGGLER, "Per straggling rank of this node: its local step time over the other "
+                                "ranks' median", ["rank"], registry=r)
         self._last_step_ts = Gauge(Metric.LAST_STEP_TIMESTAMP, "Unix time of the newest step", registry=r)
         self._stall = Histogram(Metric.CHECKPOINT_STALL_SECONDS, "Seconds the training loop was blocked by one checkpoint", buckets=CKPT_BUCKETS, registry=r)
         self._persist = Histogram(Metric.CHECKPOINT_PERSIST_SECONDS, "Seconds to persist and commit a checkpoint, per tier", ["tier"], buckets=CKPT_BUCKETS, registry=r)
@@ -122,6 +124,15 @@ class TrainerMetrics:
 
     def restored_bytes(self, tier: str, size: int, seconds: float) -> None:
         self._restored.labels(tier=tier).inc(size)
+
+    def stragglers(self, flagged: dict[int, float], cleared: set[int]) -> None:
+        for rank, ratio in flagged.items():
+            self._straggler.labels(rank=str(rank)).set(round(ratio, 2))
+        for rank in cleared:
+            try:
+                self._straggler.remove(str(rank))
+            except KeyError:
+                pass  # never exported here
 
     def data_position(self, position: Any) -> None:
         """The job's rollbacks and skipped windows (a ``numerics.DataPosition``), as the

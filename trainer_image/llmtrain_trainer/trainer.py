@@ -37,6 +37,7 @@ from .faults import FaultInjector
 from .schedule import lr_at
 from .heartbeat import Heartbeat, State
 from .numerics import DataPosition, LossGuard
+from .stragglers import StragglerWatch
 from .watchdog import Watchdog, dump_stacks_and_exit
 
 log = logging.getLogger("llmtrain.trainer")
@@ -83,6 +84,7 @@ class Trainer:
         self.position = DataPosition()
         """Where the data stream is: skipped windows of samples, rollbacks."""
         self.guard = LossGuard(cfg.fault_tolerance.numerics)
+        self.stragglers = StragglerWatch(cfg.fault_tolerance.stragglers)
         self._stop = threading.Event()
         hang_timeout = cfg.fault_tolerance.hang_timeout_seconds
         self.watchdog = Watchdog(
@@ -289,9 +291,11 @@ class Trainer:
         ]
         with self.watchdog.section(State.TRAIN_STEP):
             local_loss = self.engine.train_step(step, batches)
+        local_seconds = self.engine.sync_started - began
         with self.watchdog.section(State.COLLECTIVE):
-            loss, stop, busy, interval, tiers_busy = self._agree(local_loss)
+            loss, stop, busy, interval, tiers_busy, locals_ = self._agree(local_loss, local_seconds)
         self.cadence.agreed(interval)
+        self._watch_stragglers(locals_)
         bad = self.guard.judge(loss)
         if bad is not None:
             self._roll_back(step + 1, bad)
@@ -359,21 +363,40 @@ class Trainer:
             self._log_file.close()
             self._log_file = None
 
-    def _agree(self, local_loss: torch.Tensor) -> tuple[float, bool, bool, int, list[bool]]:
+    def _agree(self, local_loss: torch.Tensor, local_seconds: float) -> tuple[float, bool, bool, int, list[bool], list[float]]:
         """One small all-reduce per step: the global mean loss; whether any rank got
         SIGTERM (so that every rank stops at the same step); whether any rank is still
         writing a checkpoint (so that every rank defers the next one alike); rank 0's
-        checkpoint interval (so that every rank saves the same steps); and, per slower
-        tier, whether any rank is still storing into it (so that all offer it the same
-        steps)."""
+        checkpoint interval (so that every rank saves the same steps); per slower tier,
+        whether any rank is still storing into it (so that all offer it the same steps);
+        and every rank's local share of the step (each fills its own slot), for the
+        straggler watch."""
         proposal = float(self.cadence.proposal()) if self.info.rank == 0 else 0.0
         tiers = [1.0 if b else 0.0 for b in self.ckpt.tiers_busy()]
+        world = self.info.world_size
+        slots = [0.0] * world
+        slots[self.info.rank] = local_seconds
         packed = torch.tensor([float(local_loss), 1.0 if self._stop.is_set() else 0.0,
-                               1.0 if self.ckpt.busy() else 0.0, proposal, *tiers], dtype=torch.float64)
-        if self.info.world_size > 1:
+                               1.0 if self.ckpt.busy() else 0.0, proposal, *tiers, *slots], dtype=torch.float64)
+        if world > 1:
             dist.all_reduce(packed)
-        return (float(packed[0]) / self.info.world_size, bool(packed[1] > 0), bool(packed[2] > 0), int(packed[3]),
-                [bool(x > 0) for x in packed[4:].tolist()])
+        values = packed.tolist()
+        n = 4 + len(tiers)
+        return (values[0] / world, values[1] > 0, values[2] > 0, int(values[3]), [x > 0 for x in values[4:n]], values[n:])
+
+    def _watch_stragglers(self, local_seconds: list[float]) -> None:
+        new, cleared = self.stragglers.observe(local_seconds)
+        node = set(self.info.ranks_on_node())
+        for rank, ratio in new.items():
+            if self.info.rank == 0:
+                log.warning("straggler: rank %d's local step time has been %.1fx the other ranks' median for %d steps "
+                            "(stragglers.factor=%g)", rank, ratio, self.cfg.fault_tolerance.stragglers.steps,
+                            self.cfg.fault_tolerance.stragglers.factor)
+        for rank in cleared:
+            if self.info.rank == 0:
+                log.warning("straggler: rank %d keeps pace again", rank)
+        if self.info.local_rank == 0 and (new or cleared or self.stragglers.flagged):
+            self.metrics.stragglers({r: v for r, v in self.stragglers.flagged.items() if r in node}, cleared & node)
 
     def _log_step(self, fh: Any, loss: float, samples: int, seconds: float, tokens: int, step0: int) -> None:
         cfg = self.cfg

@@ -185,6 +185,8 @@ class TrainerProbe:
     rollbacks: int | None = None
     """Rollbacks for bad numerics over the job."""
     skipped: tuple[tuple[int, int, int, int], ...] = ()
+    stragglers: dict[int, float] = field(default_factory=dict)
+    """Straggling ranks of this pod's node -> local step time over the others' median."""
     """Skipped windows: (first step, last step, first sample, end sample)."""
 
 

@@ -287,6 +287,26 @@ class NumericsSpec(CamelModel):
     ``BadNumerics``. Default 3."""
 
 
+class StragglerSpec(CamelModel):
+    """Stragglers: a rank whose local share of each step (data, forward, backward up to
+    the gradient all-reduce) stays above the other ranks'."""
+
+    factor: float = Field(2.0, gt=1, le=1000)
+    """Slow: above this multiple of the other ranks' median. Default 2."""
+
+    steps: int = Field(20, ge=0, le=100_000)
+    """Consecutive slow steps before a rank is a straggler (as many within the bound
+    clear it). 0 turns the watch off. Default 20."""
+
+    min_excess_seconds: float = Field(0.05, ge=0, le=3600)
+    """Slow also means at least this many seconds above the median. Default 0.05."""
+
+    action: Literal["Report", "Replace"] = "Report"
+    """``Report``: the ``Straggler`` condition, an Event and the trainer's metric.
+    ``Replace``: also delete the straggler's pod and quarantine its node for
+    ``nodeQuarantineSeconds`` (not charged to the restart budget). Default Report."""
+
+
 class BackoffSpec(CamelModel):
     """Exponential backoff between restarts: ``initial * factor^(restarts-1)``, capped."""
 
@@ -344,6 +364,9 @@ class FaultToleranceSpec(Ruled):
 
     numerics: NumericsSpec = Field(default_factory=NumericsSpec)
     """Bad numerics: when a loss is bad, and how many rollbacks are allowed."""
+
+    stragglers: StragglerSpec = Field(default_factory=StragglerSpec)
+    """Stragglers: when a rank is one, and what happens then."""
 
 # ------------------------------------------------------------------------ scheduling
 

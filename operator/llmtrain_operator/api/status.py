@@ -146,6 +146,9 @@ class Internal(CamelModel):
     attempts_seen: dict[str, int] = Field(default_factory=dict)
     """``pod:<uid>/<cause>`` -> the failed attempts of that cause (``crash``, ``hang``) the
     pod's trainer last reported; each new one is charged once."""
+    stragglers_seen: list[str] = Field(default_factory=list)
+    """``pod:<uid>/<rank>`` of stragglers already announced (and, with ``Replace``,
+    replaced): each is acted on once."""
     not_ready_since: str | None = None
     """When the ready workers first dropped below ``replicas.min`` without a detected
     failure (RFC 3339); the phase leaves Running only after a short grace."""

@@ -43,6 +43,7 @@ class ConditionType(StrEnum):
     RESTARTING = "Restarting"
     DEGRADED = "Degraded"
     CHECKPOINTS_DEGRADED = "CheckpointsDegraded"
+    STRAGGLER = "Straggler"
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
@@ -87,6 +88,9 @@ class Reason(StrEnum):
     RESTART_ALL = "RestartAll"
     RESTARTED_IN_PLACE = "RestartedInPlace"
     ROLLED_BACK = "RolledBack"
+    STRAGGLER = "Straggler"
+    STRAGGLER_REPLACED = "StragglerReplaced"
+    NO_STRAGGLER = "NoStraggler"
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     # validity

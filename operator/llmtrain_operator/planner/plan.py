@@ -28,6 +28,7 @@ from .policies import (
     numerics,
     pod_failures,
     progress,
+    stragglers,
     summary,
     suspension,
     terminal,
@@ -49,6 +50,7 @@ POLICIES = (
     pod_failures.handle,
     node_failures.handle,
     in_place.handle,
+    stragglers.handle,     # report (or replace) a rank that stays slower than the others
     children.handle,       # create what is missing (after the failures were handled)
     summary.handle,        # counts, phase, conditions
     wedge.handle,          # the backstop: no progress for progressTimeoutSeconds
