@@ -40,8 +40,10 @@ def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succe
     # step 15 and skips the samples of steps 16..20 (8 per step).
     create(bed, NS, job_manifest("single", {**COMMON, "spec.replicas": {"min": 1, "max": 1}, "spec.trainer.builtin.maxSteps": 30,
                                             "spec.env": [{"name": FAULTS, "value": f"stop@step=8,rank=0;nan@step=20,rank=0;{PACE}"}]}))
+    # The pair job also gets a straggler late: from step 45 rank 1 takes 1 s longer.
     create(bed, NS, job_manifest("pair", {**COMMON, "spec.trainer.builtin.maxSteps": 70,
-                                          "spec.env": [{"name": FAULTS, "value": f"gil@step=8,rank=1;{PACE}"}]}))
+                                          "spec.faultTolerance.stragglers": {"factor": 2, "steps": 5},
+                                          "spec.env": [{"name": FAULTS, "value": f"gil@step=8,rank=1;slow@step=45,rank=1,seconds=1,steps=100;{PACE}"}]}))
 
     # 1. The job's only rank is frozen: its own watchdog thread is frozen with it, and
     # nobody else is left to time out. The launcher's supervisor ends it; torchrun restarts
@@ -74,6 +76,14 @@ def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succe
     assert (failure["pod"], failure["node"], failure["reason"]) == (name, frozen["spec"]["nodeName"], "Signal9"), failure
     assert "liveness" in failure["message"], failure
     assert replaced["restartsByReason"] == {"Hang": 1, "Signal9": 1}, replaced["restartsByReason"]
+
+    # 4. The straggler: reported with its rank, pod and node, not charged.
+    slow = wait_status(bed, NS, "pair", lambda s: any(c["type"] == "Straggler" and c["status"] == "True" for c in s.get("conditions", [])),
+                       300, "the straggler reported")
+    message = next(c["message"] for c in slow["conditions"] if c["type"] == "Straggler")
+    holder = next(p for p in pods(bed, NS, "pair") if f"rank 1 in pod {p['metadata']['name']} on node {p['spec']['nodeName']}" in message)
+    assert any(r == "Straggler" and f"rank 1 in pod {holder['metadata']['name']}" in m for r, m in event_messages(bed, "pair"))
+    assert slow["restartsByReason"] == {"Hang": 1, "Signal9": 1}
 
     for job in ("single", "pair"):
         done = wait_status(bed, NS, job, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, f"{job} finished")
