@@ -11,7 +11,7 @@ from llmtrain_trainer.faults import FaultInjector, parse
 def test_unknown_kinds_and_missing_steps_are_named():
     with pytest.raises(ValueError, match="unknown fault kind 'explode'"):
         parse("explode@step=3")
-    with pytest.raises(ValueError, match="needs step=N"):
+    with pytest.raises(ValueError, match="needs step=N or trigger=NAME"):
         parse("crash@rank=1")
 
 
@@ -44,3 +44,16 @@ def test_pacing_slows_every_step_in_its_range_each_time(tmp_path):
     assert max(timed[9] + timed[13]) < 0.04
     assert min(timed[10] + timed[11] + timed[12]) >= 0.05 and len(timed[11]) == 2
     assert not list(tmp_path.glob("*.fired"))
+
+
+def test_a_triggered_fault_fires_at_the_first_step_after_its_file_appears(tmp_path):
+    fired = []
+    injector = FaultInjector(parse("gil@trigger=go,rank=1,step=3"), rank=1, attempt=0, state_dir=tmp_path / "state", run_dir=tmp_path)
+    injector._fire = lambda fault: fired.append(fault.kind)
+    injector.at_step(1)
+    (tmp_path / "go").write_text("")
+    injector.at_step(2)
+    assert fired == [], "not before its step"
+    injector.at_step(3)
+    injector.at_step(4)
+    assert fired == ["gil"], "once, at the first step after the trigger"

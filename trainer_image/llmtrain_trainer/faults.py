@@ -20,6 +20,10 @@ Off unless the environment variable ``LLMTRAIN_FAULT_INJECT`` is set. Its value 
                                   its loss, then every rank's gradients, weights and
                                   loss turn NaN (bad numerics)
 
+``trigger=NAME`` instead of (or with) ``step``: the fault fires at the first step (from
+``step``, default 1) that starts after a file ``NAME`` appears in the run dir, so that a
+benchmark injects it at a moment of its own clock (``gil@trigger=go,rank=1``).
+
 Each fault fires at most once per job: before firing, a marker is written into
 ``LLMTRAIN_FAULT_STATE_DIR`` (default: the run dir), so a restarted worker that replays
 step 25 does not crash again. ``attempt=N`` restricts a fault to torchrun's Nth restart.
@@ -61,14 +65,14 @@ def parse(text: str) -> list[Fault]:
         if kind not in KINDS:
             raise ValueError(f"{ENV}: unknown fault kind {kind!r} in {item!r}; use one of {sorted(KINDS)}")
         opts = dict(kv.split("=", 1) for kv in rest.split(",") if "=" in kv)
-        if "step" not in opts:
-            raise ValueError(f"{ENV}: fault {item!r} needs step=N")
+        if "step" not in opts and "trigger" not in opts:
+            raise ValueError(f"{ENV}: fault {item!r} needs step=N or trigger=NAME")
         if opts.get("target", "self") not in TARGETS:
             raise ValueError(f"{ENV}: fault {item!r}: target must be one of {list(TARGETS)}")
         faults.append(
             Fault(
                 kind=kind,
-                step=int(opts.pop("step")),
+                step=int(opts.pop("step", "1")),
                 rank=int(opts.pop("rank")) if "rank" in opts else None,
                 attempt=int(opts.pop("attempt")) if "attempt" in opts else None,
                 params=opts,
@@ -79,10 +83,12 @@ def parse(text: str) -> list[Fault]:
 
 
 class FaultInjector:
-    def __init__(self, faults: list[Fault], rank: int, attempt: int, state_dir: Path):
+    def __init__(self, faults: list[Fault], rank: int, attempt: int, state_dir: Path, run_dir: Path | None = None):
         self.faults = [f for f in faults if f.rank in (None, rank) and f.attempt in (None, attempt)]
         self.rank = rank
         self.state_dir = state_dir
+        self.run_dir = run_dir or state_dir
+        self._step = 0
         self.poison = False
         """Set by a ``nan`` fault: the trainer poisons a parameter before this step."""
 
@@ -90,15 +96,19 @@ class FaultInjector:
     def from_env(cls, rank: int, attempt: int, run_dir: Path) -> "FaultInjector":
         text = os.environ.get(ENV, "")
         state = Path(os.environ.get(STATE_ENV, str(run_dir)))
-        return cls(parse(text) if text else [], rank, attempt, state / "faults")
+        return cls(parse(text) if text else [], rank, attempt, state / "faults", run_dir)
 
     def at_step(self, step: int) -> None:
+        self._step = step
         for fault in self.faults:
             if fault.kind == "slow" and "steps" in fault.params:
                 if fault.step <= step < fault.step + int(fault.params["steps"]):
                     time.sleep(float(fault.params.get("seconds", "1")))  # pacing: no marker, quiet
                 continue
-            if fault.step != step:
+            if "trigger" in fault.params:
+                if step < fault.step or not (self.run_dir / fault.params["trigger"]).exists():
+                    continue
+            elif fault.step != step:
                 continue
             marker = self.state_dir / f"fault-{fault.index}-rank-{self.rank}.fired"
             if marker.exists():
@@ -108,7 +118,7 @@ class FaultInjector:
             self._fire(fault)
 
     def _fire(self, fault: Fault) -> None:
-        print(f"llmtrain: FAULT INJECTION (test only): {fault.kind} at step {fault.step} on rank {self.rank}", file=sys.stderr, flush=True)
+        print(f"llmtrain: FAULT INJECTION (test only): {fault.kind} at step {self._step} on rank {self.rank}", file=sys.stderr, flush=True)
         if fault.kind == "crash":
             os.kill(os.getpid(), signal.SIGKILL)
         elif fault.kind == "hang":
