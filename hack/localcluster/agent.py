@@ -77,20 +77,23 @@ class Agent:
         node_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
                        "node.localcluster.io/simulated": "true", **(labels or {})}
         self.nodes[name] = NodeState(name, node_labels, capacity, transition=iso_now())
+        self._register(self.nodes[name])
+
+    def _register(self, node: NodeState) -> None:
         body = {
             "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": node_labels},
+            "metadata": {"name": node.name, "labels": node.labels},
             "spec": {},
-            "status": {"capacity": capacity, "allocatable": capacity},
+            "status": {"capacity": node.capacity, "allocatable": node.capacity},
         }
         try:
             self.core.create_node(body)
         except ApiException as err:
             if err.status != 409:
                 raise
-            self.core.patch_node(name, {"metadata": {"labels": node_labels}})
-        self._report_node(self.nodes[name])
-        self._renew_lease(self.nodes[name])
+            self.core.patch_node(node.name, {"metadata": {"labels": node.labels}})
+        self._report_node(node)
+        self._renew_lease(node)
 
     def _report_node(self, node: NodeState) -> None:
         stamp = iso_now()
@@ -278,6 +281,13 @@ class Agent:
                     network.set_link(runner.uid, up=True)
         node.healthy, node.partitioned = True, False
         node.transition = iso_now()
+        try:
+            self.core.read_node(name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            self._register(node)  # its Node object was deleted: register again, as a restarted kubelet does
+            return
         self._report_node(node)  # Ready again now, with a fresh transition time
         self._renew_lease(node)
 
