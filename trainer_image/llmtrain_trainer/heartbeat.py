@@ -25,14 +25,20 @@ from pathlib import Path
 from typing import Iterator
 
 _LAYOUT = struct.Struct("<4s6iqdd")
-"""magic, version, pid, rank, local rank, attempt, state, step, beat (CLOCK_MONOTONIC,
-which all processes of a machine share), the rank's hang timeout."""
+"""magic, version, pid, rank, local rank, attempt, state, step, beat (``clock()``), the
+rank's hang timeout."""
 _MAGIC = b"LTHB"
 _VERSION = 1
 _SIZE = 64
 _STATE_OFFSET = 4 + 5 * 4
 _STEP_OFFSET = 4 + 6 * 4
 _BEAT_OFFSET = _STEP_OFFSET + 8
+
+
+def clock() -> float:
+    """Seconds since boot, suspend included (``CLOCK_BOOTTIME``): the clock every process of
+    the machine shares and that ``/proc/<pid>/stat`` counts process start times in."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 class State(enum.IntEnum):
@@ -64,7 +70,7 @@ class Heartbeat:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         tmp.write_bytes(_LAYOUT.pack(_MAGIC, _VERSION, os.getpid(), rank, local_rank, attempt, State.STARTING, 0,
-                                     time.monotonic(), float(timeout_seconds)).ljust(_SIZE, b"\0"))
+                                     clock(), float(timeout_seconds)).ljust(_SIZE, b"\0"))
         tmp.replace(path)  # a reader never sees a half-written record of a new run
         self.path = path
         with path.open("r+b") as fh:
@@ -75,7 +81,7 @@ class Heartbeat:
         with contextlib.suppress(ValueError, TypeError):  # closed by the loop's end while a writer thread beats
             if step is not None:
                 struct.pack_into("<q", self._map, _STEP_OFFSET, step)
-            struct.pack_into("<d", self._map, _BEAT_OFFSET, time.monotonic())
+            struct.pack_into("<d", self._map, _BEAT_OFFSET, clock())
 
     def set_state(self, state: State) -> State:
         previous, self._state = self._state, state
@@ -114,7 +120,7 @@ class Beat:
     timeout: float
 
     def stale_for(self, now: float | None = None) -> float:
-        return (time.monotonic() if now is None else now) - self.beat
+        return (clock() if now is None else now) - self.beat
 
 
 def read(path: Path) -> Beat | None:

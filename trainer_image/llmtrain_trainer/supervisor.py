@@ -69,8 +69,7 @@ class ProcInfo:
     """``/proc/<pid>/stat`` state: R running, S sleeping, D disk, T stopped, t traced, Z zombie."""
     cpu_seconds: float
     started: float
-    """Seconds after boot, the clock ``CLOCK_MONOTONIC`` counts too (on a machine that
-    never suspended)."""
+    """Seconds after boot (``heartbeat.clock()``)."""
 
 
 def proc_info(pid: int) -> ProcInfo | None:
@@ -171,7 +170,7 @@ class Supervisor:
     def check(self, now: float | None = None) -> list[Verdict]:
         """One look at every rank (and the agent); acts on what is stale. Returns the
         verdicts it acted on."""
-        now = time.monotonic() if now is None else now
+        now = heartbeat.clock() if now is None else now
         self.last_check = time.monotonic()
         live: list[tuple[Beat, ProcInfo]] = []
         for beat in heartbeat.read_all(self.run_dir):
