@@ -337,14 +337,16 @@ class Trainer:
             raise BadNumerics(f"bad numerics at step {bad_step}: {why}; {self.position.rollbacks} rollbacks already "
                               f"(maxRollbacks={limit})")
         self.ckpt.wait_free()  # a write in flight holds a good step: let it commit first
-        choice, path = self._agree_on_restore()
-        if choice is not None:
-            self._load(choice, path)  # sets self.step and the RNG state
-        else:
-            self.engine = engine_class(self.strategy).create(self.cfg, self.info, False)
-            self.ckpt.bind(self.engine)
-            rng.seed_all(self.cfg.seed + self.info.rank)
-            self.step = 0
+        # A group-wide agreement and load: a rank waiting here waits for its peers.
+        with self.watchdog.section(State.COLLECTIVE):
+            choice, path = self._agree_on_restore()
+            if choice is not None:
+                self._load(choice, path)  # sets self.step and the RNG state
+            else:
+                self.engine = engine_class(self.strategy).create(self.cfg, self.info, False)
+                self.ckpt.bind(self.engine)
+                rng.seed_all(self.cfg.seed + self.info.rank)
+                self.step = 0
         # The current position, not the checkpoint's: windows skipped since that
         # checkpoint stay skipped.
         skip = self.position.skip(self.step, bad_step, self.cfg.global_batch_size, why)
