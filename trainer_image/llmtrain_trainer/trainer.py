@@ -34,9 +34,9 @@ from .dist import DistInfo
 from .engine import engine_class
 from .engine_deepspeed import convert_to_universal, wait_for_universal
 from .faults import FaultInjector
-from .schedule import lr_at
 from .heartbeat import Heartbeat, State
 from .numerics import DataPosition, LossGuard
+from .schedule import lr_at
 from .stragglers import StragglerWatch
 from .watchdog import Watchdog, dump_stacks_and_exit
 
