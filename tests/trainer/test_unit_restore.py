@@ -36,9 +36,12 @@ def test_replicated_state_everyone_holding_it_loads_locally():
     assert candidates(listings, world=2, sharded=False)[0] == Candidate(10, "local", 80, 2)
 
 
-def test_replicated_state_a_new_node_without_a_copy_gets_a_broadcast_from_the_fastest_holder():
+def test_replicated_state_a_new_node_without_a_copy_gets_a_broadcast_from_the_fastest_holder_then_the_others():
+    # The fastest holder's copy first; should it fail its check, another holder's copy of
+    # the same step before any older step.
     listings = [{10: [copy("s3://b/p", 1, [0], tier="s3", index=2)]}, {10: [copy("/n1", 1, [0])]}, {}]
-    assert candidates(listings, world=3, sharded=False) == [Candidate(10, "broadcast", 80, 1, source_rank=1)]
+    assert candidates(listings, world=3, sharded=False) == [Candidate(10, "broadcast", 80, 1, source_rank=1),
+                                                            Candidate(10, "broadcast", 80, 1, source_rank=0)]
 
 
 def test_sharded_same_world_needs_every_rank_to_hold_its_shard():
@@ -57,7 +60,7 @@ def test_sharded_other_world_uses_a_complete_copy_every_rank_sees():
 def test_newest_first_across_all_ranks():
     listings = [{10: [copy("/a10", 1, [0])], 5: [copy("/a5", 1, [0])]}, {5: [copy("/b5", 1, [0])]}]
     assert [(c.step, c.mode) for c in candidates(listings, 2, sharded=False)] == [
-        (10, "broadcast"), (5, "local"), (5, "broadcast"),
+        (10, "broadcast"), (5, "local"), (5, "broadcast"), (5, "broadcast"),
     ]
 
 

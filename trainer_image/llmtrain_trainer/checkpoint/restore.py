@@ -173,8 +173,12 @@ def candidates(listings: list[Listing], world: int, sharded: bool) -> list[Candi
             if len(holders) == len(copies):
                 out.append(Candidate(step, "local", samples, saved_world, saved_max_steps=saved_max, data=data))
             # The source should read from its fastest copy: prefer a rank holding it in tier 1.
-            source = min(holders, key=lambda r: (copies[r][0]["index"], r))
-            out.append(Candidate(step, "broadcast", samples, saved_world, source_rank=source, saved_max_steps=saved_max, data=data))
+            # Every holder is a candidate source, so that one bad copy (which fails its
+            # source's check) falls back to another rank's copy of the same step, not to
+            # an older step.
+            for source in sorted(holders, key=lambda r: (copies[r][0]["index"], r)):
+                out.append(Candidate(step, "broadcast", samples, saved_world, source_rank=source, saved_max_steps=saved_max,
+                                     data=data))
             continue
         if saved_world == world and all(any(r in c["ranks"] for c in cs) for r, cs in enumerate(copies)):
             out.append(Candidate(step, "local", samples, saved_world, saved_max_steps=saved_max, data=data))
