@@ -63,3 +63,13 @@ def test_a_job_that_never_had_a_straggler_has_no_straggler_condition():
     raw = job(status=running_status(step=30))
     _, status, _, _ = run(raw, observed(raw, [worker(0), worker(1)], probes=probes({})))
     assert "Straggler" not in {c["type"] for c in status["conditions"]}
+
+
+@pytest.mark.parametrize("values", [[0.1, 0.5], [3.0, 1.0, 2.0], [0.2, 0.2, 0.9, 0.1], [5, 1, 4, 2, 3], [1.0] * 6])
+def test_medians_of_others_agree_with_the_definition(values):
+    import statistics
+
+    from llmtrain_trainer.stragglers import medians_of_others
+
+    expected = [statistics.median(values[:i] + values[i + 1:]) for i in range(len(values))]
+    assert medians_of_others(values) == pytest.approx(expected)

@@ -15,7 +15,6 @@ stops being one after as many steps within the bound.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 
 from llmtrain_contract.config import StragglerRuntime
@@ -36,8 +35,7 @@ class StragglerWatch:
             return {}, set()
         new: dict[int, float] = {}
         cleared: set[int] = set()
-        for rank, mine in enumerate(local_seconds):
-            others = statistics.median(local_seconds[:rank] + local_seconds[rank + 1:])
+        for rank, (mine, others) in enumerate(zip(local_seconds, medians_of_others(local_seconds))):
             slow = mine > self.cfg.factor * others and mine - others >= self.cfg.min_excess_seconds
             self.slow_run[rank] = self.slow_run.get(rank, 0) + 1 if slow else 0
             self.fast_run[rank] = 0 if slow else self.fast_run.get(rank, 0) + 1
@@ -57,3 +55,22 @@ class StragglerWatch:
         self.slow_run.clear()
         self.fast_run.clear()
         self.flagged.clear()
+
+
+def medians_of_others(values: list[float]) -> list[float]:
+    """For each index, the median of all the other values: one sort for the whole world
+    (this runs every step, on every rank), not one per rank."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranked = [values[i] for i in order]
+    position = {rank: p for p, rank in enumerate(order)}
+    n = len(values) - 1  # values left once one is taken out
+
+    def nth(k: int, gone: int) -> float:  # the k-th smallest of the others
+        return ranked[k if k < gone else k + 1]
+
+    out = []
+    for rank in range(len(values)):
+        gone = position[rank]
+        mid = n // 2
+        out.append(nth(mid, gone) if n % 2 else (nth(mid - 1, gone) + nth(mid, gone)) / 2)
+    return out
