@@ -35,6 +35,7 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -63,8 +64,12 @@ class Watch:
         self.bed, self.ns, self.name = bed, ns, name
 
     def status(self) -> dict[str, Any]:
+        """The job's status; raises on a failed read (``until`` retries it), so that a
+        transient error never reads as a changed status."""
         out = self.bed.kubectl("get", "ltj", self.name, "-n", self.ns, "-o", "json", check=False)
-        return (json.loads(out.stdout).get("status") or {}) if out.returncode == 0 else {}
+        if out.returncode != 0:
+            raise RuntimeError(f"kubectl get ltj {self.name}: {out.stderr.strip()}")
+        return json.loads(out.stdout).get("status") or {}
 
     def pods(self) -> list[dict[str, Any]]:
         from e2e.jobs import pods  # noqa: PLC0415
@@ -91,19 +96,26 @@ class Watch:
         return (status.get("restarts", 0), json.dumps(status.get("lastFailure"), sort_keys=True))
 
     def until(self, what: str, predicate: Callable[[], bool], timeout: float, every: float) -> float:
-        """Seconds on this clock until ``predicate`` holds (absolute time)."""
+        """The time on this clock when ``predicate`` first holds. A failed read (kubectl,
+        a file of a pod going away) is retried until the deadline and reported then."""
         deadline = time.monotonic() + timeout
+        last_error: Exception | None = None
         while time.monotonic() < deadline:
-            if predicate():
-                return time.time()
+            try:
+                if predicate():
+                    return time.time()
+            except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as err:
+                last_error = err
             time.sleep(every)
-        raise TimeoutError(f"{self.ns}/{self.name}: {what} not seen within {timeout:.0f}s; status {json.dumps(self.status())[:1500]}")
+        raise TimeoutError(f"{self.ns}/{self.name}: {what} not seen within {timeout:.0f}s (last error: {last_error})")
 
 
 def node_not_ready(bed: Any, node: str) -> bool:
     out = bed.kubectl("get", "node", node, "-o", "json", check=False)
     if out.returncode != 0:
-        return True
+        if "NotFound" in out.stderr:
+            return True
+        raise RuntimeError(f"kubectl get node {node}: {out.stderr.strip()}")
     ready = [c for c in json.loads(out.stdout)["status"].get("conditions", []) if c["type"] == "Ready"]
     return not ready or ready[0]["status"] != "True"
 
@@ -129,9 +141,9 @@ def run_kind(bed: Any, ns: str, kind: str, common: dict[str, Any]) -> dict[str, 
     env = [{"name": FAULTS, "value": ";".join(f for f in (faults, pace) if f)}]
     create(bed, ns, job_manifest(name, {**common, "spec.env": env}))
     watch = Watch(bed, ns, name)
-    wait_status(bed, ns, name, lambda s: s.get("phase") == "Running" and s.get("step", 0) >= 15 and s.get("worldSize") == 2,
-                300, f"{name} running at world size 2")
-    before = watch.failure_mark(watch.status())
+    running = wait_status(bed, ns, name, lambda s: s.get("phase") == "Running" and s.get("step", 0) >= 15 and s.get("worldSize") == 2,
+                          300, f"{name} running at world size 2")
+    before = watch.failure_mark(running)
     lines = watch.step_lines()
     store_nodes = {p["spec"].get("nodeName") for p in pods(bed, ns, name, role="rendezvous")}
     out: dict[str, float] = {}
