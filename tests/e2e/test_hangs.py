@@ -81,15 +81,17 @@ def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succe
     slow = wait_status(bed, NS, "pair", lambda s: any(c["type"] == "Straggler" and c["status"] == "True" for c in s.get("conditions", [])),
                        300, "the straggler reported")
     message = next(c["message"] for c in slow["conditions"] if c["type"] == "Straggler")
-    holder = next(p for p in pods(bed, NS, "pair") if f"rank 1 in pod {p['metadata']['name']} on node {p['spec']['nodeName']}" in message)
-    assert any(r == "Straggler" and f"rank 1 in pod {holder['metadata']['name']}" in m for r, m in event_messages(bed, "pair"))
+    holders = [p for p in pods(bed, NS, "pair") if f"rank 1 in pod {p['metadata']['name']} on node {p['spec']['nodeName']}" in message]
+    assert len(holders) == 1, message
+    assert any(r == "Straggler" and f"rank 1 in pod {holders[0]['metadata']['name']}" in m for r, m in event_messages(bed, "pair"))
     assert slow["restartsByReason"] == {"Hang": 1, "Signal9": 1}
 
-    for job in ("single", "pair"):
-        done = wait_status(bed, NS, job, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, f"{job} finished")
-        assert done["phase"] == "Succeeded", json.dumps(done)[:3000]
-    single = wait_status(bed, NS, "single", lambda s: True, 10, "single")
+    done = {job: wait_status(bed, NS, job, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, f"{job} finished")
+            for job in ("single", "pair")}
+    for job, final in done.items():
+        assert final["phase"] == "Succeeded", json.dumps(final)[:3000]
+    single = done["single"]
     assert single["restartsByReason"] == {"Hang": 1}, "a rollback is not a restart"
     assert single["numerics"] == {"rollbacks": 1, "skipped": [{"firstStep": 16, "lastStep": 20, "firstSample": 120, "endSample": 160}]}
     assert any(r == "RolledBack" and "samples 120..159" in m for r, m in event_messages(bed, "single"))
-    assert wait_status(bed, NS, "pair", lambda s: True, 10, "pair")["restartsByReason"] == {"Hang": 1, "Signal9": 1}
+    assert done["pair"]["restartsByReason"] == {"Hang": 1, "Signal9": 1}
