@@ -453,6 +453,33 @@ def test_an_in_place_restart_after_the_hang_watchdog_is_counted_as_a_hang():
     assert status["restartsByReason"] == {"Hang": 1} and status["lastFailure"]["kind"] == "Hang"
 
 
+def test_a_hang_the_launcher_reports_first_is_charged_once_when_the_trainer_reports_it_too():
+    """The launcher counts a failed attempt when torchrun starts the next; the restarted
+    trainer counts the same attempt seconds later, and after another failure the two
+    disagree until it is up. Each attempt is charged once, whatever the order."""
+    raw = job(status=running_status())
+    pods = [worker(0), worker(1)]
+    # The restarted trainer is not up yet: only the launchers answer.
+    launchers = {W0: {"hang": 1, "victim": 0}, W1: {"victim": 1}}
+    first = plan(raw, observed(raw, pods, launcher_attempts=launchers), NOW)
+    assert first.status["restartsByReason"] == {"Hang": 1} and first.status["lastFailure"]["pod"] == W0
+    # The trainers are up and report the same attempts.
+    later = {**raw, "status": first.status}
+    probes = {W0: TrainerProbe(step=20, restarts=1, failed_attempts={"hang": 1}),
+              W1: TrainerProbe(step=20, restarts=1, failed_attempts={"victim": 1})}
+    second = plan(later, observed(later, pods, probes=probes, launcher_attempts=launchers), NOW + timedelta(seconds=5))
+    assert second.status["restartsByReason"] == {"Hang": 1}
+    # Another crash: the launcher knows, the trainer still shows the older count.
+    later = {**raw, "status": second.status}
+    launchers = {W0: {"hang": 1, "crash": 1}, W1: {"victim": 2}}
+    third = plan(later, observed(later, pods, probes=probes, launcher_attempts=launchers), NOW + timedelta(seconds=10))
+    assert third.status["restartsByReason"] == {"Hang": 1, "RestartedInPlace": 1}
+    later = {**raw, "status": third.status}
+    probes = {W0: TrainerProbe(step=21, restarts=2, failed_attempts={"hang": 1, "crash": 1})}
+    fourth = plan(later, observed(later, pods, probes=probes), NOW + timedelta(seconds=15))
+    assert fourth.status["restarts"] == 2, "the trainer's catching up is not a new failure"
+
+
 def test_a_node_that_is_ready_again_is_not_failed_while_its_taint_lingers():
     raw = job(status=running_status())
     nodes = [node("node-0"), node("node-1", ready="True", since_seconds=1, unreachable=True)]

@@ -210,3 +210,59 @@ def test_a_health_port_in_use_is_a_clear_config_error(tmp_path, capfd):
         code = main(["--run-dir", str(tmp_path), "--termination-log", str(tmp_path / "t"), "--health-port", str(port), "--", "true"])
     assert code == ExitCode.CONFIG_ERROR
     assert f"cannot serve /healthz on port {port}" in capfd.readouterr().err
+
+
+def _worker(attempt: int, local_world_size: int) -> subprocess.Popen:
+    """A stand-in for a worker torchrun spawned: a child of this process (the 'agent')
+    with torchrun's environment."""
+    env = {"TORCHELASTIC_RESTART_COUNT": str(attempt), "LOCAL_WORLD_SIZE": str(local_world_size), "PATH": "/usr/bin:/bin"}
+    return subprocess.Popen(["sleep", "60"], env=env)
+
+
+def test_the_launcher_counts_an_attempt_failed_when_the_next_starts_and_agrees_with_the_trainer(tmp_path, ranks):
+    import os
+
+    from llmtrain_trainer.attempts import AttemptTracker
+
+    # Attempt 0: local rank 1 hung (the supervisor's 80), rank 0 its victim (83).
+    # Attempt 1: local rank 0 crashed with an error, rank 1 died of a signal without a record.
+    exitrecord.write(tmp_path, 0, 1, 1, ExitCode.HANG, "cause (stuck): rank 1", 6)
+    exitrecord.write(tmp_path, 0, 0, 0, ExitCode.COLLECTIVE_TIMEOUT, "victim: rank 0", 6)
+    exitrecord.write(tmp_path, 1, 0, 0, 1, "Traceback ...", 9)
+    tracker = AttemptTracker(tmp_path, agent_pid=os.getpid())
+    assert tracker.failed_attempts() == dict.fromkeys(exitrecord.CAUSES, 0) and tracker.attempt == 0, "no worker yet"
+    ranks.append(_worker(1, 2))
+    assert tracker.failed_attempts()["hang"] == 1 and sum(tracker.failed_attempts().values()) == 1
+    ranks.append(_worker(2, 2))
+    counts = tracker.failed_attempts()
+    assert {k: v for k, v in counts.items() if v} == {"hang": 1, "crash": 1} and tracker.attempt == 2
+    assert counts == exitrecord.failed_attempts(tmp_path, 2, 2), "the restarted trainer would count the same"
+    for proc in ranks:
+        proc.kill()
+        proc.wait()
+    assert tracker.failed_attempts() == counts, "between attempts (no workers) nothing is forgotten"
+
+
+def test_the_launcher_serves_its_failed_attempts_in_the_form_the_operator_parses(tmp_path, ranks):
+    import os
+    import urllib.request
+
+    from llmtrain_operator.probe import scrape_launcher
+    from llmtrain_trainer.attempts import AttemptTracker
+
+    exitrecord.write(tmp_path, 0, 0, 0, ExitCode.HANG, "cause (frozen): rank 0", 3)
+    ranks.append(_worker(1, 1))
+    sup = Supervisor(tmp_path)
+    server = serve_health(0, sup, AttemptTracker(tmp_path, agent_pid=os.getpid()), host="127.0.0.1")
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert scrape_launcher(f"{url}/metrics") == {"crash": 0, "hang": 1, "victim": 0, "preempted": 0, "permanent": 0}
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+            assert "llmtrain_launcher_worker_group_attempt 1.0" in resp.read().decode()
+        # Without a tracker (a launcher started without one) there is no such page.
+        plain = serve_health(0, sup, host="127.0.0.1")
+        assert scrape_launcher(f"http://127.0.0.1:{plain.server_address[1]}/metrics") is None
+        plain.shutdown()
+    finally:
+        server.shutdown()
+    assert scrape_launcher("http://127.0.0.1:9/metrics", timeout=1) is None, "an unreachable launcher is no answer, not an error"

@@ -100,6 +100,18 @@ class Metric:
         return f"{name}_total"
 
 
+class LauncherMetric:
+    """What the worker pod's launcher serves on ``/metrics`` beside its ``/healthz``
+    (``HEALTH_PORT``): it outlives the ranks' in-place restarts."""
+
+    PREFIX = "llmtrain_launcher"
+    FAILED_ATTEMPTS = f"{PREFIX}_failed_attempts"
+    """Counter, label ``cause`` as ``Metric.FAILED_ATTEMPTS``: counted the moment torchrun
+    starts the next attempt."""
+    ATTEMPT = f"{PREFIX}_worker_group_attempt"
+    """Gauge: the attempt the local worker group runs (torchrun's restart count)."""
+
+
 class Termination:
     """Keys of the JSON termination message the launcher writes and the operator reads."""
 
@@ -118,7 +130,8 @@ RDZV_PORT = 29400
 METRICS_PORT = 9400
 """Default port of local rank 0's metrics endpoint; local rank r serves on port + r."""
 HEALTH_PORT = 9399
-"""The launcher's ``/healthz`` (the worker pod's liveness probe)."""
+"""The launcher's ``/healthz`` (the worker pod's liveness probe) and ``/metrics``
+(``LauncherMetric``)."""
 CONFIG_HASH_ANNOTATION = "llmtrain.io/config-hash"
 """On the rendered-config ConfigMap: the hash of its content."""
 TERMINATION_LOG = "/dev/termination-log"

@@ -3,7 +3,8 @@
 The trainer needs no Kubernetes credentials: the operator (and the local runner)
 scrape local rank 0 of each worker for the step, world size, torchrun restarts, the
 newest committed checkpoint and the health of each tier, and the checkpoint interval in
-force with its inputs.
+force with its inputs. The operator also reads each worker's launcher (on the health port),
+which counts a failed attempt as soon as torchrun starts the next one.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 
-from llmtrain_contract.names import Metric
+from llmtrain_contract.names import LauncherMetric, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from .api.observed import TrainerProbe
 
 RESTARTS = Metric.total(Metric.WORKER_GROUP_RESTARTS)
 FAILED_ATTEMPTS = Metric.total(Metric.FAILED_ATTEMPTS)
+LAUNCHER_FAILED_ATTEMPTS = Metric.total(LauncherMetric.FAILED_ATTEMPTS)
 READ = (Metric.STEP, Metric.WORLD_SIZE, RESTARTS, Metric.LAST_STEP_TIMESTAMP, Metric.CHECKPOINT_INTERVAL_STEPS,
         Metric.CHECKPOINT_COST_SECONDS, Metric.CHECKPOINT_MTBF_SECONDS, Metric.NUMERICS_ROLLBACKS)
 
@@ -65,10 +67,37 @@ def parse(text: str) -> TrainerProbe:
     )
 
 
+def parse_launcher(text: str) -> dict[str, int]:
+    """cause -> failed attempts, from the launcher's ``/metrics``."""
+    failed: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == LAUNCHER_FAILED_ATTEMPTS:
+                failed[sample.labels.get("cause", "crash")] = int(sample.value)
+    return failed
+
+
 def scrape(url: str, timeout: float = 2.0) -> TrainerProbe | None:
     """None when the endpoint is not up (yet): a probe never raises."""
+    text = _get(url, timeout)
+    try:
+        return parse(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def scrape_launcher(url: str, timeout: float = 2.0) -> dict[str, int] | None:
+    """The launcher's failed attempts (``LauncherMetric``); None when it does not answer."""
+    text = _get(url, timeout)
+    try:
+        return parse_launcher(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _get(url: str, timeout: float) -> str | None:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - cluster-internal URL
-            return parse(response.read().decode("utf-8", errors="replace"))
+            return response.read().decode("utf-8", errors="replace")
     except (urllib.error.URLError, OSError, ValueError):
         return None

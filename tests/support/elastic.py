@@ -82,6 +82,8 @@ class ElasticJob:
     local_dirs: dict[int, Path] = field(default_factory=dict)
     """Node -> its tier-1 directory, where not ``node<i>/ckpt`` (e.g. a tiny filesystem)."""
     env: dict[str, str] = field(default_factory=dict)
+    health_port: int | None = None
+    """Node i's launcher serves /healthz and /metrics on this port + i."""
     running: list[Node] = field(default_factory=list)
     store: subprocess.Popen | None = None
 
@@ -114,7 +116,8 @@ class ElasticJob:
             cfg_path = self._node_config(index)
             run_dir = self.node_dir(index) / "run"
             log = self.node_dir(index) / "node.log"
-            cmd = worker_command(PY, str(run_dir), flags, trainer_program(str(cfg_path)), str(self.node_dir(index) / "termination-log"))
+            cmd = worker_command(PY, str(run_dir), flags, trainer_program(str(cfg_path)), str(self.node_dir(index) / "termination-log"),
+                                 self.health_port + index if self.health_port else None)
             with log.open("w") as fh:
                 proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             self.running.append(Node(index, proc, log, run_dir))

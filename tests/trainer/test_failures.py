@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 from llmtrain_contract.exitcodes import ExitCode
-from support.elastic import ElasticJob, base_config, run_job
+from support.elastic import ElasticJob, base_config, free_port, run_job
+from support.waiting import wait_for
 
 HANG_TIMEOUT = 8
 
@@ -69,6 +70,33 @@ def test_a_frozen_or_gil_holding_rank_is_blamed_from_outside_and_its_peer_is_a_v
     assert "stacks of rank 1 (py-spy" in logs and frame in logs, logs
     termination = job.termination(0)
     assert termination["reason"] == "Hang" and termination["rank"] == 1 and verdict in termination["message"]
+
+
+def test_the_launcher_reports_an_in_place_hang_restart_and_the_restarted_trainer_agrees(tmp_path):
+    """torchrun restarts the group after the hang: the launcher counts the failed attempt
+    as soon as the next one starts (the operator reads it there, before the restarted
+    trainer is up), and the trainer, once up, reports the same count."""
+    from llmtrain_operator.probe import scrape, scrape_launcher
+
+    cfg = base_config(maxSteps=24, faultTolerance={"hangTimeoutSeconds": HANG_TIMEOUT, "collectiveTimeoutSeconds": 60})
+    faults = "hang@step=4,rank=1;slow@step=1,seconds=0.3,steps=400"
+    job = ElasticJob(tmp_path, cfg, nodes=1, procs_per_node=2, max_restarts=1, health_port=free_port(),
+                     env={"LLMTRAIN_FAULT_INJECT": faults}).start()
+    try:
+        launcher = f"http://127.0.0.1:{job.health_port}/metrics"
+        wait_for(lambda: (scrape_launcher(launcher) or {}).get("hang") == 1, 120, 0.2, "the launcher counting the hang")
+        assert scrape_launcher(launcher) == {"crash": 0, "hang": 1, "victim": 0, "preempted": 0, "permanent": 0}
+        assert job.running[0].proc.poll() is None, "counted while the pod runs on"
+
+        def trainer_count():
+            endpoint = json.loads((tmp_path / "node0" / "run" / "metrics-local-rank-0.json").read_text())
+            probe = scrape(f"http://{endpoint['host']}:{endpoint['port']}/metrics", timeout=1)
+            return probe is not None and probe.restarts == 1 and probe.failed_attempts.get("hang") == 1 and probe
+        probe = wait_for(trainer_count, 120, 0.2, "the restarted trainer reporting the hang")
+        assert probe.failed_attempts == scrape_launcher(launcher), probe.failed_attempts
+    finally:
+        codes = job.wait()
+    assert codes == [0], job.logs()
 
 
 def test_a_stopped_torchrun_agent_ends_the_pod_with_the_hang_code(tmp_path):

@@ -11,6 +11,9 @@ the latest attempt, exits with that code and writes it to the termination-messag
 While torchrun runs, the launcher's supervisor (``supervisor.py``) watches every local
 rank's heartbeat from outside the trainer processes, so that a frozen rank, a rank
 holding the GIL or a stopped torchrun agent is detected and blamed on the right rank.
+With ``--health-port`` it serves ``/healthz`` for the pod's liveness probe and ``/metrics``
+with the pod's failed attempts (``attempts.py``), which the operator reads seconds before
+the restarted trainer's own counter is up.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 from pathlib import Path
 
 from . import exitrecord
+from .attempts import AttemptTracker
 from .supervisor import Supervisor, serve_health
 from llmtrain_contract.exitcodes import ExitCode, classify_exit
 from llmtrain_contract.names import TERMINATION_LOG, Env, Termination
@@ -86,15 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     env[Env.SUPERVISED] = "1"
     supervisor = Supervisor(run_dir)
+    tracker = AttemptTracker(run_dir)
     try:
-        health = serve_health(args.health_port, supervisor) if args.health_port else None
+        health = serve_health(args.health_port, supervisor, tracker) if args.health_port else None
     except OSError as err:
         print(f"llmtrain launcher: cannot serve /healthz on port {args.health_port}: {err}", file=sys.stderr, flush=True)
         return int(ExitCode.CONFIG_ERROR)
     child = subprocess.Popen(command, env=env)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _: child.send_signal(signum))
-    supervisor.agent_pid = child.pid
+    supervisor.agent_pid = tracker.agent_pid = child.pid
     supervisor.start()
     returncode = child.wait()
     supervisor.stop()

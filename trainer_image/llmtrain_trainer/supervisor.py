@@ -23,7 +23,9 @@ and the launcher exits with the hang code.
 
 What no process in the pod can see, a frozen launcher (with or without the rest of the
 pod), the kubelet sees: the launcher serves ``/healthz`` (``serve_health``) for the pod's
-liveness probe, answering while its supervisor keeps checking.
+liveness probe, answering while its supervisor keeps checking, and beside it ``/metrics``
+with the pod's failed attempts, counted as soon as torchrun starts the next one
+(``attempts.py``).
 """
 
 from __future__ import annotations
@@ -41,8 +43,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from llmtrain_contract.exitcodes import ExitCode
+from llmtrain_contract.names import LauncherMetric
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from . import exitrecord, heartbeat
+from . import attempts, exitrecord, heartbeat
 from .heartbeat import WAITING_STATES, Beat, State
 
 log = logging.getLogger("llmtrain.supervisor")
@@ -231,20 +236,8 @@ class Supervisor:
         self.agent_hang = (f"cause: the torchrun agent (pid {self.agent_pid}) is frozen (stopped) for {stopped:.1f}s: "
                            "it can neither restart nor report its workers")
         _write_stderr(f"llmtrain supervisor: HANG: {self.agent_hang}\n")
-        for pid in [self.agent_pid, *_children(self.agent_pid)]:
+        for pid in [self.agent_pid, *attempts.children(self.agent_pid)]:
             _kill(pid)
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        if int(text[text.rindex(")") + 2:].split()[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
 
 
 def _kill(pid: int) -> None:
@@ -262,15 +255,24 @@ def _write_stderr(text: str) -> None:
         view = view[os.write(sys.stderr.fileno(), view):]
 
 
-def serve_health(port: int, supervisor: Supervisor, host: str = "") -> ThreadingHTTPServer:
-    """``GET /healthz`` for the pod's liveness probe: 200 while the supervisor checks."""
+def serve_health(port: int, supervisor: Supervisor, tracker: attempts.AttemptTracker | None = None,
+                 host: str = "") -> ThreadingHTTPServer:
+    """``GET /healthz`` for the pod's liveness probe: 200 while the supervisor checks.
+    ``GET /metrics``: the pod's failed attempts (``attempts.py``), for the operator."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - the http.server API
+            if self.path == "/metrics" and tracker is not None:
+                self._answer(200, render_metrics(tracker), CONTENT_TYPE_LATEST)
+                return
             age = time.monotonic() - supervisor.last_check
             healthy = self.path == "/healthz" and age < HEALTHY_CHECK_AGE_SECONDS
             body = (f"ok: last check {age:.1f}s ago\n" if healthy else f"supervisor's last check {age:.1f}s ago\n").encode()
-            self.send_response(200 if healthy else (503 if self.path == "/healthz" else 404))
+            self._answer(200 if healthy else (503 if self.path == "/healthz" else 404), body, "text/plain; charset=utf-8")
+
+        def _answer(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -282,3 +284,24 @@ def serve_health(port: int, supervisor: Supervisor, host: str = "") -> Threading
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="launcher-health", daemon=True).start()
     return server
+
+
+def render_metrics(tracker: attempts.AttemptTracker) -> bytes:
+    failed = tracker.failed_attempts()
+    counter = CounterMetricFamily(LauncherMetric.FAILED_ATTEMPTS, "Failed attempts in this pod, by cause, counted when "
+                                  "torchrun starts the next attempt", labels=["cause"])
+    for cause, count in failed.items():
+        counter.add_metric([cause], count)
+    attempt = GaugeMetricFamily(LauncherMetric.ATTEMPT, "The attempt the local worker group runs (torchrun's restart count)",
+                                value=tracker.attempt)
+    return generate_latest(_Families([counter, attempt]))  # type: ignore[arg-type] - any object with collect()
+
+
+@dataclass(frozen=True)
+class _Families:
+    """Metric families computed per request (no process-wide registry to keep in step)."""
+
+    families: list
+
+    def collect(self) -> list:
+        return self.families

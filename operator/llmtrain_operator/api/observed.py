@@ -185,9 +185,9 @@ class TrainerProbe:
     rollbacks: int | None = None
     """Rollbacks for bad numerics over the job."""
     skipped: tuple[tuple[int, int, int, int], ...] = ()
+    """Skipped windows: (first step, last step, first sample, end sample)."""
     stragglers: dict[int, float] = field(default_factory=dict)
     """Straggling ranks of this pod's node -> local step time over the others' median."""
-    """Skipped windows: (first step, last step, first sample, end sample)."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +212,10 @@ class Observed:
     """ConfigMap name -> what its annotations say it holds."""
     probes: dict[str, TrainerProbe] = field(default_factory=dict)
     """Pod name -> probe."""
+    launcher_attempts: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Pod name -> failed attempts by cause, as the pod's launcher counts them: the same
+    count as the trainer's ``TrainerProbe.failed_attempts``, known seconds sooner (and
+    while the restarted trainer is not up yet)."""
     missing: tuple[str, ...] = ()
     """Referenced objects that do not exist, e.g. ``Secret s3-creds``, ``PersistentVolumeClaim ckpt``."""
 

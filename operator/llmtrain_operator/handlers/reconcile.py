@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from llmtrain_contract.names import HEALTH_PORT
+
 from .. import metrics
 from ..api.observed import LABEL_JOB, ROLE_WORKER, ConfigMapView, Observed, node_view, parse_time, pod_view
 from ..api.vocabulary import Phase, PodPhase
@@ -20,7 +22,7 @@ from ..api.spec import LLMTrainJobSpec
 from ..k8s.client import K8s, TransientApiError
 from ..k8s.patches import merge_patch
 from ..planner import CreateObject, DeleteJob, DeletePod, Plan, ReplaceObject, plan
-from ..probe import scrape
+from ..probe import scrape, scrape_launcher
 from ..settings import OperatorSettings
 from .slots import Slots, no_slot
 
@@ -96,6 +98,14 @@ async def missing_dependencies(k8s: K8s, body: dict[str, Any]) -> tuple[str, ...
 async def probe_workers(pods: list[Any], port: int, timeout: float) -> dict[str, Any]:
     targets = [p for p in pods if p.role == ROLE_WORKER and p.phase == PodPhase.RUNNING and p.ip]
     results = await asyncio.gather(*(asyncio.to_thread(scrape, f"http://{p.ip}:{port}/metrics", timeout) for p in targets))
+    return {p.name: r for p, r in zip(targets, results) if r is not None}
+
+
+async def probe_launchers(pods: list[Any], timeout: float) -> dict[str, dict[str, int]]:
+    """Pod name -> failed attempts by cause, from each running worker's launcher."""
+    targets = [p for p in pods if p.role == ROLE_WORKER and p.phase == PodPhase.RUNNING and p.ip]
+    results = await asyncio.gather(*(asyncio.to_thread(scrape_launcher, f"http://{p.ip}:{HEALTH_PORT}/metrics", timeout)
+                                     for p in targets))
     return {p.name: r for p, r in zip(targets, results) if r is not None}
 
 
@@ -215,11 +225,16 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
     pods = tuple(pod_view(p) for p in children.pods)
     nodes = {n.name: n for n in map(node_view, children.nodes)}
     port = ((body.get("spec") or {}).get("metrics") or {}).get("port", 9400)
-    probes = await probe_workers(list(pods), port, settings.probe_timeout_seconds) if settings.probes_enabled else {}
+    probes: dict[str, Any] = {}
+    attempts: dict[str, dict[str, int]] = {}
+    if settings.probes_enabled:
+        probes, attempts = await asyncio.gather(probe_workers(list(pods), port, settings.probe_timeout_seconds),
+                                                probe_launchers(list(pods), settings.probe_timeout_seconds))
     async with slots.held() if slots is not None else no_slot() as waited:
         return await _decide_and_write(k8s, body, settings, now or datetime.now(timezone.utc), started + waited,
                                        Observed(pods=pods, nodes=nodes, services=children.services,
-                                                configmaps=children.configmaps, probes=probes), gate)
+                                                configmaps=children.configmaps, probes=probes,
+                                                launcher_attempts=attempts), gate)
 
 
 async def _decide_and_write(k8s: K8s, body: dict[str, Any], settings: OperatorSettings, now: datetime,

@@ -1,5 +1,6 @@
 """In-place restarts: torchrun restarts a pod's worker group when a local rank fails,
-and the trainers report why each failed attempt ended (``failed_attempts_total{cause}``).
+and the pod's launcher (as soon as the next attempt starts) and then the restarted trainer
+report why each failed attempt ended (``failed_attempts_total{cause}``).
 
 Each new ``crash`` or ``hang`` attempt of a pod is one failure, charged once (keyed by
 pod uid and cause). A ``victim`` attempt (every rank failed because a peer elsewhere
@@ -27,10 +28,7 @@ def handle(ctx: Pass) -> Verdict:
     seen = {k: v for k, v in book.attempts_seen.items() if k.split("/", 1)[0] in live}
     charges: list[tuple[str, PodView]] = []
     for key, pod in live.items():
-        probe = ctx.observed.probes.get(pod.name)
-        if probe is None:
-            continue
-        for cause, count in probe.failed_attempts.items():
+        for cause, count in _failed_attempts(ctx, pod.name).items():
             if cause not in CHARGED_CAUSES:
                 continue
             slot = f"{key}/{cause}"
@@ -47,3 +45,14 @@ def handle(ctx: Pass) -> Verdict:
         if not charge_budget(ctx, reason):
             return Verdict.FINISHED
     return Verdict.CONTINUE
+
+
+def _failed_attempts(ctx: Pass, pod: str) -> dict[str, int]:
+    """cause -> failed attempts of ``pod``. The launcher and the trainer count the same
+    attempts from the same exit records, the launcher sooner: the larger count is the
+    newer truth, and a count seen once is never charged again (``attempts_seen``)."""
+    probe = ctx.observed.probes.get(pod)
+    counts = dict(probe.failed_attempts) if probe is not None else {}
+    for cause, count in ctx.observed.launcher_attempts.get(pod, {}).items():
+        counts[cause] = max(count, counts.get(cause, 0))
+    return counts
