@@ -195,8 +195,23 @@ def test_after_the_grace_pods_on_a_failed_node_are_force_deleted_and_the_node_qu
 
 def test_a_pod_whose_node_object_vanished_is_treated_as_on_a_failed_node():
     raw = job(status=running_status())
-    _, _, actions, _ = run(raw, observed(raw, [worker(0), worker(1, node="gone")], nodes=[node("node-0")]))
+    result, status, actions, _ = run(raw, observed(raw, [worker(0), worker(1, node="gone")], nodes=[node("node-0")]))
     assert actions == [f"force-delete {W1}"]
+    assert status["lastFailure"]["message"] == "node gone is gone (its Node object was deleted)"
+    assert [e.message for e in result.events if e.reason == "NodeFailure"] == \
+        [f"node gone is gone (its Node object was deleted): force-deleting {W1} and keeping this job off the node"]
+
+
+def test_a_young_pod_on_a_node_not_seen_yet_waits_for_the_grace():
+    """The node watch can deliver a brand-new node after the pod bound to it: a pod younger
+    than the grace is not failed for a missing Node until the grace has passed."""
+    raw = job({"spec.faultTolerance.nodeFailureGraceSeconds": 40}, status=running_status())
+    young = worker(1, node="new-node", created=NOW - timedelta(seconds=3))
+    for age in (0, 30):
+        _, status, actions, _ = run(raw, observed(raw, [worker(0), young], nodes=[node("node-0")]), NOW + timedelta(seconds=age))
+        assert actions == [] and status["restarts"] == 0
+    later = plan(raw, observed(raw, [worker(0), young], nodes=[node("node-0")]), NOW + timedelta(seconds=38))
+    assert later.status["restartsByReason"] == {"NodeFailure": 1}
 
 
 def test_replacements_avoid_quarantined_nodes():

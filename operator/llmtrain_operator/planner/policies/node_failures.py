@@ -1,10 +1,13 @@
-"""Failed nodes: pods on a node NotReady/Unknown (or gone) for longer than
-``nodeFailureGraceSeconds`` are force-deleted (the kubelet cannot confirm anything), the
-node is quarantined for this job, and the failure is charged once per node episode."""
+"""Failed nodes: pods on a node NotReady/Unknown for longer than
+``nodeFailureGraceSeconds``, or on a Node object that is gone, are force-deleted (the
+kubelet cannot confirm anything), the node is quarantined for this job, and the failure is
+charged once per node episode."""
 
 from __future__ import annotations
 
-from ...api.observed import PodView
+from datetime import datetime
+
+from ...api.observed import NodeView, PodView
 from ...api.vocabulary import FailureKind, Reason
 from ..accounting import charged, forget_healed_nodes, node_key, pod_key, record_failure, remember
 from ..budget import count_restart
@@ -22,7 +25,7 @@ def handle(ctx: Pass) -> Verdict:
         node = ctx.observed.nodes.get(pod.node)
         if node is not None and not node.failed:
             continue
-        since = node.since if node is not None and node.since else None
+        since = _failed_since(ctx, pod, node, grace)
         elapsed = (ctx.now - since).total_seconds() if since else grace
         if elapsed < grace:
             ctx.after(grace - elapsed)
@@ -31,7 +34,7 @@ def handle(ctx: Pass) -> Verdict:
     store = ctx.observed.store()
     if store is not None and store.node is not None and not store.terminated:
         node = ctx.observed.nodes.get(store.node)
-        since = node.since if node is not None else None
+        since = _failed_since(ctx, store, node, grace)
         if (node is None or node.failed) and (since is None or (ctx.now - since).total_seconds() >= grace):
             ctx.actions.append(DeletePod(store.name, grace_seconds=0, force=True))
             ctx.event(Reason.STORE_RESTARTED, f"the rendezvous store's node {store.node} failed; recreating the store elsewhere", warning=True)
@@ -49,11 +52,23 @@ def handle(ctx: Pass) -> Verdict:
             continue  # only the force-deletes are repeated, until the pods are gone
         quarantine(ctx, node_name)
         node_view = ctx.observed.nodes.get(node_name)
+        what = f"NotReady/unreachable for more than {grace}s" if node_view is not None else "gone (its Node object was deleted)"
         record_failure(ctx, FailureKind.NODE_FAILURE, Reason.NODE_NOT_READY, pods[0], node=node_name,
-                       message=f"node {node_name} failed for more than {grace}s",
+                       message=f"node {node_name} is {what}",
                        since=node_view.since if node_view is not None else None)
-        ctx.event(Reason.NODE_FAILURE, f"node {node_name} is NotReady/unreachable for more than {grace}s: force-deleting {names} "
+        ctx.event(Reason.NODE_FAILURE, f"node {node_name} is {what}: force-deleting {names} "
                   "and keeping this job off the node", warning=True)
         if not count_restart(ctx, Reason.NODE_FAILURE):
             return Verdict.FINISHED
     return Verdict.CONTINUE
+
+
+def _failed_since(ctx: Pass, pod: PodView, node: NodeView | None, grace: int) -> datetime | None:
+    """When the node of ``pod`` failed, as far as the grace is concerned (None: long ago)."""
+    if node is not None:
+        return node.since
+    # A Node object that is gone (``kubectl delete node``, a scaled-down group) fails its
+    # pods at once, unless the pod is younger than the grace: the node watch may simply
+    # not have delivered a brand-new node yet.
+    born = pod.started or pod.created
+    return born if born is not None and (ctx.now - born).total_seconds() < grace else None
