@@ -77,7 +77,9 @@ class Watch:
         return pods(self.bed, self.ns, self.name)
 
     def run_dir(self, pod: dict[str, Any]) -> Path:
-        return self.bed.state / "pods" / pod["metadata"]["uid"] / "volumes" / "run"
+        from e2e.jobs import run_dir  # noqa: PLC0415
+
+        return run_dir(self.bed, pod)
 
     def step_lines(self) -> dict[str, int]:
         """Pod uid -> lines in its step log (rank 0's pod writes one; a replacement starts
@@ -122,13 +124,9 @@ def node_not_ready(bed: Any, node: str) -> bool:
 
 def rank_holder(watch: Watch, rank: int) -> tuple[dict[str, Any], int]:
     """The pod whose heartbeat files hold ``rank``, and that rank's pid."""
-    from llmtrain_trainer import heartbeat  # noqa: PLC0415
+    from e2e.jobs import rank_holder as holder  # noqa: PLC0415
 
-    for pod in watch.pods():
-        for beat in heartbeat.read_all(watch.run_dir(pod)):
-            if beat.rank == rank:
-                return pod, beat.pid
-    raise RuntimeError(f"no heartbeat of rank {rank} in {watch.ns}/{watch.name}")
+    return holder(watch.bed, watch.ns, watch.name, rank)
 
 
 def run_kind(bed: Any, ns: str, kind: str, common: dict[str, Any]) -> dict[str, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -50,6 +51,36 @@ def pods(bed, namespace: str, name: str, role: str = "worker") -> list[dict[str,
 def events(bed, namespace: str, name: str) -> list[str]:
     out = bed.kubectl("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}", "-o", "json")
     return [e["reason"] for e in json.loads(out.stdout)["items"]]
+
+
+def event_messages(bed, namespace: str, name: str) -> list[tuple[str, str]]:
+    """(reason, message) of every Event about ``name``."""
+    out = bed.kubectl("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}", "-o", "json")
+    return [(e["reason"], e.get("message", "")) for e in json.loads(out.stdout)["items"]]
+
+
+def pod_with_marker(bed, namespace: str, name: str, marker: str) -> dict[str, Any]:
+    """The worker pod whose run volume holds a fired fault's marker."""
+    for pod in pods(bed, namespace, name):
+        if (run_dir(bed, pod) / "faults" / marker).exists():
+            return pod
+    raise AssertionError(f"no pod of {name} fired {marker}")
+
+
+def run_dir(bed, pod: dict[str, Any]) -> Path:
+    """A worker pod's run volume on the local cluster's disk."""
+    return bed.state / "pods" / pod["metadata"]["uid"] / "volumes" / "run"
+
+
+def rank_holder(bed, namespace: str, name: str, rank: int) -> tuple[dict[str, Any], int]:
+    """The worker pod whose heartbeat files hold ``rank`` now, and that rank's pid."""
+    from llmtrain_trainer import heartbeat  # noqa: PLC0415 - the trainer package, only where a test needs it
+
+    for pod in pods(bed, namespace, name):
+        for beat in heartbeat.read_all(run_dir(bed, pod)):
+            if beat.rank == rank:
+                return pod, beat.pid
+    raise RuntimeError(f"no heartbeat of rank {rank} in {namespace}/{name}")
 
 
 def wait_status(bed, namespace: str, name: str, predicate, timeout: float, what: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from .jobs import create, job_manifest, pods, wait_status
+from .jobs import create, event_messages, job_manifest, pod_with_marker, pods, wait_status
 
 NS = "e2e-hangs"
 HANG = 10
@@ -19,19 +19,6 @@ PACE = "slow@step=1,seconds=0.5,steps=200"
 """Every step takes >= 0.5 s: the jobs cannot finish before their faults are handled."""
 COMMON = {"spec.faultTolerance.hangTimeoutSeconds": HANG, "spec.faultTolerance.progressTimeoutSeconds": 600,
           "spec.faultTolerance.maxRestarts": 6, "spec.checkpoint.intervalSteps": 5}
-
-
-def event_messages(bed, name: str) -> list[tuple[str, str]]:
-    out = bed.kubectl("get", "events", "-n", NS, "--field-selector", f"involvedObject.name={name}", "-o", "json")
-    return [(e["reason"], e.get("message", "")) for e in json.loads(out.stdout)["items"]]
-
-
-def pod_with_marker(bed, name: str, marker: str) -> dict:
-    """The worker pod whose run volume holds a fired fault's marker."""
-    for pod in pods(bed, NS, name):
-        if (bed.state / "pods" / pod["metadata"]["uid"] / "volumes" / "run" / "faults" / marker).exists():
-            return pod
-    raise AssertionError(f"no pod of {name} fired {marker}")
 
 
 def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succeed(operator):
@@ -55,12 +42,12 @@ def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succe
     assert (failure["kind"], failure["reason"], failure["pod"], failure["node"]) == \
         ("Hang", "Hang", "single-worker-0", pod["spec"]["nodeName"]), failure
     assert any(r == "RestartedInPlace" and f"pod single-worker-0 on node {pod['spec']['nodeName']}" in m
-               for r, m in event_messages(bed, "single")), event_messages(bed, "single")
+               for r, m in event_messages(bed, NS, "single")), event_messages(bed, NS, "single")
 
     # 2. Rank 1 holds the GIL; rank 0 waits for it in the gradient all-reduce. Only the
     # spinning rank's pod is charged.
     pair = wait_status(bed, NS, "pair", lambda s: s.get("restartsByReason", {}).get("Hang", 0) >= 1, 240, "the GIL-holding rank detected")
-    cause = pod_with_marker(bed, "pair", "fault-0-rank-1.fired")
+    cause = pod_with_marker(bed, NS, "pair", "fault-0-rank-1.fired")
     failure = pair["lastFailure"]
     assert (failure["kind"], failure["pod"], failure["node"]) == ("Hang", cause["metadata"]["name"], cause["spec"]["nodeName"]), failure
     assert pair["restartsByReason"] == {"Hang": 1}, pair["restartsByReason"]
@@ -84,7 +71,7 @@ def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succe
     message = next(c["message"] for c in slow["conditions"] if c["type"] == "Straggler")
     holders = [p for p in pods(bed, NS, "pair") if f"rank 1 in pod {p['metadata']['name']} on node {p['spec']['nodeName']}" in message]
     assert len(holders) == 1, message
-    assert any(r == "Straggler" and f"rank 1 in pod {holders[0]['metadata']['name']}" in m for r, m in event_messages(bed, "pair"))
+    assert any(r == "Straggler" and f"rank 1 in pod {holders[0]['metadata']['name']}" in m for r, m in event_messages(bed, NS, "pair"))
     assert slow["restartsByReason"] == {"Hang": 1, "Signal9": 1}
 
     done = {job: wait_status(bed, NS, job, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, f"{job} finished")
@@ -94,5 +81,5 @@ def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succe
     single = done["single"]
     assert single["restartsByReason"] == {"Hang": 1}, "a rollback is not a restart"
     assert single["numerics"] == {"rollbacks": 1, "skipped": [{"firstStep": 16, "lastStep": 20, "firstSample": 120, "endSample": 160}]}
-    assert any(r == "RolledBack" and "samples 120..159" in m for r, m in event_messages(bed, "single"))
+    assert any(r == "RolledBack" and "samples 120..159" in m for r, m in event_messages(bed, NS, "single"))
     assert done["pair"]["restartsByReason"] == {"Hang": 1, "Signal9": 1}

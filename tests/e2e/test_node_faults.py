@@ -1,0 +1,105 @@
+"""Faults around a node, on the cluster, one job through all of them: a worker's launcher
+frozen while its ranks run on, a network partition of a worker's node during training
+(its processes keep running, cut off), and a worker's Node object deleted outright. Each
+is detected from outside, blamed on the right pod and node in the status and Events,
+charged once, and the job trains on and succeeds.
+
+Sanity bounds only; detection and recovery times are measured by bench/recovery.py."""
+
+from __future__ import annotations
+
+import json
+
+from support.waiting import wait_for
+
+from .jobs import PVC, create, event_messages, job_manifest, pods, rank_holder, run_dir, wait_status
+
+NS, NAME = "e2e-node-faults", "nodes"
+HANG = 10
+FAULTS = "LLMTRAIN_FAULT_INJECT"
+
+
+def _events(bed, reason: str) -> list[str]:
+    return [m for r, m in event_messages(bed, NS, NAME) if r == reason]
+
+
+def _worker_nodes(bed) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods(bed, NS, NAME) if p["spec"].get("nodeName")
+            and not p["metadata"].get("deletionTimestamp")}
+
+
+def _training_at_two(bed, after_step: int, what: str) -> dict:
+    return wait_status(bed, NS, NAME, lambda s: s.get("worldSize") == 2 and s.get("lastRecoverySeconds") is not None
+                       and s.get("step", 0) > after_step, 300, what)
+
+
+def test_a_frozen_launcher_a_partitioned_node_and_a_deleted_node_are_each_blamed_once(operator):
+    bed = operator
+    # A shared tier (a ReadWriteMany PVC): a lost node must not take the only copy of the
+    # newest checkpoint with it. Every step takes >= 0.5 s, so the job cannot finish before
+    # its faults are handled. The launcher fault fires on a trigger file the test writes
+    # into one pod's run dir, so that no replacement (with a fresh run dir) fires it again.
+    bed.kubectl("create", "namespace", NS, check=False)
+    bed.kubectl("apply", "-n", NS, "-f", "-", input=PVC)
+    faults = "stop@trigger=freeze-launcher,rank=1,target=launcher;slow@step=1,seconds=0.5,steps=400"
+    create(bed, NS, job_manifest(NAME, {
+        "spec.trainer.builtin.maxSteps": 110, "spec.checkpoint.intervalSteps": 5,
+        "spec.checkpoint.shared": {"claimName": "ckpt-shared", "intervalSteps": 5},
+        "spec.faultTolerance.hangTimeoutSeconds": HANG, "spec.faultTolerance.collectiveTimeoutSeconds": 20,
+        "spec.faultTolerance.nodeFailureGraceSeconds": 10, "spec.faultTolerance.maxRestarts": 6,
+        "spec.faultTolerance.progressTimeoutSeconds": 600,
+        "spec.env": [{"name": FAULTS, "value": faults}],
+    }))
+    wait_status(bed, NS, NAME, lambda s: s.get("worldSize") == 2 and s.get("step", 0) >= 8, 300, "training at world size 2")
+
+    # 1. Rank 1's launcher is stopped: its ranks run on, but nothing in the pod would report
+    # or restart them any more. The kubelet's liveness probe on its /healthz fails, the pod
+    # is killed and replaced, blamed on that pod and node.
+    cause, _ = wait_for(lambda: rank_holder(bed, NS, NAME, 1), 60, 0.5, "rank 1's heartbeat")
+    (run_dir(bed, cause) / "freeze-launcher").write_text("")
+    frozen = wait_status(bed, NS, NAME, lambda s: s.get("restarts", 0) >= 1, 300, "the frozen launcher's pod replaced")
+    failure = frozen["lastFailure"]
+    assert (failure["pod"], failure["node"], failure["reason"]) == \
+        (cause["metadata"]["name"], cause["spec"]["nodeName"], "Signal9"), failure
+    assert "liveness" in failure["message"], failure
+    assert frozen["restartsByReason"] == {"Signal9": 1}, frozen["restartsByReason"]
+    again = _training_at_two(bed, frozen.get("step", 0), "training at world size 2 after the launcher")
+
+    # 2. A partition: a worker's node stops its heartbeats and its pods lose their links,
+    # their processes running on. Not the store's node: the rendezvous must survive.
+    store_node = pods(bed, NS, NAME, role="rendezvous")[0]["spec"]["nodeName"]
+    by_node = _worker_nodes(bed)
+    target_pod, cut = next((p, n) for p, n in sorted(by_node.items()) if n != store_node)
+    bed.partition_node(cut)
+    parted = wait_status(bed, NS, NAME, lambda s: s.get("restartsByReason", {}).get("NodeFailure", 0) >= 1, 240,
+                         "the partitioned node's failure")
+    failure = parted["lastFailure"]
+    assert (failure["kind"], failure["node"], failure["pod"]) == ("NodeFailure", cut, target_pod), failure
+    assert "NotReady/unreachable" in failure["message"], failure
+    assert cut in [q["node"] for q in parted["quarantinedNodes"]]
+    assert any(cut in m and target_pod in m for m in _events(bed, "NodeFailure")), event_messages(bed, NS, NAME)
+    assert parted["restartsByReason"] == {"Signal9": 1, "NodeFailure": 1}, "the survivor's blocked ranks were victims"
+    bed.heal_node(cut)  # links back: the kubelet ends the pod the operator force-deleted
+    bed.wait_nodes_ready(180)
+    again = _training_at_two(bed, parted.get("step", 0), "training at world size 2 after the partition")
+
+    # 3. A worker's Node object deleted outright (`kubectl delete node`): no NotReady, no
+    # grace to wait for; the pods on it are lost at once.
+    by_node = _worker_nodes(bed)
+    candidates = sorted(((n == store_node, p, n) for p, n in by_node.items() if n != cut))
+    _, gone_pod, gone = candidates[0]
+    bed.kubectl("delete", "node", gone)
+    deleted = wait_status(bed, NS, NAME, lambda s: s.get("restartsByReason", {}).get("NodeFailure", 0) >= 2, 240,
+                          "the deleted node's failure")
+    failure = deleted["lastFailure"]
+    assert (failure["kind"], failure["node"], failure["pod"]) == ("NodeFailure", gone, gone_pod), failure
+    assert "Node object was deleted" in failure["message"], failure
+    assert {cut, gone} <= {q["node"] for q in deleted["quarantinedNodes"]}
+    assert any(gone in m and "deleted" in m for m in _events(bed, "NodeFailure")), event_messages(bed, NS, NAME)
+    bed.heal_node(gone)  # registered again, as a restarted kubelet would
+    bed.wait_nodes_ready(180)
+
+    done = wait_status(bed, NS, NAME, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, "finished")
+    assert done["phase"] == "Succeeded", json.dumps(done)[:3000]
+    assert done["restartsByReason"] == {"Signal9": 1, "NodeFailure": 2}, done["restartsByReason"]
+    assert done["step"] == 110 and again["worldSize"] == 2
