@@ -63,7 +63,7 @@ def test_a_frozen_launcher_a_partitioned_node_and_a_deleted_node_are_each_blamed
         (cause["metadata"]["name"], cause["spec"]["nodeName"], "Signal9"), failure
     assert "liveness" in failure["message"], failure
     assert frozen["restartsByReason"] == {"Signal9": 1}, frozen["restartsByReason"]
-    again = _training_at_two(bed, frozen.get("step", 0), "training at world size 2 after the launcher")
+    _training_at_two(bed, frozen.get("step", 0), "training at world size 2 after the launcher")
 
     # 2. A partition: a worker's node stops its heartbeats and its pods lose their links,
     # their processes running on. Not the store's node: the rendezvous must survive.
@@ -81,7 +81,7 @@ def test_a_frozen_launcher_a_partitioned_node_and_a_deleted_node_are_each_blamed
     assert parted["restartsByReason"] == {"Signal9": 1, "NodeFailure": 1}, "the survivor's blocked ranks were victims"
     bed.heal_node(cut)  # links back: the kubelet ends the pod the operator force-deleted
     bed.wait_nodes_ready(180)
-    again = _training_at_two(bed, parted.get("step", 0), "training at world size 2 after the partition")
+    _training_at_two(bed, parted.get("step", 0), "training at world size 2 after the partition")
 
     # 3. A worker's Node object deleted outright (`kubectl delete node`): no NotReady, no
     # grace to wait for; the pods on it are lost at once.
@@ -102,4 +102,4 @@ def test_a_frozen_launcher_a_partitioned_node_and_a_deleted_node_are_each_blamed
     done = wait_status(bed, NS, NAME, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, "finished")
     assert done["phase"] == "Succeeded", json.dumps(done)[:3000]
     assert done["restartsByReason"] == {"Signal9": 1, "NodeFailure": 2}, done["restartsByReason"]
-    assert done["step"] == 110 and again["worldSize"] == 2
+    assert done["step"] == 110
