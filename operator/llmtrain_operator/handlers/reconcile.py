@@ -95,15 +95,20 @@ async def missing_dependencies(k8s: K8s, body: dict[str, Any]) -> tuple[str, ...
     return tuple(f"{kind} {name}" for (kind, name), ok in zip(wanted, found) if not ok)
 
 
+def _running_workers(pods: list[Any]) -> list[Any]:
+    """The worker pods that have an address to scrape."""
+    return [p for p in pods if p.role == ROLE_WORKER and p.phase == PodPhase.RUNNING and p.ip]
+
+
 async def probe_workers(pods: list[Any], port: int, timeout: float) -> dict[str, Any]:
-    targets = [p for p in pods if p.role == ROLE_WORKER and p.phase == PodPhase.RUNNING and p.ip]
+    targets = _running_workers(pods)
     results = await asyncio.gather(*(asyncio.to_thread(scrape, f"http://{p.ip}:{port}/metrics", timeout) for p in targets))
     return {p.name: r for p, r in zip(targets, results) if r is not None}
 
 
 async def probe_launchers(pods: list[Any], timeout: float) -> dict[str, dict[str, int]]:
     """Pod name -> failed attempts by cause, from each running worker's launcher."""
-    targets = [p for p in pods if p.role == ROLE_WORKER and p.phase == PodPhase.RUNNING and p.ip]
+    targets = _running_workers(pods)
     results = await asyncio.gather(*(asyncio.to_thread(scrape_launcher, f"http://{p.ip}:{HEALTH_PORT}/metrics", timeout)
                                      for p in targets))
     return {p.name: r for p, r in zip(targets, results) if r is not None}
