@@ -33,7 +33,7 @@ demo: setup
 	$(BIN)/llmtrain run examples/01-tiny-elastic-cpu.yaml --fresh \
 		--inject "crash@step=15,rank=1" --kill-node 1@35 --timeout 900
 
-test: setup system-deps cluster-tools
+test: setup system-deps
 	$(BIN)/pytest
 
 # Unit and API-contract tests only (no torchrun runs, no cluster, no built tools).

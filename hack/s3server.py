@@ -44,7 +44,7 @@ class MinioServer:
         self.host = host
         self.data = self.root / "minio-data"
         self.port = port or _free_port()
-        self.binary = binary or build_tools() / "minio"
+        self.binary = binary or build_tools("minio") / "minio"
         self.proc: subprocess.Popen | None = None
         self.log = self.root / "minio.log"
 

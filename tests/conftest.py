@@ -5,19 +5,38 @@ from __future__ import annotations
 import os
 
 import pytest
+from support import prebuild
+
+_PREBUILD = pytest.StashKey()
+
+
+def _needs_cluster(item) -> bool:
+    return any(part in str(item.fspath) for part in ("/cluster/", "/e2e/"))
 
 
 def pytest_collection_modifyitems(config, items):
     """Suites that need the local cluster run last, so that the cluster (which stays up
     for the rest of the session once started) does not compete with the timing-sensitive
-    torchrun suites for this machine's two cores."""
-    def needs_cluster(item) -> bool:
-        return any(part in str(item.fspath) for part in ("/cluster/", "/e2e/"))
-
+    torchrun suites for this machine's two cores. Modules with a test that needs MinIO
+    come just before them: the Go-built tools, when missing, are built meanwhile (see
+    ``support.prebuild``), and a module stays in one piece for its module fixtures."""
+    tool_modules = set()
     for item in items:
         if "minio" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.tools)
-    items.sort(key=needs_cluster)
+            tool_modules.add(item.fspath)
+    items.sort(key=lambda item: 2 if _needs_cluster(item) else int(item.fspath in tool_modules))
+
+
+def pytest_collection_finish(session):
+    """Starts the tools' build early when a selected test (after `-m`/`-k`) will need them."""
+    config = session.config
+    if not config.option.collectonly and any(_needs_cluster(i) or i.get_closest_marker("tools") for i in session.items):
+        config.stash[_PREBUILD] = prebuild.start()
+
+
+def pytest_unconfigure(config):
+    prebuild.stop(config.stash.get(_PREBUILD, None))
 
 
 @pytest.fixture(scope="session")

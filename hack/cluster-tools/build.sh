@@ -5,6 +5,12 @@
 # into $LLMTRAIN_CLUSTER_TOOLS (default: .cache/cluster-tools/<versions>/bin, git-ignored).
 # Each tool is a Go module wrapper under hack/cluster-tools/<tool>/ with a committed
 # go.sum; `go build` downloads modules from the Go module proxy on a cold cache.
+#
+# Usage: build.sh [tool...]   (default: all). Prints the bin directory as its last line.
+# Concurrent runs are safe: each group of tools (minio, etcd, helm, the Kubernetes
+# binaries) is built under its own lock, so a caller that needs only minio waits only for
+# minio while another run builds the rest (the test suite starts one early, at low
+# priority; see tests/support/prebuild.py).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -15,31 +21,53 @@ MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
 stamp="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}_minio-${MINIO_VERSION##*-}"
 out=${LLMTRAIN_CLUSTER_TOOLS:-$root/.cache/cluster-tools/$stamp/bin}
 mkdir -p "$out"
-want=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd helm minio)
-missing=()
-for tool in "${want[@]}"; do [ -x "$out/$tool" ] || missing+=("$tool"); done
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "$out"
-  exit 0
-fi
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
-started=$(date +%s)
+
 build_k8s() {
   local major=${K8S_VERSION#v}; major=${major%%.*}
   local minor=${K8S_VERSION#v*.}; minor=${minor%%.*}
   local v="-X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=$major -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
   v="$v -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitMajor=$major -X k8s.io/client-go/pkg/version.gitMinor=$minor"
-  (cd "$here/kubernetes" && go build -trimpath -ldflags "-s -w $v" -o "$out/" \
+  (cd "$here/kubernetes" && go build -trimpath -ldflags "-s -w $v" -o "$1/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
       k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
 }
-echo "cluster-tools: building ${missing[*]} into $out (a cold build takes several minutes)" >&2
-case " ${missing[*]} " in *kube*) build_k8s ;; esac
-case " ${missing[*]} " in *" etcd "*)
-  (cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3) ;; esac
-case " ${missing[*]} " in *" helm "*)
-  (cd "$here/helm" && go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" -o "$out/helm" helm.sh/helm/v3/cmd/helm) ;; esac
-case " ${missing[*]} " in *" minio "*)
-  (cd "$here/minio" && go build -trimpath -ldflags "-s -w" -o "$out/minio" github.com/minio/minio) ;; esac
-echo "cluster-tools: built in $(( $(date +%s) - started ))s" >&2
+build_etcd() { (cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$1/etcd" go.etcd.io/etcd/server/v3); }
+build_helm() {
+  (cd "$here/helm" && go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+      -o "$1/helm" helm.sh/helm/v3/cmd/helm)
+}
+build_minio() { (cd "$here/minio" && go build -trimpath -ldflags "-s -w" -o "$1/minio" github.com/minio/minio); }
+
+# group -> its binaries. minio first: the S3 tests run before the cluster tests.
+groups=(minio etcd helm k8s)
+declare -A bins=([minio]="minio" [etcd]="etcd" [helm]="helm"
+                 [k8s]="kube-apiserver kube-controller-manager kube-scheduler kubectl")
+wanted=" ${*:-minio etcd helm kube-apiserver kube-controller-manager kube-scheduler kubectl} "
+
+ensure() {  # ensure GROUP: build the group's missing binaries, under the group's lock
+  local group=$1 tool missing=() started tmp
+  exec 9>"$out/.$group.lock"
+  flock 9  # waits while another run builds this group
+  for tool in ${bins[$group]}; do [ -x "$out/$tool" ] || missing+=("$tool"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "cluster-tools: building ${missing[*]} into $out (a cold build takes several minutes)" >&2
+    started=$(date +%s)
+    # Into a scratch directory first and then renamed: a binary is never seen half-written.
+    # (What a killed run left of this group is stale: only the lock holder builds it.)
+    rm -rf "$out/.build-$group".*
+    tmp=$(mktemp -d "$out/.build-$group.XXXXXX")
+    "build_$group" "$tmp" 9>&-  # the lock stays with this script, not with go's children
+    for tool in ${bins[$group]}; do mv -f "$tmp/$tool" "$out/$tool"; done
+    rmdir "$tmp"
+    echo "cluster-tools: built ${missing[*]} in $(( $(date +%s) - started ))s" >&2
+  fi
+  exec 9>&-
+}
+
+for group in "${groups[@]}"; do
+  for tool in ${bins[$group]}; do
+    case "$wanted" in *" $tool "*) ensure "$group"; break ;; esac
+  done
+done
 echo "$out"

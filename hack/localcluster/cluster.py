@@ -35,8 +35,13 @@ DEFAULT_NODES = [
 CONTROL_PORT = 17080
 
 
-def build_tools() -> Path:
-    out = subprocess.run(["bash", str(ROOT / "hack" / "cluster-tools" / "build.sh")], check=True, capture_output=True, text=True)
+def build_tools(*tools: str) -> Path:
+    """The bin directory holding ``tools`` (default: all), built first if missing. Waits
+    while another run of build.sh builds them (the test suite starts one early)."""
+    out = subprocess.run(["bash", str(ROOT / "hack" / "cluster-tools" / "build.sh"), *tools], capture_output=True, text=True)
+    if out.returncode != 0:
+        tail = "\n".join(out.stderr.strip().splitlines()[-30:])
+        raise RuntimeError(f"hack/cluster-tools/build.sh {' '.join(tools)} failed (exit {out.returncode}):\n{tail}")
     return Path(out.stdout.strip().splitlines()[-1])
 
 

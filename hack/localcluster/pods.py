@@ -34,10 +34,10 @@ INIT = str(Path(__file__).with_name("container_init.py"))
 NETNS_ETC = Path("/etc/netns")
 API_PORT = 443  # see control_plane.API_PORT
 CONFIG_RETRY_SECONDS = 1.0
+"""How often a pod waiting on a missing ConfigMap/Secret looks again (the kubelet retries too)."""
 VOLUME_REFRESH_SECONDS = 3.0
 """How often mounted ConfigMaps and Secrets are refreshed in running pods (the kubelet
 does it within about a minute; tests do not wait that long)."""
-"""How often a pod waiting on a missing ConfigMap/Secret looks again (the kubelet retries too)."""
 
 
 def now_iso() -> str:

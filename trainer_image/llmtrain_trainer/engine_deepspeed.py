@@ -214,7 +214,6 @@ class DeepSpeedEngine:
         )
         self.dev = self.engine.device
         self._snapshot: DeepSpeedSnapshot | None = None
-        self._capture_root = Path(tempfile.mkdtemp(prefix="ds-capture-"))
 
     def parameters(self) -> Iterator[torch.nn.Parameter]:
         return self.engine.module.parameters()
@@ -244,16 +243,20 @@ class DeepSpeedEngine:
     def snapshot(self) -> DeepSpeedSnapshot:
         """``save_checkpoint`` with a capturing engine: DeepSpeed builds its state dicts
         (and runs its collectives) as usual, but nothing is copied or written here."""
-        capture = CaptureEngine(self._capture_root)
+        # DeepSpeed still creates the tag's folder and copies its zero_to_fp32 script there;
+        # nothing in it is needed once the call returns, so the folder lives only as long.
+        root = Path(tempfile.mkdtemp(prefix="ds-capture-"))
+        capture = CaptureEngine(root)
         real = self.engine.checkpoint_engine
         self.engine.checkpoint_engine = capture
         try:
             self.engine.save_checkpoint(
-                str(self._capture_root), tag=DS_TAG,
+                str(root), tag=DS_TAG,
                 client_state={"universal_checkpoint_info": {"universal_checkpoint_version": 0.2}}, save_latest=False,
             )
         finally:
             self.engine.checkpoint_engine = real
+            shutil.rmtree(root, ignore_errors=True)
         mine = [(name, sd) for name, sd in capture.captured
                 if self.file_rank(name) == self.info.rank or (name == f"{DS_TAG}/{MODEL_STATES}" and self.info.is_node_leader)]
         self._snapshot = DeepSpeedSnapshot(self, mine)
