@@ -5,6 +5,7 @@ instead of a traceback."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,15 @@ EXTRAS_ONLY = ("torch", "kopf", "prometheus_client", "tqdm", "boto3", "matplotli
 @pytest.fixture(scope="module")
 def base_bin(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("base-install")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"), str(ROOT)],
+    # Built from a copy of what the wheel holds: setuptools leaves a build/ folder in the
+    # tree it builds, and a stale one would put deleted modules into the next wheel.
+    source = root / "source"
+    keep = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
+    for folder in ("common", "operator", "trainer_image"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=keep)
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"), str(source)],
                    check=True, capture_output=True, text=True)
     (wheel,) = (root / "dist").glob("llmtrain_operator-*.whl")
     subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True, capture_output=True)
