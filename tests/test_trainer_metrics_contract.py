@@ -11,12 +11,15 @@ from prometheus_client import generate_latest
 def test_the_probe_reads_what_the_trainer_exports():
     m = TrainerMetrics(rank=0, strategy="ddp", config_hash="abc", job="j")
     m.started(world_size=2, restarts=3, failed_attempts={"crash": 1, "hang": 1, "victim": 1, "preempted": 0, "permanent": 0})
-    m.step(step=42, samples=336, loss=2.5, seconds=0.5, tokens=512)
+    m.step(step=41, samples=328, loss=2.6, seconds=0.5, node_tokens=512)
+    m.step(step=42, samples=336, loss=2.5, seconds=0.5, node_tokens=512)
     m.checkpoint_committed("local", 40, 0.1, 1000)
     m.checkpoint_committed("shared", 30, 0.3, 1000)
     for tier in ("local", "shared", "s3"):
         m.tier_health(tier, None)
-    probe = parse(generate_latest(m.registry).decode())
+    text = generate_latest(m.registry).decode()
+    assert "llmtrain_trainer_tokens_total 1024.0" in text  # a counter: every step adds the node's tokens
+    probe = parse(text)
     assert (probe.step, probe.world_size, probe.restarts) == (42, 2, 3)
     assert probe.failed_attempts == {"crash": 1, "hang": 1, "victim": 1, "preempted": 0, "permanent": 0}
     assert probe.last_checkpoint == {"local": 40, "shared": 30}

@@ -55,7 +55,10 @@ class Metric:
     STEP = f"{PREFIX}_step"
     SAMPLES = f"{PREFIX}_samples_consumed"
     LOSS = f"{PREFIX}_loss"
-    TOKENS_PER_SECOND = f"{PREFIX}_tokens_per_second"
+    TOKENS = f"{PREFIX}_tokens"
+    """Counter: tokens the node's ranks trained on, exported by its local rank 0 only, so
+    that ``sum(rate(llmtrain_trainer_tokens_total[5m]))`` over a job's pods is its
+    throughput (every rank's endpoint may be scraped: the others stay at 0)."""
     STEP_SECONDS = f"{PREFIX}_step_seconds"
     WORLD_SIZE = f"{PREFIX}_world_size"
     LAST_STEP_TIMESTAMP = f"{PREFIX}_last_step_timestamp_seconds"

@@ -18,6 +18,21 @@ from pathlib import Path
 import yaml
 
 from .api import SpecInvalid, parse_job
+from .localrun.args import add_run_parser
+from .storecli import add_parser as add_checkpoints_parser
+
+
+DESCRIPTION = "llmtrain-operator's command line: check and run LLMTrainJob specs, print the CRD and the exit codes."
+EXAMPLES = """examples:
+  llmtrain validate examples/*.yaml          check manifests offline (the API server's and the operator's rules)
+  llmtrain run examples/01-tiny-elastic-cpu.yaml --fresh
+                                             run a job on this machine with torchrun (needs the trainer extra)
+  llmtrain crd > llmtrainjobs.yaml           the CustomResourceDefinition
+  llmtrain exit-codes                        what each trainer exit code means to the operator
+  llmtrain checkpoints ls runs/tiny-elastic  a job's checkpoints in every tier
+
+The base install runs validate, crd, exit-codes, and checkpoints on directory tiers;
+pip install 'llmtrain-operator[trainer]' adds run, and either extra adds S3 tiers (boto3)."""
 
 
 def _load_documents(path: Path) -> list[object]:
@@ -84,7 +99,8 @@ def cmd_exit_codes(_: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llmtrain", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="llmtrain", description=DESCRIPTION, epilog=EXAMPLES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("validate", help="validate LLMTrainJob manifests offline")
@@ -99,13 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("exit-codes", help="print the exit-code table")
     p.set_defaults(func=cmd_exit_codes)
 
-    # The local runner needs the trainer's dependencies (prometheus-client, tqdm,
-    # matplotlib): validate/crd/exit-codes must work on the base install without them.
-    from .localrun.cli import add_run_parser  # noqa: PLC0415
-
     add_run_parser(sub)
-    from .storecli import add_parser as add_checkpoints_parser  # noqa: PLC0415
-
     add_checkpoints_parser(sub)
     return parser
 

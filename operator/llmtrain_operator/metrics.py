@@ -35,7 +35,8 @@ QUEUE = Histogram("llmtrain_operator_reconcile_queue_seconds",
                   "Wait of a due pass for a free slot (LLMTRAIN_OPERATOR_MAX_CONCURRENT_RECONCILES) before it runs",
                   buckets=RECONCILE_BUCKETS, registry=REGISTRY)
 LEADER = Gauge("llmtrain_operator_leader", "1 while this replica holds the leader Lease and may write", registry=REGISTRY)
-GOODPUT = Gauge("llmtrain_operator_job_goodput", "Effective training time ratio of a job so far", ["job_namespace", "job"], registry=REGISTRY)
+GOODPUT = Gauge("llmtrain_operator_job_goodput_ratio", "Effective training time ratio of a job so far", ["job_namespace", "job_name"], registry=REGISTRY)
+"""``job_name``, not ``job``: Prometheus owns the ``job`` label (the scrape job's name)."""
 
 _PHASES: dict[tuple[str, str], str] = {}
 

@@ -52,8 +52,16 @@ def _rows(found: survey.Found) -> list[survey.Row] | None:
     try:
         return survey.rows(found)
     except Exception as err:  # noqa: BLE001 - a tier that cannot be read is reported by its reason
-        print(f"{found.label}: cannot be read: {classify(err).message}", file=sys.stderr)
+        print(f"{found.label}: cannot be read: {_reason(err)}", file=sys.stderr)
         return None
+
+
+def _reason(err: Exception) -> str:
+    """Why a tier could not be used, in words: a client library missing from this install
+    (boto3 for an S3 tier: the base install has none) names the extra that brings it."""
+    if isinstance(err, ModuleNotFoundError) and not (err.name or "").startswith("llmtrain_"):
+        return f"{err.name} is not installed (pip install 'llmtrain-operator[operator]')"
+    return classify(err).message
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,7 +115,7 @@ def _prune(args: argparse.Namespace, found: list[survey.Found]) -> int:
         try:
             doomed = survey.prune(tier, args.keep, args.dry_run)
         except Exception as err:  # noqa: BLE001 - reported by its reason
-            print(f"{tier.label}: cannot be pruned: {classify(err).message}", file=sys.stderr)
+            print(f"{tier.label}: cannot be pruned: {_reason(err)}", file=sys.stderr)
             return 1
         verb = "would delete" if args.dry_run else "deleted"
         print(f"{tier.label}: {verb} " + (", ".join(f"step {s}" for s in doomed) if doomed else "nothing"))
@@ -125,6 +133,9 @@ class _NoBar:
 def _bar(label: str, total: int, off: bool) -> Any:
     if off or not sys.stderr.isatty():
         return _NoBar()
-    from tqdm import tqdm  # noqa: PLC0415 - only on a terminal
+    try:
+        from tqdm import tqdm  # noqa: PLC0415 - only on a terminal
+    except ModuleNotFoundError:
+        return _NoBar()  # the base install has no tqdm; the verdict lines do not need a bar
 
     return tqdm(total=total, unit="B", unit_scale=True, desc=label, leave=False)

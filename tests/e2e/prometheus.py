@@ -2,7 +2,9 @@
 
 Debian builds Prometheus without the Kubernetes service discovery, so targets come
 through ``file_sd``: a thread lists the pods annotated ``prometheus.io/scrape: "true"``
-(the same convention kubernetes_sd relabelling uses) and rewrites the targets file."""
+(the same convention kubernetes_sd relabelling uses) and rewrites the targets file, with
+the labels the chart's PodMonitor sets (namespace, pod, llmtrain_job). It evaluates the
+chart's alert rules (charts/llmtrain-operator/files/alerts.yaml)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import yaml
 from support.waiting import wait_for
 
 PORT = 19090
+ALERTS = Path(__file__).resolve().parents[2] / "charts" / "llmtrain-operator" / "files" / "alerts.yaml"
 
 
 class Prometheus:
@@ -34,6 +37,7 @@ class Prometheus:
             raise RuntimeError("prometheus is not installed (hack/system-deps.sh installs it)")
         config = {
             "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
+            "rule_files": [str(ALERTS)],
             "scrape_configs": [{
                 "job_name": "pods",
                 "file_sd_configs": [{"files": [str(self.folder / "targets.json")], "refresh_interval": "2s"}],
@@ -64,8 +68,11 @@ class Prometheus:
                 notes = pod["metadata"].get("annotations") or {}
                 ip = (pod.get("status") or {}).get("podIP")
                 if notes.get("prometheus.io/scrape") == "true" and ip and pod["status"].get("phase") == "Running":
-                    groups.append({"targets": [f"{ip}:{notes.get('prometheus.io/port', '80')}"],
-                                   "labels": {"namespace": pod["metadata"]["namespace"], "pod": pod["metadata"]["name"]}})
+                    labels = {"namespace": pod["metadata"]["namespace"], "pod": pod["metadata"]["name"]}
+                    job = (pod["metadata"].get("labels") or {}).get("llmtrain.io/job")
+                    if job:
+                        labels["llmtrain_job"] = job
+                    groups.append({"targets": [f"{ip}:{notes.get('prometheus.io/port', '80')}"], "labels": labels})
         tmp = self.folder / "targets.json.tmp"
         tmp.write_text(json.dumps(groups))
         tmp.replace(self.folder / "targets.json")
@@ -81,6 +88,12 @@ class Prometheus:
             data = json.loads(resp.read())
         result = data["data"]["result"]
         return float(result[0]["value"][1]) if result else None
+
+    def rules(self) -> list[dict]:
+        """Every loaded alerting/recording rule with its ``health`` and ``state``."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/api/v1/rules", timeout=5) as resp:
+            data = json.loads(resp.read())
+        return [rule for group in data["data"]["groups"] for rule in group["rules"]]
 
     def wait_value(self, expr: str, predicate: Callable[[float], bool], timeout: float) -> float:
         """The query's value once ``predicate`` holds (a failed query is retried)."""

@@ -56,6 +56,13 @@ def test_failover_eviction_suspend_resume_metrics_and_cleanup(operator, promethe
     assert prometheus.wait_value('sum(llmtrain_operator_jobs{phase="Running"})', lambda v: v >= 1, 120) >= 1
     assert prometheus.wait_value("sum(llmtrain_operator_reconcile_duration_seconds_count)", lambda v: v > 0, 60) > 0
     assert prometheus.wait_value(f'max(llmtrain_trainer_world_size{{namespace="{NS}"}})', lambda v: v == 2, 60) == 2
+    # Throughput from the tokens counter (each node's local rank 0 counts its node's share).
+    assert prometheus.wait_value(f'sum(rate(llmtrain_trainer_tokens_total{{namespace="{NS}",llmtrain_job="{NAME}"}}[30s]))',
+                                 lambda v: v > 0, 60) > 0
+    # The chart's alert rules evaluate against real series, and none fires for this job.
+    rules = wait_for(lambda: (r := prometheus.rules()) and all(x["health"] == "ok" for x in r) and r, 60, what="the alert rules evaluated")
+    assert {r["name"] for r in rules} >= {"LLMTrainJobFailed", "LLMTrainNoProgress", "LLMTrainCheckpointStale"}, rules
+    assert not [a for r in rules for a in r.get("alerts", []) if a["labels"].get("llmtrain_job") == NAME], rules
 
     # 3. An eviction (Eviction API) is a disruption, not a restart.
     victim = f"{NAME}-worker-1"

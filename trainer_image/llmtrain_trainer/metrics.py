@@ -29,7 +29,7 @@ class TrainerMetrics:
         self._step = Gauge(Metric.STEP, "Newest completed optimizer step", registry=r)
         self._samples = Gauge(Metric.SAMPLES, "Global samples consumed so far", registry=r)
         self._loss = Gauge(Metric.LOSS, "Training loss of the last step (mean over the global batch)", registry=r)
-        self._tps = Gauge(Metric.TOKENS_PER_SECOND, "Global tokens per second over the last step", registry=r)
+        self._tokens = Counter(Metric.TOKENS, "Tokens this node's ranks trained on (counted by its local rank 0 only)", registry=r)
         self._step_seconds = Histogram(Metric.STEP_SECONDS, "Wall time of one optimizer step", buckets=STEP_BUCKETS, registry=r)
         self._world = Gauge(Metric.WORLD_SIZE, "Ranks in the current rendezvous round", registry=r)
         # Counters that outlive a process: each run adds what happened before it in this
@@ -57,8 +57,8 @@ class TrainerMetrics:
         self._interval = Gauge(Metric.CHECKPOINT_INTERVAL_STEPS, "The checkpoint interval in force, steps", registry=r)
         self._cost = Gauge(Metric.CHECKPOINT_COST_SECONDS, "A checkpoint's stall plus persist time (adaptive cadence input)", registry=r)
         self._mtbf = Gauge(Metric.CHECKPOINT_MTBF_SECONDS, "The job's mean time between failures (adaptive cadence input)", registry=r)
-        info = Gauge(Metric.INFO, "Static facts about this trainer", ["job", "strategy", "config_hash", "rank"], registry=r)
-        info.labels(job=job, strategy=strategy, config_hash=config_hash, **labels).set(1)
+        info = Gauge(Metric.INFO, "Static facts about this trainer", ["job_name", "strategy", "config_hash", "rank"], registry=r)
+        info.labels(job_name=job, strategy=strategy, config_hash=config_hash, **labels).set(1)
 
     def serve(self, host: str, port: int, run_dir: Path, local_rank: int) -> int:
         """Start the HTTP endpoint; returns the bound port (``port=0`` picks a free one)
@@ -79,12 +79,14 @@ class TrainerMetrics:
         for cause, count in failed_attempts.items():
             self._failed.labels(cause=cause).inc(count)
 
-    def step(self, step: int, samples: int, loss: float, seconds: float, tokens: int) -> None:
+    def step(self, step: int, samples: int, loss: float, seconds: float, node_tokens: int) -> None:
+        """``node_tokens``: what this node's ranks trained on in the step, passed by its
+        local rank 0 (0 from the others)."""
         self._step.set(step)
         self._samples.set(samples)
         self._loss.set(loss)
         self._step_seconds.observe(seconds)
-        self._tps.set(tokens / seconds if seconds > 0 else 0.0)
+        self._tokens.inc(node_tokens)
         self._last_step_ts.set(time.time())
 
     def checkpoint_stall(self, seconds: float) -> None:

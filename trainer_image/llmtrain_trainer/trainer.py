@@ -305,7 +305,9 @@ class Trainer:
         self.watchdog.beat(self.step)
         samples = self.step * cfg.global_batch_size
         tokens = cfg.global_batch_size * cfg.data.seq_len
-        self.metrics.step(self.step, samples, loss, seconds, tokens)
+        # The global batch splits evenly over the ranks (the world size divides it).
+        node_tokens = tokens * info.local_world_size // info.world_size if info.is_node_leader else 0
+        self.metrics.step(self.step, samples, loss, seconds, node_tokens)
         if self._log_file is not None:
             self._log_step(self._log_file, loss, samples, seconds, tokens, step)
         if self._first_step and info.rank == 0:

@@ -1,5 +1,6 @@
-{{- define "llmtrain.name" -}}llmtrain-operator{{- end -}}
-{{- define "llmtrain.fullname" -}}{{ .Release.Name }}{{- end -}}
+{{- define "llmtrain.name" -}}{{ default "llmtrain-operator" .Values.nameOverride | trunc 63 | trimSuffix "-" }}{{- end -}}
+{{- /* Every object's name: the release name unless fullnameOverride says otherwise. */ -}}
+{{- define "llmtrain.fullname" -}}{{ default .Release.Name .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}{{- end -}}
 {{- define "llmtrain.labels" -}}
 app.kubernetes.io/name: {{ include "llmtrain.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}

@@ -15,21 +15,9 @@ from llmtrain_contract.names import Env
 
 from ..api.job import SpecInvalid, parse_job
 from ..api.vocabulary import Phase
+from .args import EXTRA
 from .cluster import LocalCluster
 from .runner import LocalRun, NodeKill, write_events
-
-
-def add_run_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run a job locally with torchrun (CPU/gloo or local GPUs), no cluster")
-    p.add_argument("file", help="a YAML file holding one LLMTrainJob")
-    p.add_argument("--workdir", help="where nodes, checkpoints and logs go (default: runs/<job name>)")
-    p.add_argument("--fresh", action="store_true", help="delete the workdir first (otherwise resume from its checkpoints)")
-    p.add_argument("--inject", metavar="FAULTS", help="TEST ONLY: trainer faults, e.g. 'crash@step=20,rank=1' (see llmtrain_trainer.faults)")
-    p.add_argument("--kill-node", metavar="SLOT@STEP", action="append", default=[],
-                   help="TEST ONLY: SIGKILL every process of node SLOT once the job reaches STEP (repeatable)")
-    p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
-    p.add_argument("--no-progress", action="store_true", help="plain event lines instead of a progress bar")
-    p.set_defaults(func=cmd_run)
 
 
 def _load(path: str) -> dict[str, Any]:
@@ -54,7 +42,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"  {field_error}", file=sys.stderr)
         return 1
     if importlib.util.find_spec("torch") is None:
-        print("llmtrain run: the trainer is not installed here (pip install 'llmtrain-operator[trainer]')", file=sys.stderr)
+        print(f"llmtrain run: needs the '{EXTRA}' extra (torch is not installed): pip install 'llmtrain-operator[{EXTRA}]'",
+              file=sys.stderr)
         return 1
     raw = {**raw, "metadata": {**raw["metadata"], "namespace": raw["metadata"].get("namespace", "default"),
                                "uid": f"local-{job.metadata.name}", "generation": 1}}

@@ -1,0 +1,106 @@
+"""The chart's workload monitoring: the alert rules and every dashboard query are valid
+PromQL (Debian's promtool), the dashboard is a loadable Grafana dashboard, and every
+metric and label they use is one the code exports: names are read from the real
+registries of the operator, the trainer and the launcher, never from a list kept here."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from support.specs import ROOT
+
+FILES = ROOT / "charts" / "llmtrain-operator" / "files"
+ALERTS = FILES / "alerts.yaml"
+DASHBOARD = FILES / "dashboard.json"
+METRIC = re.compile(r"\b(llmtrain_(?:operator|trainer|launcher)_[a-z0-9_]+)\b")
+GROUPING = re.compile(r"\b(?:by|on|without|ignoring)\s*\(([^)]*)\)")
+TARGET_LABELS = {"namespace", "pod", "llmtrain_job"}
+"""What the chart's PodMonitor puts on every workload series (the operator's own carry
+``job_namespace``/``job_name`` labels of their own)."""
+
+
+def exported(tmp_path: Path) -> dict[str, set[str]]:
+    """Sample name -> its label names, from the real registries of the operator and the
+    trainer and from what the launcher serves."""
+    from llmtrain_operator import metrics as operator_metrics
+    from llmtrain_trainer.attempts import AttemptTracker
+    from llmtrain_trainer.metrics import TrainerMetrics
+    from llmtrain_trainer.supervisor import render_metrics
+
+    out: dict[str, set[str]] = {}
+    for registry in (operator_metrics.REGISTRY, TrainerMetrics(rank=0, strategy="ddp", config_hash="x", job="j").registry):
+        # A labelled metric without children yet exports no sample to read its labels
+        # from: prometheus_client keeps the sample names per collector, and the label
+        # names on the metric object.
+        for collector, sample_names in registry._collector_to_names.items():  # noqa: SLF001
+            labels = set(getattr(collector, "_labelnames", ()))
+            for name in sample_names:
+                out[name] = labels | ({"le"} if name.endswith("_bucket") else set())
+    for family in text_string_to_metric_families(render_metrics(AttemptTracker(tmp_path)).decode()):
+        for sample in family.samples:
+            out.setdefault(sample.name, set()).update(sample.labels)
+    return out
+
+
+def dashboard_queries() -> list[str]:
+    board = json.loads(DASHBOARD.read_text())
+    queries = [t["expr"] for p in board["panels"] for t in p["targets"]]
+    queries += [v["definition"] for v in board["templating"]["list"] if v["type"] == "query"]
+    return queries
+
+
+def alert_queries() -> list[str]:
+    return [rule["expr"] for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
+
+
+def test_the_dashboard_is_a_loadable_grafana_dashboard():
+    board = json.loads(DASHBOARD.read_text())
+    assert {"title", "uid", "panels", "schemaVersion", "templating"} <= set(board)
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    for panel in board["panels"]:
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24 and grid["h"] > 0, panel["title"]
+        refs = [t["refId"] for t in panel["targets"]]
+        assert refs and len(refs) == len(set(refs)) and all(t["expr"] for t in panel["targets"]), panel["title"]
+    titles = " ".join(p["title"].lower() for p in board["panels"])
+    for wanted in ("phase", "restarts", "detect", "recover", "goodput", "tokens", "stall", "age"):
+        assert wanted in titles, f"no panel for {wanted}"
+
+
+@pytest.mark.parametrize("source", ["alerts", "dashboard"])
+def test_every_metric_and_label_queried_is_exported(source, tmp_path):
+    names = exported(tmp_path)
+    labels = set().union(*names.values()) | TARGET_LABELS
+    queries = alert_queries() if source == "alerts" else dashboard_queries()
+    used = {m for q in queries for m in METRIC.findall(q)}
+    assert used, "no llmtrain metric queried"
+    assert used <= set(names), sorted(used - set(names))
+    grouped = {label.strip() for q in queries for group in GROUPING.findall(q) for label in group.split(",") if label.strip()}
+    assert grouped <= labels, sorted(grouped - labels)
+
+
+@pytest.mark.tools
+def test_the_alerts_and_the_dashboard_queries_pass_promtool(tmp_path):
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is not installed (hack/system-deps.sh installs Debian's prometheus)"
+    checked = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True)
+    assert checked.returncode == 0 and "SUCCESS: 5 rules found" in checked.stdout, checked.stdout + checked.stderr
+    # The dashboard's queries as recording rules, Grafana's variables replaced by values.
+    rules = [{"record": f"llmtrain:dashboard_query_{i}:check",
+              "expr": q.replace("$__rate_interval", "5m").replace("$namespace", ".*")}
+             for i, q in enumerate(dashboard_queries()) if not q.startswith("label_values(")]
+    path = tmp_path / "dashboard-rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    checked = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump({"groups": [{"name": "x", "rules": [{"record": "x:y", "expr": "sum by (le (x)"}]}]}))
+    assert subprocess.run([promtool, "check", "rules", str(broken)], capture_output=True).returncode != 0, "promtool accepts anything"
