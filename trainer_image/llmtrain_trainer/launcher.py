@@ -68,13 +68,15 @@ def _checkpoints(records: list[dict]) -> dict[str, int]:
 def max_restarts(command: list[str]) -> int | None:
     """torchrun's ``--max-restarts`` (either spelling, ``=`` or a separate value), or None."""
     for i, arg in enumerate(command):
-        for flag in ("--max-restarts", "--max_restarts"):
-            value = arg[len(flag) + 1:] if arg.startswith(flag + "=") else command[i + 1] if arg == flag and i + 1 < len(command) else None
-            if value is not None:
-                try:
-                    return int(value)
-                except ValueError:
-                    return None
+        name, _, value = arg.partition("=")
+        if name not in ("--max-restarts", "--max_restarts"):
+            continue
+        if not value and i + 1 < len(command):
+            value = command[i + 1]
+        try:
+            return int(value)
+        except ValueError:
+            return None
     return None
 
 
