@@ -495,6 +495,31 @@ def test_a_hang_the_launcher_reports_first_is_charged_once_when_the_trainer_repo
     assert fourth.status["restarts"] == 2, "the trainer's catching up is not a new failure"
 
 
+def test_a_pod_that_ends_with_a_hang_its_launcher_counted_in_place_is_replaced_without_a_second_charge():
+    """The launcher counts a hung attempt at once (torchrun has restarts left); the agent
+    then ends instead of restarting, and the pod exits with the hang. The operator that saw
+    the launcher's count charged it then; the exit replaces the pod only. An operator that
+    never saw the count charges the exit (it is the only report)."""
+    raw = job(status=running_status())
+    first = plan(raw, observed(raw, [worker(0), worker(1)], launcher_attempts={W0: {"hang": 1}}), NOW)
+    assert first.status["restartsByReason"] == {"Hang": 1}
+    hung = {"code": 80, "reason": "Hang", "message": "cause (frozen): rank 0", "countedInPlace": 1}
+    ended = [worker(0, phase="Failed", exit_code=80, termination=hung), worker(1)]
+    later = {**raw, "status": first.status}
+    second = plan(later, observed(later, ended), NOW + timedelta(seconds=3))
+    assert second.status["restarts"] == 1 and second.status["restartsByReason"] == {"Hang": 1}
+    assert "delete tiny-elastic-worker-0" in summary(second.actions)
+    assert any(e.reason == "PodFailed" and "already charged" in e.message for e in second.events)
+    # Never seen (the launcher counted while nobody scraped): the exit is charged.
+    unseen = plan(raw, observed(raw, ended), NOW)
+    assert unseen.status["restartsByReason"] == {"Hang": 1}
+    assert unseen.status["lastFailure"]["pod"] == W0
+    # A second hang of the same pod counted in place is not covered by the first count.
+    twice = {**hung, "countedInPlace": 2}
+    again = plan(later, observed(later, [worker(0, phase="Failed", exit_code=80, termination=twice), worker(1)]), NOW)
+    assert again.status["restartsByReason"] == {"Hang": 2}
+
+
 def test_a_node_that_is_ready_again_is_not_failed_while_its_taint_lingers():
     raw = job(status=running_status())
     nodes = [node("node-0"), node("node-1", ready="True", since_seconds=1, unreachable=True)]

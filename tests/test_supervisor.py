@@ -266,3 +266,98 @@ def test_the_launcher_serves_its_failed_attempts_in_the_form_the_operator_parses
     finally:
         server.shutdown()
     assert scrape_launcher("http://127.0.0.1:9/metrics", timeout=1) is None, "an unreachable launcher is no answer, not an error"
+
+
+def test_a_hung_attempt_with_restarts_left_counts_at_once_and_is_not_counted_again_when_the_next_starts(tmp_path, ranks):
+    import os
+
+    from llmtrain_trainer.attempts import AttemptTracker
+
+    tracker = AttemptTracker(tmp_path, agent_pid=os.getpid(), max_restarts=2)
+    ranks.append(_worker(0, 2))
+    assert tracker.failed_attempts()["hang"] == 0
+    exitrecord.write(tmp_path, 0, 0, 0, ExitCode.COLLECTIVE_TIMEOUT, "victim: rank 0", 5)
+    assert tracker.failed_attempts()["hang"] == 0, "a victim's record is no cause"
+    exitrecord.write(tmp_path, 0, 1, 1, ExitCode.HANG, "cause (frozen): rank 1", 5)
+    assert tracker.failed_attempts()["hang"] == 1 and tracker.attempt == 0, "counted while attempt 0 still runs"
+    assert tracker.counted_early(0)
+    ranks.append(_worker(1, 2))
+    counts = tracker.failed_attempts()
+    assert tracker.attempt == 1 and counts["hang"] == 1 and sum(counts.values()) == 1, counts
+    assert counts == exitrecord.failed_attempts(tmp_path, 1, 2), "the restarted trainer counts the same"
+    # Attempt 1 hangs too, and is still below --max-restarts: counted at once as well.
+    exitrecord.write(tmp_path, 1, 0, 0, ExitCode.HANG, "cause (stuck): rank 0", 9)
+    assert tracker.failed_attempts()["hang"] == 2 and tracker.counted_early(1)
+
+
+def test_a_hang_in_the_last_allowed_attempt_is_not_counted_in_place(tmp_path, ranks):
+    """With no restart left torchrun ends the pod: its exit reports that failure."""
+    import os
+
+    from llmtrain_trainer.attempts import AttemptTracker
+
+    tracker = AttemptTracker(tmp_path, agent_pid=os.getpid(), max_restarts=1)
+    exitrecord.write(tmp_path, 0, 0, 0, ExitCode.HANG, "cause (frozen): rank 0", 3)
+    ranks.append(_worker(1, 1))
+    exitrecord.write(tmp_path, 1, 0, 0, ExitCode.HANG, "cause (frozen): rank 0", 7)
+    assert tracker.failed_attempts()["hang"] == 1 and not tracker.counted_early(1)
+    unknown = AttemptTracker(tmp_path, agent_pid=os.getpid())
+    assert unknown.failed_attempts()["hang"] == 1, "without --max-restarts nothing counts early"
+
+
+@pytest.mark.parametrize("command, expected", [
+    (["torchrun", "--nnodes=1:2", "--max-restarts=3", "-m", "x"], 3),
+    (["torchrun", "--max_restarts", "5", "-m", "x"], 5),
+    (["torchrun", "--max-restarts", "many"], None),
+    (["torchrun", "-m", "x"], None),
+])
+def test_the_launcher_reads_torchruns_max_restarts(command, expected):
+    from llmtrain_trainer.launcher import max_restarts
+
+    assert max_restarts(command) == expected
+
+
+def test_a_pod_ending_with_a_hang_counted_in_place_says_so_in_its_termination_message(tmp_path):
+    """The agent (here a script) ends after its rank hung although restarts were left; an
+    operator scrape saw the early count meanwhile: the termination message carries it."""
+    import json
+    import socket
+    import threading
+
+    from llmtrain_operator.probe import scrape_launcher
+    from llmtrain_trainer.launcher import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_dir = tmp_path / "run"
+    agent = textwrap.dedent(f"""
+        import os, sys, time
+        from pathlib import Path
+        from llmtrain_trainer import exitrecord
+        exitrecord.write(Path({str(run_dir)!r}), 0, 0, 0, 80, "cause (frozen): rank 0", 4)
+        while not Path({str(tmp_path / "scraped")!r}).exists():
+            time.sleep(0.05)
+        sys.exit(1)
+    """)
+    seen: list[dict | None] = []
+
+    def operator() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            counts = scrape_launcher(f"http://127.0.0.1:{port}/metrics", timeout=2)
+            if counts and counts["hang"]:
+                seen.append(counts)
+                break
+            time.sleep(0.1)
+        (tmp_path / "scraped").write_text("")
+
+    scraper = threading.Thread(target=operator)
+    scraper.start()
+    code = main(["--run-dir", str(run_dir), "--termination-log", str(tmp_path / "term"), "--health-port", str(port),
+                 "--", sys.executable, "-c", agent, "--max-restarts=3"])
+    scraper.join()
+    assert seen and seen[0]["hang"] == 1, "the operator saw the hang while the attempt ran"
+    assert code == ExitCode.HANG
+    message = json.loads((tmp_path / "term").read_text())
+    assert message["countedInPlace"] == 1, message

@@ -126,6 +126,10 @@ class Termination:
     CHECKPOINTS = "checkpoints"
     """Tier -> the newest step the pod's ranks saw committed there (their metrics are gone
     once the pod ends, so the final checkpoint is reported here)."""
+    COUNTED_IN_PLACE = "countedInPlace"
+    """Present when the pod's last attempt hung and the launcher had already counted it as
+    an in-place failure: its ``failed_attempts{cause="hang"}`` including that attempt. An
+    operator that saw that count has charged this failure already."""
 
 
 RDZV_PORT = 29400

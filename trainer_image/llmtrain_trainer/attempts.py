@@ -14,6 +14,14 @@ failed only once the next one has started, exactly as in the trainer's own count
 attempt that ends the pod is the pod's failure, reported by its exit code, and must not be
 counted twice. Both counts come from the same exit records (``exitrecord.attempt_cause``),
 so they agree; the operator takes the larger of the two per cause.
+
+One exception makes a hang visible seconds sooner: the supervisor's (or a watchdog's)
+HANG record is final (nothing outranks it in ``attempt_cause``), and with restarts left
+(``--max-restarts``) torchrun restarts the group it belongs to. So the current attempt
+counts as a ``hang`` the moment such a record exists, not once the next attempt has
+gathered its rendezvous and started. Should the pod end with that attempt after all (its
+agent failed), the launcher says so in its termination message
+(``Termination.COUNTED_IN_PLACE``), and the operator does not charge the exit again.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from llmtrain_contract.exitcodes import ExitCode
 
 from . import exitrecord
 
@@ -72,6 +82,11 @@ class AttemptTracker:
     attempt: int = 0
     """The newest attempt seen started: every attempt before it failed."""
     local_world_size: int = 1
+    max_restarts: int | None = None
+    """torchrun's ``--max-restarts`` (None: unknown, nothing counts early)."""
+    early: int | None = None
+    """The newest attempt counted as a hang while it was still the current one (once the
+    next starts, its exit records give the same cause)."""
     _causes: dict[int, str] = field(default_factory=dict)
     """attempt -> why it ended; final once a later attempt has started."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -85,7 +100,20 @@ class AttemptTracker:
             for k in range(self.attempt):
                 if k not in self._causes:
                     self._causes[k] = exitrecord.attempt_cause(self.run_dir, k, self.local_world_size)
+            if self.early != self.attempt and self._hung_with_restarts_left(self.attempt):
+                self.early = self.attempt
             counts = {cause: 0 for cause in exitrecord.CAUSES}
             for k in range(self.attempt):
                 counts[self._causes[k]] += 1
+            if self.early == self.attempt:
+                counts["hang"] += 1  # the current attempt, hung: torchrun restarts it
             return counts
+
+    def counted_early(self, attempt: int) -> bool:
+        """Whether ``attempt`` (the pod's last, at exit) was counted while it ran."""
+        return self.early == attempt
+
+    def _hung_with_restarts_left(self, attempt: int) -> bool:
+        if self.max_restarts is None or attempt >= self.max_restarts:
+            return False
+        return any(int(r["code"]) == ExitCode.HANG for r in exitrecord.read_attempt(self.run_dir, attempt))

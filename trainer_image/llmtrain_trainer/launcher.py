@@ -65,6 +65,21 @@ def _checkpoints(records: list[dict]) -> dict[str, int]:
     return out
 
 
+def max_restarts(command: list[str]) -> int | None:
+    """torchrun's ``--max-restarts`` (either spelling, ``=`` or a separate value), or None."""
+    for i, arg in enumerate(command):
+        name, _, value = arg.partition("=")
+        if name not in ("--max-restarts", "--max_restarts"):
+            continue
+        if not value and i + 1 < len(command):
+            value = command[i + 1]
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
@@ -90,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     env[Env.SUPERVISED] = "1"
     supervisor = Supervisor(run_dir)
-    tracker = AttemptTracker(run_dir)
+    tracker = AttemptTracker(run_dir, max_restarts=max_restarts(command))
     try:
         health = serve_health(args.health_port, supervisor, tracker) if args.health_port else None
     except OSError as err:
@@ -110,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     records = [r for r in exitrecord.read_attempt(run_dir, attempt)] if attempt is not None else []
     records = [r for r in records if r.get("time", 0) >= started]  # ignore an older container's
     code, message = decide(returncode, records, supervisor.agent_hang)
+    if code == ExitCode.HANG and attempt is not None and tracker.counted_early(attempt):
+        message[Termination.COUNTED_IN_PLACE] = tracker.failed_attempts()["hang"]
     try:
         Path(args.termination_log).write_text(json.dumps(message))
     except OSError:

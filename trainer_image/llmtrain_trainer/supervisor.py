@@ -11,10 +11,10 @@ outside, in ``/proc``, and tells the cause from its victims:
 | idle outside any collective (a sleep, a lock, I/O)      | cause: ``stuck``             |
 | idle inside a collective or the train step              | victim: waits for a peer     |
 
-Then it dumps the stacks of the causes with ``py-spy dump --nonblocking`` (which reads a
-stopped or spinning process without pausing it), writes one exit record per stale rank
-(``HANG`` for a cause, ``COLLECTIVE_TIMEOUT`` for a victim, so the blame lands on the
-cause's pod and victims are never charged), and SIGKILLs the stale ranks: torchrun then
+Then it writes one exit record per stale rank (``HANG`` for a cause, ``COLLECTIVE_TIMEOUT``
+for a victim, so the blame lands on the cause's pod and victims are never charged), dumps
+the stacks of the causes with ``py-spy dump --nonblocking`` (which reads a stopped or
+spinning process without pausing it), and SIGKILLs the stale ranks: torchrun then
 ends the worker group and restarts it (or exits, and the launcher reports the record).
 
 The torchrun agent is watched too: an agent stopped for longer than the ranks' timeout
@@ -207,15 +207,17 @@ class Supervisor:
         return stale
 
     def _act(self, verdicts: list[Verdict]) -> None:
+        # The records first: with them the launcher counts the hang (attempts.py) while
+        # py-spy still reads the stacks, which takes a second or two on a busy node.
+        for verdict in verdicts:
+            beat = verdict.beat
+            exitrecord.write(self.run_dir, beat.attempt, beat.rank, beat.local_rank,
+                             ExitCode.HANG if verdict.cause else ExitCode.COLLECTIVE_TIMEOUT, verdict.message(), beat.step)
         for verdict in verdicts:
             text = f"llmtrain supervisor: HANG: {verdict.message()}\n"
             if verdict.cause:
                 text += f"stacks of rank {verdict.beat.rank} (py-spy, read from outside):\n{dump_stack(verdict.beat.pid)}\n"
             _write_stderr(text)
-        for verdict in verdicts:
-            beat = verdict.beat
-            exitrecord.write(self.run_dir, beat.attempt, beat.rank, beat.local_rank,
-                             ExitCode.HANG if verdict.cause else ExitCode.COLLECTIVE_TIMEOUT, verdict.message(), beat.step)
         for verdict in verdicts:
             self._ended.add(verdict.beat.pid)
             _kill(verdict.beat.pid)

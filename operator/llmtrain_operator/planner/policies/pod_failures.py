@@ -6,6 +6,11 @@ the kubelet's reason) with the shared exit-code table:
 | retryable (signal, OOM, hang, 1 ...) | replace the pod (or RestartAll); charge |
 | permanent (config, data, checkpoint) | Failed with the reason                  |
 | eviction / DisruptionTarget / 81     | replace; a disruption, not charged      |
+
+A pod that ends with the hang its launcher had already counted in place (its last attempt
+hung, the launcher counted it at once expecting torchrun to restart it, and the agent
+ended instead) is replaced without a second charge, if this operator saw that count
+(``attempts_seen``); otherwise the exit is the only report of the failure and is charged.
 """
 
 from __future__ import annotations
@@ -20,6 +25,13 @@ from ..budget import count_restart, restart_all
 from ..context import DeletePod, Pass, Verdict
 from ..decisions import DisruptionCounted
 from ..outcome import finish
+
+
+def _charged_in_place(ctx: Pass, pod: PodView, key: str) -> bool:
+    counted = pod.termination.get(Termination.COUNTED_IN_PLACE)
+    if not isinstance(counted, int) or isinstance(counted, bool):
+        return False
+    return ctx.status.internal.attempts_seen.get(f"{key}/hang", 0) >= counted
 
 
 def classify_pod(pod: PodView) -> Classification:
@@ -69,6 +81,11 @@ def handle(ctx: Pass) -> Verdict:
             ctx.actions.append(DeletePod(pod.name))
             continue
         kind = FailureKind.HANG if verdict.reason == classify_exit(ExitCode.HANG).reason else FailureKind.PROCESS_CRASH
+        if kind == FailureKind.HANG and _charged_in_place(ctx, pod, key):
+            ctx.event(Reason.POD_FAILED, f"{where} failed (exit {code}, {verdict.reason}), the hang already charged when "
+                      "it was detected; replacing it", warning=True)
+            ctx.actions.append(DeletePod(pod.name))
+            continue
         record_failure(ctx, kind, verdict.reason, pod, exit_code=code, message=detail)
         ctx.event(Reason.POD_FAILED, f"{where} failed (exit {code}, {verdict.reason}); replacing it", warning=True)
         if not count_restart(ctx, verdict.reason):
