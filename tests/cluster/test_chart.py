@@ -1,10 +1,14 @@
-"""helm and kubectl checks of the chart against the real API server: it lints, and what
-it renders in both watch scopes is accepted by a server-side dry run."""
+"""helm and kubectl checks of the chart against the real API server: it lints with several
+values files, its schema refuses bad values, what it renders in both watch scopes is
+accepted by a server-side dry run, the operator's pod passes Pod Security "restricted",
+and a release installs, upgrades (its CRD first) and uninstalls without leftovers."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -159,3 +163,43 @@ def test_the_monitoring_objects_carry_the_checked_files_and_scrape_ports_the_wor
     assert scraped <= {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     assert not any(d["kind"] in ("PodMonitor", "PrometheusRule") for d in render(local_cluster)), "off by default"
+
+
+def test_install_then_upgrade_with_a_crd_change_then_uninstall_leaves_no_operator_object(local_cluster, tmp_path):
+    """The documented path (docs/install.md): helm install; the new CRD applied by hand
+    (Helm never upgrades crds/), then helm upgrade; helm uninstall removes every object
+    of the release and keeps the CRD (and with it the jobs)."""
+    bed = local_cluster
+    ns, jobs = "chart-life", "chart-life-jobs"
+    for name in (ns, jobs):
+        bed.kubectl("create", "namespace", name, check=False)
+    base = ("--namespace", ns, "--wait", "--timeout", "180s")
+    node = ("--set", "nodeSelector.llmtrain\\.io/pool=system")
+    bed.helm("install", "life", CHART, *base, "--set", f"watchNamespace={jobs}", "--set", "replicaCount=1", *node)
+    release = "app.kubernetes.io/instance=life"
+    assert bed.get("deployment", "life", "-n", ns)["status"].get("readyReplicas") == 1
+
+    newer = tmp_path / "chart"
+    shutil.copytree(CHART, newer)
+    crd_file = next((newer / "crds").glob("*.yaml"))
+    crd = yaml.safe_load(crd_file.read_text())
+    crd["metadata"].setdefault("annotations", {})["llmtrain.io/chart-upgrade-check"] = "2"
+    crd_file.write_text(yaml.safe_dump(crd))
+    original = yaml.safe_load(next((Path(CHART) / "crds").glob("*.yaml")).read_text())
+    try:
+        bed.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(newer / "crds"))
+        bed.helm("upgrade", "life", str(newer), *base, "--reuse-values", "--set", "operator.resyncSeconds=7")
+        served = bed.get("crd", crd["metadata"]["name"])
+        assert served["metadata"]["annotations"]["llmtrain.io/chart-upgrade-check"] == "2"
+        env = {e["name"]: e.get("value") for e in bed.get("deployment", "life", "-n", ns)["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["LLMTRAIN_OPERATOR_RESYNC_SECONDS"] == "7" and env["LLMTRAIN_OPERATOR_NAMESPACE"] == jobs
+
+        bed.helm("uninstall", "life", "--namespace", ns, "--wait", "--timeout", "120s")
+        kinds = "deployments,replicasets,pods,services,serviceaccounts,roles,rolebindings,poddisruptionbudgets,configmaps"
+        wait_for(lambda: not bed.get(kinds, "-A", "-l", release)["items"], 120, what="the release's objects gone")
+        assert not bed.get("clusterroles,clusterrolebindings", "-l", release)["items"]
+        assert bed.kubectl("get", "crd", crd["metadata"]["name"], check=False).returncode == 0, "Helm keeps the CRD"
+    finally:
+        bed.helm("uninstall", "life", "--namespace", ns, check=False)
+        bed.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump(original))
+        bed.kubectl("annotate", "crd", crd["metadata"]["name"], "llmtrain.io/chart-upgrade-check-", check=False)
