@@ -43,7 +43,11 @@ build_minio() { (cd "$here/minio" && go build -trimpath -ldflags "-s -w" -o "$1/
 groups=(minio etcd helm k8s)
 declare -A bins=([minio]="minio" [etcd]="etcd" [helm]="helm"
                  [k8s]="kube-apiserver kube-controller-manager kube-scheduler kubectl")
-wanted=" ${*:-minio etcd helm kube-apiserver kube-controller-manager kube-scheduler kubectl} "
+all=" ${bins[*]} "
+wanted=" ${*:-${bins[*]}} "
+for tool in $wanted; do
+  case "$all" in *" $tool "*) ;; *) echo "cluster-tools: no tool named $tool (known:$all)" >&2; exit 64 ;; esac
+done
 
 ensure() {  # ensure GROUP: build the group's missing binaries, under the group's lock
   local group=$1 tool missing=() started tmp
