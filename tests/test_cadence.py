@@ -57,7 +57,13 @@ def test_more_failures_never_lengthen_the_interval(failures, active):
 def _auto(tmp_path, **auto):
     runtime = CheckpointRuntime.model_validate({"intervalSteps": 7, "auto": {"initialSteps": 10, "minSteps": 2, "maxSteps": 1000,
                                                                               "mtbfPriorSeconds": 600, **auto}})
-    return Cadence(runtime, tmp_path, Metrics())
+    cadence = Cadence(runtime, tmp_path, Metrics())
+    cadence.start(0)
+    return cadence
+
+
+WARM_UP = 9.0
+"""The first step after a start: never measured."""
 
 
 def _history(tmp_path, failures, active, when):
@@ -68,15 +74,35 @@ def _history(tmp_path, failures, active, when):
 
 def test_the_initial_interval_holds_until_a_checkpoint_cost_is_measured(tmp_path):
     cadence = _auto(tmp_path)
+    cadence.observe(WARM_UP, [])
     cadence.observe(0.5, [])
     assert cadence.proposal(now=1000.0) == 10
     cadence.observe(0.5, [2.0])
     # sqrt(2 x 2 x 600) = 49 s at 0.5 s a step
     assert cadence.proposal(now=1000.0) == 98
+    assert cadence.chosen.step_seconds == 0.5
+
+
+def test_the_step_time_leaves_out_the_first_step_after_a_start_and_a_checkpoints_stall(tmp_path):
+    cadence = _auto(tmp_path)
+    for _ in range(2):  # a restart in the same process (a rollback) warms up again
+        cadence.observe(WARM_UP, [])
+        for i in range(12):
+            # every fourth step took a checkpoint and carries its 2 s stall
+            cadence.observe(0.5 + (2.0 if i % 4 == 3 else 0.0), [2.0] if i >= 3 else [])
+        assert cadence.proposal(now=1000.0) == 98
+        assert cadence.chosen.step_seconds == 0.5
+        cadence.start(12)
+    # A lasting change of pace is followed within half the window.
+    for _ in range(13):
+        cadence.observe(1.0, [2.0])
+    cadence.proposal(now=1000.0)
+    assert cadence.chosen.step_seconds == 1.0
 
 
 def test_failures_in_the_history_shorten_the_interval_as_they_happen(tmp_path):
     cadence = _auto(tmp_path)
+    cadence.observe(WARM_UP, [])
     cadence.observe(0.5, [2.0])
     _history(tmp_path, 0, 0.0, 1000.0)
     before = cadence.proposal(now=1000.0)
@@ -91,6 +117,7 @@ def test_failures_in_the_history_shorten_the_interval_as_they_happen(tmp_path):
 
 def test_a_history_being_replaced_or_garbled_keeps_the_last_one_read(tmp_path):
     cadence = _auto(tmp_path)
+    cadence.observe(WARM_UP, [])
     cadence.observe(0.5, [2.0])
     _history(tmp_path, 2, 100.0, 1000.0)
     first = cadence.proposal(now=1000.0)

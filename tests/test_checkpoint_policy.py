@@ -94,12 +94,27 @@ def test_an_interval_chosen_anew_is_an_event_with_its_inputs():
     raw = job(AUTO, status=running_status())
     before = {W0: TrainerProbe(step=20, interval_steps=40, cost_seconds=0.5, mtbf_seconds=900.0)}
     first = plan(raw, observed(raw, [worker(0)], probes=before), NOW)
-    after = {W0: TrainerProbe(step=40, interval_steps=20, cost_seconds=0.5, mtbf_seconds=300.0)}
+    after = {W0: TrainerProbe(step=40, interval_steps=20, cost_seconds=0.5, mtbf_seconds=300.0, step_seconds=0.87)}
     second = plan({**raw, "status": first.status}, observed(raw, [worker(0)], probes=after), NOW + timedelta(seconds=5))
     changed = [e for e in second.events if e.reason == "CheckpointIntervalChanged"]
-    assert len(changed) == 1 and changed[0].message == "checkpoint interval 40 -> 20 steps: sqrt(2 x cost 0.50s x MTBF 300s)"
+    assert len(changed) == 1 and changed[0].message == ("checkpoint interval 40 -> 20 steps: "
+                                                        "sqrt(2 x cost 0.50s x MTBF 300s) at 0.87s a step")
     cadence = second.status["checkpointCadence"]
-    assert (cadence["intervalSteps"], cadence["costSeconds"], cadence["mtbfSeconds"]) == (20, 0.5, 300.0)
+    assert (cadence["intervalSteps"], cadence["costSeconds"], cadence["mtbfSeconds"], cadence["stepSeconds"]) == (20, 0.5, 300.0, 0.87)
+
+
+def test_the_interval_shown_is_the_one_its_inputs_chose_not_a_restarted_pods_initial_one():
+    # A pod whose trainer just restarted reports the initial interval until the next step's
+    # agreement; the status pairs the inputs with the interval rank 0 chose from them.
+    raw = job(AUTO, status=running_status())
+    probes = {W0: TrainerProbe(step=40, interval_steps=6, cost_seconds=0.2, mtbf_seconds=180.0, step_seconds=1.4),
+              W1: TrainerProbe(step=40, interval_steps=10)}
+    cadence = plan(raw, observed(raw, [worker(0), worker(1)], probes=probes), NOW).status["checkpointCadence"]
+    assert (cadence["intervalSteps"], cadence["costSeconds"], cadence["mtbfSeconds"], cadence["stepSeconds"]) == (6, 0.2, 180.0, 1.4)
+    # Before rank 0 has chosen, the largest reported (a lagging pod reports less).
+    probes = {W0: TrainerProbe(step=4, interval_steps=10), W1: TrainerProbe(step=4, interval_steps=8)}
+    cadence = plan(raw, observed(raw, [worker(0), worker(1)], probes=probes), NOW).status["checkpointCadence"]
+    assert cadence["intervalSteps"] == 10 and "costSeconds" not in cadence
 
 
 def test_a_fixed_interval_has_no_history_and_no_cadence_file():

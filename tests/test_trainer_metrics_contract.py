@@ -3,6 +3,7 @@ each side, no hand-written exposition text."""
 
 from __future__ import annotations
 
+from llmtrain_contract.cadence import interval
 from llmtrain_operator.probe import parse
 from llmtrain_trainer.metrics import TrainerMetrics
 from prometheus_client import generate_latest
@@ -32,19 +33,14 @@ def test_tier_health_and_the_cadence_reach_the_probe_and_a_recovered_tier_leaves
     m.checkpoint_failed("s3", "Unreachable")
     m.checkpoint_failed("s3", "CredentialsRefused")  # only the current reason stays
     m.checkpoint_failed("local", "NoSpace")
-    m.cadence(25, Chosen(1.5, 900.0))
+    m.cadence(25, interval(1.5, 900.0, 2.0, 1, 1000))
     text = generate_latest(m.registry).decode()
     probe = parse(text)
     assert probe.tier_degraded == {"s3": "CredentialsRefused", "local": "NoSpace"}
-    assert (probe.interval_steps, probe.cost_seconds, probe.mtbf_seconds) == (25, 1.5, 900.0)
+    assert (probe.interval_steps, probe.cost_seconds, probe.mtbf_seconds, probe.step_seconds) == (25, 1.5, 900.0, 2.0)
     assert 'llmtrain_trainer_checkpoint_failures_total{reason="Unreachable",tier="s3"} 1.0' in text
     m.tier_health("s3", None)
     assert parse(generate_latest(m.registry).decode()).tier_degraded == {"local": "NoSpace"}
-
-
-class Chosen:
-    def __init__(self, cost_seconds: float, mtbf_seconds: float):
-        self.cost_seconds, self.mtbf_seconds = cost_seconds, mtbf_seconds
 
 
 def test_rollbacks_and_skipped_windows_reach_the_probe():

@@ -87,6 +87,9 @@ class Metric:
     """Adaptive cadence input: a checkpoint's stall plus persist time."""
     CHECKPOINT_MTBF_SECONDS = f"{PREFIX}_checkpoint_mtbf_seconds"
     """Adaptive cadence input: the job's mean time between failures."""
+    CHECKPOINT_CADENCE_STEP_SECONDS = f"{PREFIX}_checkpoint_cadence_step_seconds"
+    """Adaptive cadence input: the typical step time (the median of the recent steps) that
+    converts the optimal seconds between checkpoints into steps."""
     NUMERICS_ROLLBACKS = f"{PREFIX}_numerics_rollbacks"
     """Gauge: the job's rollbacks for bad numerics (a non-finite or spiking loss)."""
     SKIPPED_SAMPLES = f"{PREFIX}_skipped_samples"

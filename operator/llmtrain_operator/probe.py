@@ -21,7 +21,8 @@ RESTARTS = Metric.total(Metric.WORKER_GROUP_RESTARTS)
 FAILED_ATTEMPTS = Metric.total(Metric.FAILED_ATTEMPTS)
 LAUNCHER_FAILED_ATTEMPTS = Metric.total(LauncherMetric.FAILED_ATTEMPTS)
 READ = (Metric.STEP, Metric.WORLD_SIZE, RESTARTS, Metric.LAST_STEP_TIMESTAMP, Metric.CHECKPOINT_INTERVAL_STEPS,
-        Metric.CHECKPOINT_COST_SECONDS, Metric.CHECKPOINT_MTBF_SECONDS, Metric.NUMERICS_ROLLBACKS)
+        Metric.CHECKPOINT_COST_SECONDS, Metric.CHECKPOINT_MTBF_SECONDS, Metric.CHECKPOINT_CADENCE_STEP_SECONDS,
+        Metric.NUMERICS_ROLLBACKS)
 
 
 def parse(text: str) -> TrainerProbe:
@@ -61,6 +62,7 @@ def parse(text: str) -> TrainerProbe:
         # Unset gauges read 0: only global rank 0, once it has chosen, reports these.
         cost_seconds=values.get(Metric.CHECKPOINT_COST_SECONDS) or None,
         mtbf_seconds=values.get(Metric.CHECKPOINT_MTBF_SECONDS) or None,
+        step_seconds=values.get(Metric.CHECKPOINT_CADENCE_STEP_SECONDS) or None,
         rollbacks=as_int(Metric.NUMERICS_ROLLBACKS),
         skipped=tuple(sorted(set(skipped))),
         stragglers=stragglers,

@@ -111,9 +111,9 @@ def test_failures_shorten_the_adaptive_interval_visible_in_the_status(operator):
         def check(s: dict) -> bool:
             cadence = s.get("checkpointCadence") or {}
             history = cadence.get("history") or {}
-            if cadence.get("mtbfSeconds") is not None and cadence.get("costSeconds"):
+            if cadence.get("mtbfSeconds") is not None and cadence.get("costSeconds") and cadence.get("stepSeconds"):
                 seen.append({"failures": history.get("failures"), "interval": cadence.get("intervalSteps"),
-                             "mtbf": cadence["mtbfSeconds"], "cost": cadence["costSeconds"]})
+                             "mtbf": cadence["mtbfSeconds"], "cost": cadence["costSeconds"], "step": cadence["stepSeconds"]})
             return history.get("failures", 0) >= wanted_failures and any(x["failures"] >= wanted_failures for x in seen)
         return check
 
@@ -131,16 +131,17 @@ def test_failures_shorten_the_adaptive_interval_visible_in_the_status(operator):
             return (chosen(4)(s) and len(seen) >= 2 and seen[-1] == seen[-2] and seen[-1]["failures"] >= 4
                     and seen[-1]["mtbf"] < first["mtbf"] / 3)
         final = wait_status(bed, ns, name, shortened, 900, "an interval chosen with the MTBF of four failures")
-        first = [x for x in seen if x["failures"] == 0][-1]  # the cost averaged over the most checkpoints
+        first = [x for x in seen if x["failures"] == 0][-1]
         later = seen[-1]
         assert final["checkpointCadence"]["mode"] == "auto"
-        # The interval is sqrt(2 x cost x MTBF) / step time. The cost of a checkpoint this small
-        # varies several-fold with the machine's load, so the interval alone can move either
-        # way; what must hold is that the trainers chose it with the shortened MTBF: the step
-        # time it implies (the steps are paced at >= 0.2 s) stays the same, where ignoring the
-        # failures would put it off by sqrt(first MTBF / later MTBF) > 1.7.
-        implied = [math.sqrt(2 * x["cost"] * x["mtbf"]) / x["interval"] for x in (first, later)]
-        assert 1 / 1.5 < implied[1] / implied[0] < 1.5, (first, later, implied)
+        # The status shows rank 0's inputs as it reported them: the MTBF above is the one
+        # the trainers used. The interval in force is sqrt(2 x cost x MTBF) / step time from
+        # those inputs (within a step: the status rounds them). The cost and the step time
+        # vary with the machine's load, so the interval alone can move either way.
+        for x in (first, later):
+            ideal = math.sqrt(2 * x["cost"] * x["mtbf"]) / x["step"]
+            assert abs(x["interval"] - min(5000, max(2, ideal))) <= 1, (x, ideal, seen[-10:])
+        assert later["step"] >= 0.2, "the steps are paced at 0.2 s or more"
         assert "CheckpointIntervalChanged" in events(bed, ns, name)
     finally:  # a job of 100000 steps must not outlive a failed test and load the ones after it
         bed.kubectl("delete", "ltj", name, "-n", ns, "--wait=false")

@@ -57,6 +57,8 @@ class TrainerMetrics:
         self._interval = Gauge(Metric.CHECKPOINT_INTERVAL_STEPS, "The checkpoint interval in force, steps", registry=r)
         self._cost = Gauge(Metric.CHECKPOINT_COST_SECONDS, "A checkpoint's stall plus persist time (adaptive cadence input)", registry=r)
         self._mtbf = Gauge(Metric.CHECKPOINT_MTBF_SECONDS, "The job's mean time between failures (adaptive cadence input)", registry=r)
+        self._cadence_step = Gauge(Metric.CHECKPOINT_CADENCE_STEP_SECONDS,
+                                   "The typical step time converting seconds into steps (adaptive cadence input)", registry=r)
         info = Gauge(Metric.INFO, "Static facts about this trainer", ["job_name", "strategy", "config_hash", "rank"], registry=r)
         info.labels(job_name=job, strategy=strategy, config_hash=config_hash, **labels).set(1)
 
@@ -119,6 +121,7 @@ class TrainerMetrics:
         if chosen is not None:
             self._cost.set(chosen.cost_seconds)
             self._mtbf.set(chosen.mtbf_seconds)
+            self._cadence_step.set(chosen.step_seconds)
 
     def restored(self, tier: str, step: int, seconds: float) -> None:
         self._restore.labels(tier=tier).observe(seconds)

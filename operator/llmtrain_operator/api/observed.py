@@ -182,6 +182,8 @@ class TrainerProbe:
     """The adaptive cadence's measured checkpoint cost (reported by global rank 0)."""
     mtbf_seconds: float | None = None
     """The adaptive cadence's MTBF (reported by global rank 0)."""
+    step_seconds: float | None = None
+    """The adaptive cadence's typical step time (reported by global rank 0)."""
     rollbacks: int | None = None
     """Rollbacks for bad numerics over the job."""
     skipped: tuple[tuple[int, int, int, int], ...] = ()

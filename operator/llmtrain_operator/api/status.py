@@ -107,6 +107,9 @@ class CheckpointCadence(CamelModel):
     """Measured cost of one checkpoint: training stall plus tier-1 persist."""
     mtbf_seconds: float | None = None
     """The job's mean time between failures the interval was chosen for."""
+    step_seconds: float | None = None
+    """The typical step time (the median of the recent steps, a checkpoint's stall left
+    out) that converts ``sqrt(2 x cost x MTBF)`` seconds into ``intervalSteps``."""
     history: CadenceHistory | None = None
     """What the trainers were told (auto only)."""
 

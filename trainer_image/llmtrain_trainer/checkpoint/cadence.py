@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,11 @@ from llmtrain_contract.config import CheckpointRuntime
 
 log = logging.getLogger("llmtrain.cadence")
 EMA = 0.3
-"""Weight of the newest measurement in the running estimates of cost and step time."""
+"""Weight of the newest checkpoint cost in its running estimate."""
+STEP_WINDOW = 25
+"""Recent steps whose median is the step time: a median, because the step that takes a
+checkpoint carries its stall (already in the cost) and a step now and then waits on the
+machine, and neither is what the next interval's steps take."""
 
 
 class History:
@@ -66,7 +72,8 @@ class Cadence:
         self.pending = False
         self._last_saved = 0
         self.history = History(config_dir / CADENCE_FILE if config_dir is not None else None)
-        self._step_seconds: float | None = None
+        self._steps: deque[float] = deque(maxlen=STEP_WINDOW)
+        self._warming = True
         self._cost: float | None = None
         self._costs_seen = 0
         self.chosen: Interval | None = None
@@ -74,13 +81,21 @@ class Cadence:
 
     def start(self, restored_step: int) -> None:
         self._last_saved = restored_step
+        # The first step after a (re)start carries one-off work (the first collectives,
+        # allocations, kernels): measured in, it made the interval after every failure
+        # too short.
+        self._warming = True
 
     # ------------------------------------------------------------------ rank 0's proposal
 
     def observe(self, step_seconds: float, costs: list[float]) -> None:
-        """Running estimates from this rank's own measurements: the step time, and each
-        new checkpoint's cost (stall plus tier-1 persist)."""
-        self._step_seconds = step_seconds if self._step_seconds is None else (1 - EMA) * self._step_seconds + EMA * step_seconds
+        """Estimates from this rank's own measurements: the step time (the median of the
+        recent steps, the first after a start left out), and each new checkpoint's cost
+        (stall plus tier-1 persist, a running average)."""
+        if self._warming:
+            self._warming = False
+        else:
+            self._steps.append(step_seconds)
         for cost in costs[self._costs_seen:]:
             self._cost = cost if self._cost is None else (1 - EMA) * self._cost + EMA * cost
         self._costs_seen = len(costs)
@@ -89,12 +104,12 @@ class Cadence:
         """The interval rank 0 proposes now (other ranks' proposals are not used)."""
         if self.auto is None:
             return self.interval
-        if self._cost is None or self._step_seconds is None:
+        if self._cost is None or not self._steps:
             return self.interval
         self.history.refresh()
         now = time.time() if now is None else now
         mtbf = mtbf_seconds(self.history.failures, self.history.active_seconds(now), self.auto.mtbf_prior_seconds)
-        chosen = interval(self._cost, mtbf, self._step_seconds, self.auto.min_steps, self.auto.max_steps)
+        chosen = interval(self._cost, mtbf, statistics.median(self._steps), self.auto.min_steps, self.auto.max_steps)
         if self.chosen is None or chosen.steps != self.chosen.steps:
             log.warning("checkpoint interval: %s (%d failures so far)", chosen.explain(), self.history.failures)
         self.chosen = chosen

@@ -77,16 +77,24 @@ def _cadence(ctx: Pass) -> None:
     probes = list(ctx.observed.probes.values())
     reported = [p.interval_steps for p in probes if p.interval_steps]
     if reported:
-        new = max(reported)  # the ranks agree on one interval; a pod still starting may lag
-        cost = next((p.cost_seconds for p in probes if p.cost_seconds is not None), None)
-        mtbf = next((p.mtbf_seconds for p in probes if p.mtbf_seconds is not None), None)
+        # Global rank 0 proposes the interval and alone reports its inputs: its one scrape
+        # gives an interval and the inputs it was chosen from. Without it (rank 0 has not
+        # chosen yet), the largest reported: the ranks agree on one, a pod still starting
+        # may lag.
+        chooser = next((p for p in probes if p.interval_steps and p.cost_seconds is not None
+                        and p.mtbf_seconds is not None), None)
+        new = chooser.interval_steps if chooser is not None and chooser.interval_steps else max(reported)
+        cost, mtbf, step = ((chooser.cost_seconds, chooser.mtbf_seconds, chooser.step_seconds)
+                            if chooser is not None else (None, None, None))
         if auto and cadence.interval_steps is not None and new != cadence.interval_steps:
             why = f": sqrt(2 x cost {cost:.2f}s x MTBF {mtbf:.0f}s)" if cost is not None and mtbf is not None else ""
+            why += f" at {step:.2f}s a step" if why and step is not None else ""
             ctx.decide(IntervalChanged(cadence.interval_steps, new, why))
         cadence.interval_steps = new
         # As reported now: a trainer that just restarted has not measured a cost yet.
         cadence.cost_seconds = round(cost, 3) if cost is not None else None
         cadence.mtbf_seconds = round(mtbf, 1) if mtbf is not None else None
+        cadence.step_seconds = round(step, 3) if step is not None else None
     elif cadence.interval_steps is None and not auto:
         cadence.interval_steps = int(ckpt.interval_steps)
     if auto:
