@@ -403,6 +403,40 @@ def test_a_missing_secret_is_reported_by_name():
     assert "Secret s3-credentials" in next(c for c in status["conditions"] if c["type"] == "Invalid")["message"]
 
 
+def _waiting(pod: PodView, message: str, reason: str = "CreateContainerConfigError") -> PodView:
+    return dataclasses.replace(pod, phase="Pending", ready=False, waiting_reason=reason, waiting_message=message)
+
+
+@pytest.mark.parametrize("message, missing", [
+    ('secret "s3-creds" not found', "Secret s3-creds"),                                   # the kubelet
+    ("couldn't find key AWS_ACCESS_KEY_ID in Secret ml/s3-creds", "Secret s3-creds (key AWS_ACCESS_KEY_ID)"),
+    ("Secret ml/s3-creds not found", "Secret s3-creds"),                                  # the local cluster's node agent
+    ("key AWS_SECRET_ACCESS_KEY not found in Secret ml/s3-creds", "Secret s3-creds (key AWS_SECRET_ACCESS_KEY)"),
+    ('configmap "user-extras" not found', "ConfigMap user-extras"),                       # a podTemplate's own volume
+])
+def test_a_secret_the_operator_may_not_read_is_reported_missing_from_the_pods_that_wait_for_it(message, missing):
+    # Cluster-wide, the operator reads no Secrets (no RBAC rule for them): the worker pods'
+    # CreateContainerConfigError names what is missing.
+    raw = job(status=running_status(phase="Pending"))
+    _, status, actions, events = run(raw, observed(raw, [_waiting(worker(0), message), _waiting(worker(1), message)]))
+    invalid = next(c for c in status["conditions"] if c["type"] == "Invalid")
+    assert status["phase"] == "Invalid" and invalid["status"] == "True"
+    assert invalid["message"] == f"missing: {missing} (in the job's namespace)", invalid
+    assert events == ["MissingDependency"] and not [a for a in actions if "delete" in a], actions
+    # Once it exists the kubelet starts the containers; the condition clears.
+    recovered = {**raw, "status": status}
+    _, again, _, events = run(recovered, observed(recovered, [worker(0), worker(1)]))
+    assert again["phase"] != "Invalid" and "SpecValid" in events
+
+
+def test_a_wait_for_the_jobs_own_config_map_or_an_image_is_not_a_missing_dependency():
+    raw = job(status=running_status(phase="Pending"))
+    pods = [_waiting(worker(0), 'configmap "tiny-elastic-config" not found'), _waiting(worker(1), "Back-off pulling image", "ImagePullBackOff")]
+    _, status, _, _ = run(raw, observed(raw, pods))
+    assert status["phase"] != "Invalid"
+    assert not [c for c in status.get("conditions", []) if c["type"] == "Invalid" and c["status"] == "True"]
+
+
 def test_goodput_counts_running_time_over_active_time():
     raw = job(status=running_status(activeSeconds=100, productiveSeconds=90, lastReconcileTime=ago(10)))
     _, status, _, _ = run(raw, observed(raw, [worker(0), worker(1)]))

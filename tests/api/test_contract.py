@@ -296,3 +296,15 @@ async def test_a_missing_secret_is_read_once_and_reported(api, k8s):
     assert ("GET", "/api/v1/namespaces/ml/secrets/s3-creds") in calls
     assert not [c for c in calls if c[0] == "POST" and c[1].endswith("/pods")]
     assert "Secret s3-creds" in next(c for c in stored_job(api)["status"]["conditions"] if c["type"] == "Invalid")["message"]
+
+
+async def test_without_secret_checks_no_secret_is_read_and_the_pods_are_created(api, k8s):
+    # Cluster-wide, the chart grants no Secret reads: the pods are created, and a missing
+    # Secret is reported from their wait (tests/test_planner.py).
+    raw = job({"spec.checkpoint.s3": {"bucket": "ckpts", "credentialsSecret": {"name": "s3-creds"}}})
+    put_job(api, raw)
+    before = len(api)
+    await one_pass(api, k8s, settings=OperatorSettings(probes_enabled=False, check_secrets=False))
+    calls = requests_since(api, before)
+    assert not [c for c in calls if "/secrets" in c[1]], calls
+    assert [c for c in calls if c[0] == "POST" and c[1].endswith("/pods")]

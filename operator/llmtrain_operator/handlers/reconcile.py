@@ -80,14 +80,16 @@ def _needs_dependency_check(body: dict[str, Any]) -> bool:
     return status.get("phase") in (None, Phase.PENDING, Phase.INVALID) or status.get("observedGeneration") != generation
 
 
-async def missing_dependencies(k8s: K8s, body: dict[str, Any]) -> tuple[str, ...]:
+async def missing_dependencies(k8s: K8s, body: dict[str, Any], check_secrets: bool = True) -> tuple[str, ...]:
+    """Referenced objects that do not exist. ``check_secrets`` off: Secrets are not read
+    (no RBAC for them); the planner learns of a missing one from the pods' wait."""
     try:
         spec = LLMTrainJobSpec.model_validate(body.get("spec") or {})
     except ValueError:
         return ()  # the planner reports the invalid spec itself
     ns = (body.get("metadata") or {}).get("namespace", "default")
     wanted = []
-    if spec.checkpoint.s3 is not None:
+    if spec.checkpoint.s3 is not None and check_secrets:
         wanted.append(("Secret", spec.checkpoint.s3.credentials_secret.name))
     if spec.checkpoint.shared is not None:
         wanted.append(("PersistentVolumeClaim", spec.checkpoint.shared.claim_name))
@@ -247,7 +249,7 @@ async def _decide_and_write(k8s: K8s, body: dict[str, Any], settings: OperatorSe
     meta = body["metadata"]
     ns, name = meta.get("namespace", "default"), meta["name"]
     if _needs_dependency_check(body):
-        observed = replace(observed, missing=await missing_dependencies(k8s, body))
+        observed = replace(observed, missing=await missing_dependencies(k8s, body, settings.check_secrets))
     result = plan(body, observed, now)
     old_status = body.get("status") or {}
     changed = status_changed(old_status, result.status, settings.status_flush_seconds, now)
