@@ -96,6 +96,7 @@ class Reason(StrEnum):
     # validity
     INVALID_SPEC = "InvalidSpec"
     MISSING_DEPENDENCY = "MissingDependency"
+    CONTAINER_CONFIG_ERROR = "ContainerConfigError"
     SPEC_VALID = "SpecValid"
     # condition reasons
     CHILDREN_CREATED = "ChildrenCreated"
