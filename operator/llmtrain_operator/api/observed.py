@@ -228,6 +228,9 @@ class Observed:
     while the restarted trainer is not up yet)."""
     missing: tuple[str, ...] = ()
     """Referenced objects that do not exist, e.g. ``Secret s3-creds``, ``PersistentVolumeClaim ckpt``."""
+    refused: tuple[str, ...] = ()
+    """Creates the API server refused in the previous pass, with its words, e.g. ``create
+    Pod ml/x: pods "x" is forbidden: exceeded quota: gpu, requested: ...``."""
 
     def workers(self) -> list[PodView]:
         return [p for p in self.pods if p.role == ROLE_WORKER]

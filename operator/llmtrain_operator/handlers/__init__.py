@@ -36,6 +36,7 @@ from ..settings import OperatorSettings, from_env
 from .leadership import AlwaysLeader, Gate, Leadership
 from .loops import JobLoops, Key
 from .reconcile import Children, NotLeader, reconcile
+from .reconcile import forget as forget_refusals
 from .slots import Slots
 
 log = logging.getLogger("llmtrain.operator")
@@ -177,6 +178,8 @@ async def _one_pass(key: Key) -> float:
     try:
         result = await reconcile(_K8S, body, _children, SETTINGS, slots=_SLOTS, gate=_GATE)
         await _until_visible(key, result.written, result.created)
+        if result.retry_after is not None:  # a refused create: backoff (a watch event still wakes the job sooner)
+            return result.retry_after
         return min(result.plan.requeue_after or SETTINGS.resync_seconds, SETTINGS.resync_seconds)
     except NotLeader:
         logger.info("job %s/%s: lost the leadership during a pass; nothing was written after that", *key)
@@ -201,6 +204,7 @@ async def job_changed(type: str | None, namespace: str, name: str, body: kopf.Bo
     LOOPS.seen(key, type, dict(body))
     if type == "DELETED":
         metrics.forget(*key)
+        forget_refusals(*key)
 
 
 @kopf.on.event("pods", labels=JOB_SELECTOR)

@@ -6,17 +6,33 @@ from __future__ import annotations
 from llmtrain_contract.names import CONFIG_HASH_ANNOTATION
 
 from ...api.observed import CADENCE_ANNOTATION
-from ...api.vocabulary import PodPhase, Reason
+from ...api.vocabulary import ConditionType, PodPhase, Reason
 from .. import manifests, names
+from ..conditions import is_true
 from ..context import CreateObject, DeletePod, Pass, ReplaceObject, Verdict
 from ..decisions import CadenceShared
 from ..quarantine import active_quarantine
 
 
 def handle(ctx: Pass) -> Verdict:
+    report_refusals(ctx)
     ensure_infrastructure(ctx)
     reconcile_workers(ctx)
     return Verdict.CONTINUE
+
+
+def report_refusals(ctx: Pass) -> None:
+    """Creates the API server refused last time (a quota, an admission webhook, Pod
+    Security, RBAC): the ``ReplicaFailure`` condition with the server's words and one
+    Warning Event when it starts; the creates are retried (with backoff, by the handler)
+    since a quota or a webhook may clear, and the condition clears when they pass."""
+    if ctx.observed.refused:
+        message = "; ".join(ctx.observed.refused)
+        if ctx.condition(ConditionType.REPLICA_FAILURE, True, Reason.FAILED_CREATE, message):
+            ctx.event(Reason.FAILED_CREATE, message, warning=True)
+    elif is_true(ctx.status.conditions, ConditionType.REPLICA_FAILURE):
+        ctx.condition(ConditionType.REPLICA_FAILURE, False, Reason.CREATES_ACCEPTED, "the API server accepts the job's objects again")
+        ctx.event(Reason.CREATES_ACCEPTED, "the API server accepts the job's objects again")
 
 
 def ensure_infrastructure(ctx: Pass) -> None:
