@@ -230,7 +230,7 @@ class Observed:
     """Referenced objects that do not exist, e.g. ``Secret s3-creds``, ``PersistentVolumeClaim ckpt``."""
     refused: tuple[str, ...] = ()
     """Creates the API server refused in the previous pass, with its words, e.g. ``create
-    Pod ml/x: pods "x" is forbidden: exceeded quota: gpu, requested: ...``."""
+    Pod x: pods "x" is forbidden: exceeded quota: gpu, requested: ...``."""
 
     def workers(self) -> list[PodView]:
         return [p for p in self.pods if p.role == ROLE_WORKER]
