@@ -283,33 +283,40 @@ def _drop_pods(api) -> None:
         del api.objects[key]
 
 
+def _pod_posts(api, since: int) -> int:
+    return requests_since(api, since).count(("POST", "/api/v1/namespaces/ml/pods"))
+
+
 async def test_a_refused_create_is_a_condition_and_an_event_with_the_servers_words_retried_with_backoff(api, k8s):
     # A ResourceQuota (or an admission webhook, Pod Security, RBAC) refuses the pods: the
     # pass does not crash, the rest of its work stands, and the job says why.
     put_job(api, job())
-    api["post /api/v1/namespaces/ml/pods"][:9] << 403 << QUOTA  # three passes: the store and two workers each
+    api["post /api/v1/namespaces/ml/pods"][:6] << 403 << QUOTA  # two passes: the store and two workers each
     first = await one_pass(api, k8s)
     _drop_pods(api)
-    assert first.retry_after == 2.0 and ("Pod", "tiny-elastic-worker-0") not in first.created
+    assert ("Pod", "tiny-elastic-worker-0") not in first.created
     assert ("Service", "tiny-elastic-workers") in first.created, "what was accepted stands"
     before = len(api)
-    second = await one_pass(api, k8s, now=NOW + timedelta(seconds=2))
-    _drop_pods(api)
-    assert second.retry_after == 4.0, "doubling per refusal in a row"
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=1))
+    assert _pod_posts(api, before) == 0, "held back for 2 s after the first refusal"
     failure = next(c for c in stored_job(api)["status"]["conditions"] if c["type"] == "ReplicaFailure")
     assert failure["status"] == "True" and failure["reason"] == "FailedCreate"
     assert "create Pod tiny-elastic-worker-0: " in failure["message"] and "exceeded quota: gpu-quota" in failure["message"]
     warned = [e for e in _events(api, before) if e["reason"] == "FailedCreate"]
     assert len(warned) == 1 and warned[0]["type"] == "Warning" and "exceeded quota" in warned[0]["message"]
-    third = await one_pass(api, k8s, now=NOW + timedelta(seconds=6))
+    second = len(api)
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=2))
     _drop_pods(api)
-    assert third.retry_after == 8.0
+    assert _pod_posts(api, second) == 3, "retried once the backoff ran out"
+    held = len(api)
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=5))
+    assert _pod_posts(api, held) == 0, "then held back for 4 s"
     assert not [e for e in _events(api, before) if e["reason"] == "FailedCreate"][1:], "one Event while it lasts"
-    # The quota frees up: the pods are created, the condition clears with an Event.
-    again = await one_pass(api, k8s, now=NOW + timedelta(seconds=14))
-    assert again.retry_after is None and ("Pod", "tiny-elastic-worker-0") in again.created
+    # The quota frees up: the pods are created at the next try, the condition clears with an Event.
+    again = await one_pass(api, k8s, now=NOW + timedelta(seconds=6))
+    assert ("Pod", "tiny-elastic-worker-0") in again.created
     before = len(api)
-    await one_pass(api, k8s, now=NOW + timedelta(seconds=15))
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=7))
     failure = next(c for c in stored_job(api)["status"]["conditions"] if c["type"] == "ReplicaFailure")
     assert failure["status"] == "False" and failure["reason"] == "CreatesAccepted"
     assert [e["reason"] for e in _events(api, before)].count("CreatesAccepted") == 1
@@ -318,7 +325,7 @@ async def test_a_refused_create_is_a_condition_and_an_event_with_the_servers_wor
 async def test_a_refusal_that_lasts_backs_off_to_five_minutes():
     from llmtrain_operator.handlers.reconcile import Refusal
 
-    assert [Refusal(n, ()).retry_after for n in (1, 2, 3, 8, 9, 50)] == [2.0, 4.0, 8.0, 256.0, 300.0, 300.0]
+    assert [Refusal(n, (), NOW).retry_after for n in (1, 2, 3, 8, 9, 50)] == [2.0, 4.0, 8.0, 256.0, 300.0, 300.0]
 
 
 async def test_403_on_a_delete_stays_a_permanent_error(api, k8s):

@@ -231,6 +231,8 @@ class Observed:
     refused: tuple[str, ...] = ()
     """Creates the API server refused in the previous pass, with its words, e.g. ``create
     Pod x: pods "x" is forbidden: exceeded quota: gpu, requested: ...``."""
+    retry_creates_at: datetime | None = None
+    """Refused creates are tried again from this time on (backoff)."""
 
     def workers(self) -> list[PodView]:
         return [p for p in self.pods if p.role == ROLE_WORKER]

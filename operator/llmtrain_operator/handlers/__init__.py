@@ -178,8 +178,6 @@ async def _one_pass(key: Key) -> float:
     try:
         result = await reconcile(_K8S, body, _children, SETTINGS, slots=_SLOTS, gate=_GATE)
         await _until_visible(key, result.written, result.created)
-        if result.retry_after is not None:  # a refused create: backoff (a watch event still wakes the job sooner)
-            return result.retry_after
         return min(result.plan.requeue_after or SETTINGS.resync_seconds, SETTINGS.resync_seconds)
     except NotLeader:
         logger.info("job %s/%s: lost the leadership during a pass; nothing was written after that", *key)

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 from llmtrain_contract.names import HEALTH_PORT
@@ -41,11 +41,17 @@ webhook may clear (another job ends, the webhook is fixed) without any watch eve
 class Refusal:
     count: int
     messages: tuple[str, ...]
+    at: datetime
+    """When the latest refusal came."""
 
     @property
     def retry_after(self) -> float:
         first, cap = REFUSAL_BACKOFF
         return min(cap, first * 2 ** (self.count - 1))
+
+    @property
+    def retry_at(self) -> datetime:
+        return self.at + timedelta(seconds=self.retry_after)
 
 
 _REFUSALS: dict[tuple[str, str], Refusal] = {}
@@ -244,8 +250,6 @@ class PassResult:
     created: tuple[tuple[str, str], ...] = ()
     """(kind, name) of the children this pass created; the loop also waits until the
     watch shows them, so the next pass does not create them again."""
-    retry_after: float | None = None
-    """Seconds until the next pass must retry a refused create (backoff), if any."""
 
 
 async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, settings: OperatorSettings,
@@ -269,12 +273,13 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
         return await _decide_and_write(k8s, body, settings, now or datetime.now(timezone.utc), started + waited,
                                        Observed(pods=pods, nodes=nodes, services=children.services,
                                                 configmaps=children.configmaps, probes=probes,
-                                                launcher_attempts=attempts, refused=refused_before(ns, name)), gate)
+                                                launcher_attempts=attempts, **refused_before(ns, name)), gate)
 
 
-def refused_before(namespace: str, name: str) -> tuple[str, ...]:
+def refused_before(namespace: str, name: str) -> dict[str, Any]:
+    """``Observed`` fields for the creates the API server refused last time."""
     refusal = _REFUSALS.get((namespace, name))
-    return refusal.messages if refusal is not None else ()
+    return {"refused": refusal.messages, "retry_creates_at": refusal.retry_at} if refusal is not None else {}
 
 
 async def _decide_and_write(k8s: K8s, body: dict[str, Any], settings: OperatorSettings, now: datetime,
@@ -288,7 +293,7 @@ async def _decide_and_write(k8s: K8s, body: dict[str, Any], settings: OperatorSe
     changed = status_changed(old_status, result.status, settings.status_flush_seconds, now)
     _check(gate)
     action_error, status_error, refused = await write(k8s, body, result, merge_patch(old_status, result.status) if changed else None, gate)
-    refusal = _remember_refusals(ns, name, refused)
+    _remember_refusals(ns, name, refused, now, attempted=any(isinstance(a, (CreateObject, ReplaceObject)) for a in result.actions))
     for err in (action_error, status_error):
         if err is not None and not isinstance(err, TransientApiError):
             raise err
@@ -303,22 +308,23 @@ async def _decide_and_write(k8s: K8s, body: dict[str, Any], settings: OperatorSe
         raise action_error  # the status is recorded; the next pass retries what failed
     created = tuple((a.kind, a.name) for a in result.actions
                     if isinstance(a, CreateObject) and not any(r.startswith(describe(a) + ":") for r in refused))
-    return PassResult(result, result.status.get("lastReconcileTime") if changed else None, created,
-                      retry_after=refusal.retry_after if refusal is not None else None)
+    return PassResult(result, result.status.get("lastReconcileTime") if changed else None, created)
 
 
-def _remember_refusals(namespace: str, name: str, refused: tuple[str, ...]) -> Refusal | None:
-    """The refusals the next pass reports (``Observed.refused``), counted in a row for the
-    backoff; a pass without any clears them."""
+def _remember_refusals(namespace: str, name: str, refused: tuple[str, ...], now: datetime, attempted: bool) -> None:
+    """The refusals the next passes report (``Observed.refused``) and the backoff they
+    wait (counted in a row). A pass without a refusal clears them, unless the backoff held
+    its creates back."""
     key = (namespace, name)
     if not refused:
-        _REFUSALS.pop(key, None)
-        return None
+        before = _REFUSALS.get(key)
+        if before is not None and (attempted or now >= before.retry_at):
+            del _REFUSALS[key]
+        return
     before = _REFUSALS.get(key)
-    _REFUSALS[key] = refusal = Refusal((before.count if before else 0) + 1, refused)
+    _REFUSALS[key] = refusal = Refusal((before.count if before else 0) + 1, refused, now)
     for message in refused:
         log.warning("job %s/%s: the API server refused: %s (retrying in %.0fs)", namespace, name, message, refusal.retry_after)
-    return refusal
 
 
 def forget(namespace: str, name: str) -> None:

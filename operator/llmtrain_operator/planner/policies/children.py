@@ -16,16 +16,19 @@ from ..quarantine import active_quarantine
 
 def handle(ctx: Pass) -> Verdict:
     report_refusals(ctx)
-    ensure_infrastructure(ctx)
-    reconcile_workers(ctx)
+    held = creates_held(ctx)
+    if not held:
+        ensure_infrastructure(ctx)
+    reconcile_workers(ctx, may_create=not held)
     return Verdict.CONTINUE
 
 
 def report_refusals(ctx: Pass) -> None:
     """Creates the API server refused last time (a quota, an admission webhook, Pod
     Security, RBAC): the ``ReplicaFailure`` condition with the server's words and one
-    Warning Event when it starts; the creates are retried (with backoff, by the handler)
-    since a quota or a webhook may clear, and the condition clears when they pass."""
+    Warning Event when it starts; the creates are retried after a backoff
+    (``creates_held``) since a quota or a webhook may clear, and the condition clears
+    when they pass."""
     if ctx.observed.refused:
         message = "; ".join(ctx.observed.refused)
         if ctx.condition(ConditionType.REPLICA_FAILURE, True, Reason.FAILED_CREATE, message):
@@ -33,6 +36,16 @@ def report_refusals(ctx: Pass) -> None:
     elif is_true(ctx.status.conditions, ConditionType.REPLICA_FAILURE):
         ctx.condition(ConditionType.REPLICA_FAILURE, False, Reason.CREATES_ACCEPTED, "the API server accepts the job's objects again")
         ctx.event(Reason.CREATES_ACCEPTED, "the API server accepts the job's objects again")
+
+
+def creates_held(ctx: Pass) -> bool:
+    """Refused creates wait for their backoff (``Observed.retry_creates_at``); everything
+    else in the pass (failures, deletes, timers) goes on."""
+    at = ctx.observed.retry_creates_at
+    if at is None or ctx.now >= at:
+        return False
+    ctx.after((at - ctx.now).total_seconds())
+    return True
 
 
 def ensure_infrastructure(ctx: Pass) -> None:
@@ -68,7 +81,7 @@ def ensure_infrastructure(ctx: Pass) -> None:
         ctx.event(Reason.CREATED, "created " + ", ".join(created))
 
 
-def reconcile_workers(ctx: Pass) -> None:
+def reconcile_workers(ctx: Pass, may_create: bool = True) -> None:
     """Scale down, replace old generations, and create missing slots (after backoff)."""
     spec, status = ctx.spec, ctx.status
     workers = ctx.observed.workers()
@@ -88,6 +101,8 @@ def reconcile_workers(ctx: Pass) -> None:
         return
     if any(p.phase == PodPhase.SUCCEEDED for p in workers):
         return  # training finished on some worker: never start new ones
+    if not may_create:
+        return
     wait = -(ctx.seconds_since(status.next_restart_time) or 0.0) if status.next_restart_time else 0.0
     if wait > 0:
         ctx.after(wait)
