@@ -6,9 +6,10 @@
 # operator: kopf and the Kubernetes client, no torch. trainer-cpu: CPU torch and gloo
 # (kind, CI, the examples' default tag). trainer-cuda: a CUDA devel base with nvcc, so
 # that DeepSpeed's JIT ops build on the GPU nodes. Every image runs as uid 65532.
-# Dependencies are installed before the sources are copied: a code edit rebuilds only
-# the last layer, never the torch layer. No Docker engine runs on the project's CI
-# machine: tests/test_images.py lints this file with hadolint and checks its structure.
+# Dependencies are installed before the project (a wheel built in its own stage) comes
+# in: a code edit rebuilds the wheel and the last layer, never the torch layer. No Docker
+# engine runs on the project's CI machine: tests/test_images.py lints this file with
+# hadolint and checks its structure.
 
 # Bases pinned by digest (the tag is kept for the reader). Refresh both with
 # hack/images/pin-bases.sh on a machine that can reach the registries.
@@ -18,18 +19,25 @@ ARG CUDA_BASE=nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04@sha256:e071e85c52ad91fc
 # wheel is the CUDA build, several GB), PyPI's default (CUDA 13.0, as the base) for cuda.
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 
+# ---------------------------------------------------------------- the project, as a wheel
+# Pure Python: one wheel for every image (the CUDA base's Python is another version).
+FROM ${PYTHON_BASE} AS wheel
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY common/ common/
+COPY operator/ operator/
+COPY trainer_image/ trainer_image/
+RUN pip wheel --no-deps --wheel-dir /wheels .
+
 # ---------------------------------------------------------------- operator
 FROM ${PYTHON_BASE} AS operator
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /src
 COPY pyproject.toml constraints.txt hack/images/requirements.py ./
-RUN python requirements.py operator > /tmp/requirements.txt \
- && pip install -c constraints.txt -r /tmp/requirements.txt
-COPY README.md ./
-COPY common/ common/
-COPY operator/ operator/
-COPY trainer_image/ trainer_image/
-RUN pip install --no-deps . && rm -rf /src/* /tmp/requirements.txt
+RUN python requirements.py operator > requirements.txt && pip install -c constraints.txt -r requirements.txt
+COPY --from=wheel /wheels /wheels
+RUN pip install --no-deps /wheels/*.whl && rm -rf /src /wheels
 WORKDIR /
 USER 65532:65532
 ENTRYPOINT ["kopf", "run", "--standalone", "-m", "llmtrain_operator.handlers"]
@@ -44,18 +52,10 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
     DS_ACCELERATOR=cpu \
     HOME=/home/llmtrain TORCH_EXTENSIONS_DIR=/home/llmtrain/.cache/torch_extensions MPLCONFIGDIR=/tmp/matplotlib
 WORKDIR /src
-COPY pyproject.toml constraints.txt hack/images/requirements.py ./
-# torch first (its own index), the rest, then DeepSpeed against that torch without build
-# isolation (it has no wheel; an isolated build would pull a second torch).
-RUN pip install -c constraints.txt --index-url "${TORCH_CPU_INDEX}" torch \
- && python requirements.py trainer > /tmp/requirements.txt \
- && pip install -c constraints.txt -r /tmp/requirements.txt \
- && DS_BUILD_OPS=0 pip install -c constraints.txt --no-build-isolation deepspeed
-COPY README.md ./
-COPY common/ common/
-COPY operator/ operator/
-COPY trainer_image/ trainer_image/
-RUN pip install --no-deps . && rm -rf /src/* /tmp/requirements.txt \
+COPY pyproject.toml constraints.txt hack/images/requirements.py hack/images/install-trainer-deps.sh ./
+RUN sh install-trainer-deps.sh "${TORCH_CPU_INDEX}"
+COPY --from=wheel /wheels /wheels
+RUN pip install --no-deps /wheels/*.whl && rm -rf /src /wheels \
  && mkdir -p /home/llmtrain/.cache && chown -R 65532:65532 /home/llmtrain
 WORKDIR /home/llmtrain
 USER 65532:65532
@@ -71,16 +71,11 @@ ENV PATH=/opt/venv/bin:$PATH \
     PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     HOME=/home/llmtrain TORCH_EXTENSIONS_DIR=/home/llmtrain/.cache/torch_extensions MPLCONFIGDIR=/tmp/matplotlib
 WORKDIR /src
-COPY pyproject.toml constraints.txt hack/images/requirements.py ./
-RUN pip install -c constraints.txt torch \
- && python requirements.py trainer > /tmp/requirements.txt \
- && pip install -c constraints.txt -r /tmp/requirements.txt \
- && DS_BUILD_OPS=0 pip install -c constraints.txt --no-build-isolation deepspeed
-COPY README.md ./
-COPY common/ common/
-COPY operator/ operator/
-COPY trainer_image/ trainer_image/
-RUN pip install --no-deps . && rm -rf /src/* /tmp/requirements.txt \
+COPY pyproject.toml constraints.txt hack/images/requirements.py hack/images/install-trainer-deps.sh ./
+# PyPI's default torch: the CUDA 13.0 build, as the base.
+RUN sh install-trainer-deps.sh
+COPY --from=wheel /wheels /wheels
+RUN pip install --no-deps /wheels/*.whl && rm -rf /src /wheels \
  && mkdir -p /home/llmtrain/.cache && chown -R 65532:65532 /home/llmtrain
 WORKDIR /home/llmtrain
 USER 65532:65532

@@ -111,18 +111,26 @@ def test_every_target_exists_runs_as_a_non_root_user_on_a_base_pinned_by_digest(
         assert all(op != "RUN" for op, _ in instructions[last_user_at:]), f"{target}: a RUN after the final USER"
 
 
-def test_dependencies_are_installed_before_the_sources_are_copied():
+def _brings_the_project(op: str, rest: str) -> bool:
+    """A COPY of the sources, or of the wheel stage's output."""
+    return op == "COPY" and (rest.split()[0] in SOURCES or rest.startswith("--from=wheel"))
+
+
+def test_dependencies_are_installed_before_the_project_comes_in():
     _, stages = parse(DOCKERFILE.read_text())
+    script = (ROOT / "hack/images/install-trainer-deps.sh").read_text()
     for target in TARGETS:
         instructions = [i for s in _chain(stages, target) for i in s.instructions]
-        copies = [n for n, (op, rest) in enumerate(instructions) if op == "COPY" and rest.split()[0] in SOURCES]
-        assert copies, f"{target}: copies no sources"
+        copies = [n for n, (op, rest) in enumerate(instructions) if _brings_the_project(op, rest)]
+        assert copies, f"{target}: the project never comes in"
         first = copies[0]
-        installs_before = [rest for op, rest in instructions[:first] if op == "RUN" and "pip install" in rest]
-        assert any("-r " in r for r in installs_before), f"{target}: no dependency install before the sources"
+        runs_before = [rest for op, rest in instructions[:first] if op == "RUN"]
+        installs = [r for r in runs_before if "pip install" in r and "-r " in r]
+        installs += [r for r in runs_before if "install-trainer-deps.sh" in r and "-r requirements.txt" in script]
+        assert installs, f"{target}: no dependency install before the project"
         for op, rest in instructions[first:]:
             if op == "RUN" and "pip install" in rest:
-                assert "--no-deps" in rest, f"{target}: `{rest}` after the sources would reinstall dependencies on every edit"
+                assert "--no-deps" in rest, f"{target}: `{rest}` after the project would reinstall dependencies on every edit"
 
 
 def _ignored(patterns: list[tuple[bool, str]], path: str) -> bool:
@@ -148,7 +156,8 @@ def test_the_build_context_leaves_out_the_caches_and_keeps_what_the_images_copy(
                  "runs/demo/events.jsonl", "operator/llmtrain_operator/__pycache__/cli.cpython-311.pyc"):
         assert _ignored(patterns, path), f"{path} would be sent to the build"
     _, stages = parse(DOCKERFILE.read_text())
-    copied = {src for s in stages for op, rest in s.instructions if op == "COPY" for src in rest.split()[:-1]}
+    copied = {src for s in stages for op, rest in s.instructions if op == "COPY" and not rest.startswith("--from=")
+              for src in rest.split()[:-1]}
     for src in copied:
         files = [p for p in (ROOT / src).rglob("*") if p.is_file() and "__pycache__" not in p.parts] if (ROOT / src).is_dir() else [ROOT / src]
         assert files, f"COPY {src}: nothing there"
