@@ -403,6 +403,54 @@ def test_a_missing_secret_is_reported_by_name():
     assert "Secret s3-credentials" in next(c for c in status["conditions"] if c["type"] == "Invalid")["message"]
 
 
+def _waiting(pod: PodView, message: str, reason: str = "CreateContainerConfigError") -> PodView:
+    return dataclasses.replace(pod, phase="Pending", ready=False, waiting_reason=reason, waiting_message=message)
+
+
+@pytest.mark.parametrize("message, missing", [
+    ('secret "s3-creds" not found', "Secret s3-creds"),                                   # the kubelet
+    ("couldn't find key AWS_ACCESS_KEY_ID in Secret ml/s3-creds", "Secret s3-creds (key AWS_ACCESS_KEY_ID)"),
+    ("Secret ml/s3-creds not found", "Secret s3-creds"),                                  # the local cluster's node agent
+    ("key AWS_SECRET_ACCESS_KEY not found in Secret ml/s3-creds", "Secret s3-creds (key AWS_SECRET_ACCESS_KEY)"),
+    ('configmap "user-extras" not found', "ConfigMap user-extras"),                       # a podTemplate's own volume
+])
+def test_a_secret_the_operator_may_not_read_is_reported_missing_from_the_pods_that_wait_for_it(message, missing):
+    # Cluster-wide, the operator reads no Secrets (no RBAC rule for them): the worker pods'
+    # CreateContainerConfigError names what is missing.
+    raw = job(status=running_status(phase="Pending"))
+    _, status, actions, events = run(raw, observed(raw, [_waiting(worker(0), message), _waiting(worker(1), message)]))
+    invalid = next(c for c in status["conditions"] if c["type"] == "Invalid")
+    assert status["phase"] == "Invalid" and invalid["status"] == "True"
+    assert invalid["message"] == f"missing: {missing} (in the job's namespace)", invalid
+    assert events == ["MissingDependency"] and not [a for a in actions if "delete" in a], actions
+    # Once it exists the kubelet starts the containers; the condition clears.
+    recovered = {**raw, "status": status}
+    _, again, _, events = run(recovered, observed(recovered, [worker(0), worker(1)]))
+    assert again["phase"] != "Invalid" and "SpecValid" in events
+
+
+def test_a_wait_for_the_jobs_own_config_map_or_an_image_is_not_a_missing_dependency():
+    raw = job(status=running_status(phase="Pending"))
+    pods = [_waiting(worker(0), 'configmap "tiny-elastic-config" not found'), _waiting(worker(1), "Back-off pulling image", "ImagePullBackOff")]
+    _, status, _, _ = run(raw, observed(raw, pods))
+    assert status["phase"] != "Invalid"
+    assert not [c for c in status.get("conditions", []) if c["type"] == "Invalid" and c["status"] == "True"]
+
+
+def test_an_image_that_would_run_as_root_is_reported_with_the_way_out_once_it_has_waited():
+    message = "container has runAsNonRoot and image will run as root (pod: \"ml_tiny-elastic-worker-0\", container: trainer)"
+    raw = job(status=running_status(phase="Pending"))
+    fresh = [_waiting(worker(0, created=NOW - timedelta(seconds=5)), message)]
+    _, status, _, _ = run(raw, observed(raw, fresh))
+    assert status["phase"] != "Invalid", "a moment's wait is not judged yet"
+    old = [_waiting(worker(0, created=NOW - timedelta(seconds=60)), message), _waiting(worker(1, created=NOW - timedelta(seconds=60)), message)]
+    _, status, _, events = run(raw, observed(raw, old))
+    invalid = next(c for c in status["conditions"] if c["type"] == "Invalid")
+    assert status["phase"] == "Invalid" and invalid["reason"] == "ContainerConfigError" and events == ["ContainerConfigError"]
+    assert invalid["message"].startswith("pod tiny-elastic-worker-0 cannot start: container has runAsNonRoot")
+    assert "securityContext.runAsNonRoot: false" in invalid["message"] and invalid["message"].count("cannot start") == 1
+
+
 def test_goodput_counts_running_time_over_active_time():
     raw = job(status=running_status(activeSeconds=100, productiveSeconds=90, lastReconcileTime=ago(10)))
     _, status, _, _ = run(raw, observed(raw, [worker(0), worker(1)]))
@@ -565,6 +613,38 @@ def test_the_pod_template_merges_over_the_worker_pod_and_operator_fields_win():
     assert [e.get("value") for e in trainer["env"] if e["name"] == "LLMTRAIN_JOB"] == ["tiny-elastic"]  # owned env wins
     assert [c["name"] for c in spec["containers"]] == ["trainer", "sidecar"]
     assert spec["restartPolicy"] == "Never"
+
+
+RESTRICTED_POD = {"runAsNonRoot": True, "fsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def test_worker_and_store_pods_are_pod_security_restricted_unless_the_template_says_otherwise():
+    # tests/cluster/test_pod_security.py has the API server's PodSecurity admission judge them.
+    from llmtrain_operator.api import parse_job
+    from llmtrain_operator.planner.manifests import store_pod, worker_pod
+
+    default = parse_job(job())
+    for pod in (worker_pod(default, 0, 0), store_pod(default)):
+        assert pod["spec"]["securityContext"] == RESTRICTED_POD
+        assert all(c["securityContext"] == RESTRICTED_CONTAINER for c in pod["spec"]["containers"])
+    # A root image, allowed by the template: for the store (same image) too.
+    as_root = parse_job(job({"spec.podTemplate": {"spec": {
+        "securityContext": {"runAsNonRoot": False, "runAsUser": 0},
+        "containers": [{"name": "trainer", "securityContext": {"capabilities": {"add": ["SYS_PTRACE"]}}}]}}}))
+    for pod in (worker_pod(as_root, 0, 0), store_pod(as_root)):
+        assert pod["spec"]["securityContext"] == {**RESTRICTED_POD, "runAsNonRoot": False, "runAsUser": 0}
+        first = pod["spec"]["containers"][0]["securityContext"]
+        assert first == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]}}
+
+
+def test_a_host_path_tier_runs_as_root_to_write_the_folder_the_kubelet_creates():
+    from llmtrain_operator.api import parse_job
+    from llmtrain_operator.planner.manifests import worker_pod
+
+    pod = worker_pod(parse_job(job({"spec.checkpoint.local": {"hostPath": "/mnt/nvme/llmtrain"}})), 0, 0)
+    assert pod["spec"]["securityContext"]["runAsUser"] == 0 and pod["spec"]["securityContext"]["runAsNonRoot"] is False
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
 def test_the_worker_pod_has_a_liveness_probe_on_the_launcher_lasting_the_hang_timeout():

@@ -56,11 +56,13 @@ def trainer_program(config_path: str) -> list[str]:
 
 
 def worker_command(python: str, run_dir: str, torchrun: list[str], program: list[str], termination_log: str | None = None,
-                   health_port: int | None = None) -> list[str]:
+                   health_port: int | None = None, health_host: str | None = None) -> list[str]:
     """The full worker command: launcher -> torchrun -> program."""
     launcher = [python, "-m", "llmtrain_trainer.launcher", "--run-dir", run_dir]
     if termination_log:
         launcher += ["--termination-log", termination_log]
     if health_port:
         launcher += ["--health-port", str(health_port)]
+        if health_host:
+            launcher += ["--health-host", health_host]
     return [*launcher, "--", python, "-m", "torch.distributed.run", *torchrun, *program]

@@ -56,6 +56,14 @@ class OperatorSettings:
     """``LLMTRAIN_OPERATOR_PROBE_TIMEOUT_SECONDS``: timeout of one trainer-metrics scrape.
     Seconds. Default 1: a slow trainer must not slow every job's pass."""
 
+    check_secrets: bool = True
+    """``LLMTRAIN_OPERATOR_CHECK_SECRETS``: read a job's S3 credentials Secret (never its
+    data's use: only whether it exists) before creating pods, so that a missing one makes
+    the job ``Invalid`` without a pod. Default true. The chart turns it off in
+    cluster-wide mode, where it would need ``get`` on Secrets in every namespace: a
+    missing Secret is then reported from the worker pods, which wait in
+    ``CreateContainerConfigError`` naming it."""
+
     probes_enabled: bool = True
     """``LLMTRAIN_OPERATOR_PROBES``: scrape trainers for step/checkpoint progress.
     Default true. Off in API-contract tests, where pods have no IPs."""

@@ -29,6 +29,17 @@ def api(kmock: kmock_lib.KubernetesEmulator) -> kmock_lib.KubernetesEmulator:
     return kmock
 
 
+@pytest.fixture(autouse=True)
+def no_remembered_refusals():
+    """Refused creates are remembered per job in the handler module: none leak between tests."""
+    import importlib
+
+    remembered = importlib.import_module("llmtrain_operator.handlers.reconcile")._REFUSALS
+    remembered.clear()
+    yield
+    remembered.clear()
+
+
 @pytest.fixture
 def k8s(api: Any) -> K8s:
     return K8s.for_url(str(api.url), timeout=(2, 2))

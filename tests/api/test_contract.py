@@ -267,9 +267,72 @@ async def test_a_hanging_api_server_times_out_as_a_transient_error(api, k8s):
         await one_pass(api, k8s)
 
 
-async def test_403_forbidden_is_permanent(api, k8s):
+QUOTA = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+         "message": 'pods "tiny-elastic-worker-0" is forbidden: exceeded quota: gpu-quota, requested: nvidia.com/gpu=1, '
+                    "used: nvidia.com/gpu=8, limited: nvidia.com/gpu=8"}
+
+
+def _events(api, since: int) -> list[dict[str, Any]]:
+    return [r.data for r in list(api)[since:] if str(r.method).endswith("POST") and r.url.path.endswith("/events")]
+
+
+def _drop_pods(api) -> None:
+    """kmock stores a created object even when a reaction answers an error: a refused
+    create must leave nothing behind."""
+    for key in [k for k in list(api.objects) if k[0] == "v1/pods" or str(k[0]).endswith("/pods")]:
+        del api.objects[key]
+
+
+def _pod_posts(api, since: int) -> int:
+    return requests_since(api, since).count(("POST", "/api/v1/namespaces/ml/pods"))
+
+
+async def test_a_refused_create_is_a_condition_and_an_event_with_the_servers_words_retried_with_backoff(api, k8s):
+    # A ResourceQuota (or an admission webhook, Pod Security, RBAC) refuses the pods: the
+    # pass does not crash, the rest of its work stands, and the job says why.
     put_job(api, job())
-    api["post /api/v1/namespaces/ml/services"] << 403
+    api["post /api/v1/namespaces/ml/pods"][:6] << 403 << QUOTA  # two passes: the store and two workers each
+    first = await one_pass(api, k8s)
+    _drop_pods(api)
+    assert ("Pod", "tiny-elastic-worker-0") not in first.created
+    assert ("Service", "tiny-elastic-workers") in first.created, "what was accepted stands"
+    before = len(api)
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=1))
+    assert _pod_posts(api, before) == 0, "held back for 2 s after the first refusal"
+    failure = next(c for c in stored_job(api)["status"]["conditions"] if c["type"] == "ReplicaFailure")
+    assert failure["status"] == "True" and failure["reason"] == "FailedCreate"
+    assert "create Pod tiny-elastic-worker-0: " in failure["message"] and "exceeded quota: gpu-quota" in failure["message"]
+    warned = [e for e in _events(api, before) if e["reason"] == "FailedCreate"]
+    assert len(warned) == 1 and warned[0]["type"] == "Warning" and "exceeded quota" in warned[0]["message"]
+    second = len(api)
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=2))
+    _drop_pods(api)
+    assert _pod_posts(api, second) == 3, "retried once the backoff ran out"
+    held = len(api)
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=5))
+    assert _pod_posts(api, held) == 0, "then held back for 4 s"
+    assert not [e for e in _events(api, before) if e["reason"] == "FailedCreate"][1:], "one Event while it lasts"
+    # The quota frees up: the pods are created at the next try, the condition clears with an Event.
+    again = await one_pass(api, k8s, now=NOW + timedelta(seconds=6))
+    assert ("Pod", "tiny-elastic-worker-0") in again.created
+    before = len(api)
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=7))
+    failure = next(c for c in stored_job(api)["status"]["conditions"] if c["type"] == "ReplicaFailure")
+    assert failure["status"] == "False" and failure["reason"] == "CreatesAccepted"
+    assert [e["reason"] for e in _events(api, before)].count("CreatesAccepted") == 1
+
+
+async def test_a_refusal_that_lasts_backs_off_to_five_minutes():
+    from llmtrain_operator.handlers.reconcile import Refusal
+
+    assert [Refusal(n, (), NOW).retry_after for n in (1, 2, 3, 8, 9, 50)] == [2.0, 4.0, 8.0, 256.0, 300.0, 300.0]
+
+
+async def test_403_on_a_delete_stays_a_permanent_error(api, k8s):
+    await started_job(api, k8s)
+    api.objects["v1/pods", NS, "tiny-elastic-worker-0"] = pod(
+        "tiny-elastic-worker-0", 0, phase="Failed", ready=False, terminated={"exitCode": 137, "reason": "Error", "finishedAt": ago(1)})
+    api["delete /api/v1/namespaces/ml/pods/tiny-elastic-worker-0"] << 403
     with pytest.raises(PermanentApiError, match="HTTP 403"):
         await one_pass(api, k8s)
 
@@ -296,3 +359,15 @@ async def test_a_missing_secret_is_read_once_and_reported(api, k8s):
     assert ("GET", "/api/v1/namespaces/ml/secrets/s3-creds") in calls
     assert not [c for c in calls if c[0] == "POST" and c[1].endswith("/pods")]
     assert "Secret s3-creds" in next(c for c in stored_job(api)["status"]["conditions"] if c["type"] == "Invalid")["message"]
+
+
+async def test_without_secret_checks_no_secret_is_read_and_the_pods_are_created(api, k8s):
+    # Cluster-wide, the chart grants no Secret reads: the pods are created, and a missing
+    # Secret is reported from their wait (tests/test_planner.py).
+    raw = job({"spec.checkpoint.s3": {"bucket": "ckpts", "credentialsSecret": {"name": "s3-creds"}}})
+    put_job(api, raw)
+    before = len(api)
+    await one_pass(api, k8s, settings=OperatorSettings(probes_enabled=False, check_secrets=False))
+    calls = requests_since(api, before)
+    assert not [c for c in calls if "/secrets" in c[1]], calls
+    assert [c for c in calls if c[0] == "POST" and c[1].endswith("/pods")]

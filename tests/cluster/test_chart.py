@@ -1,7 +1,9 @@
 """helm and kubectl checks of the chart against the real API server: it lints with several
 values files, its schema refuses bad values, what it renders in both watch scopes is
-accepted by a server-side dry run, the operator's pod passes Pod Security "restricted",
-and a release installs, upgrades (its CRD first) and uninstalls without leftovers."""
+accepted by a server-side dry run, its ServiceAccount can do exactly what the operator
+needs (``kubectl auth can-i``, both watch scopes), the operator's pod passes Pod Security
+"restricted", and a release installs, upgrades (its CRD first) and uninstalls without
+leftovers."""
 
 from __future__ import annotations
 
@@ -120,6 +122,75 @@ def test_replicas_get_a_disruption_budget_and_spread_over_nodes_and_a_single_one
     single = render(local_cluster, "replicaCount=1")
     assert not any(d["kind"] == "PodDisruptionBudget" for d in single)
     assert "affinity" not in next(d for d in single if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+
+
+# (verb, resource, namespace or None for cluster scope) -> allowed. The operator's needs
+# (docs/operator.md, "Watch scope and RBAC") and what it must never be able to do.
+OTHER_NS = "chart-other"
+NEEDED_EVERYWHERE = [("get", "llmtrainjobs.llmtrain.io"), ("list", "llmtrainjobs.llmtrain.io"), ("watch", "llmtrainjobs.llmtrain.io"),
+                     ("patch", "llmtrainjobs.llmtrain.io"), ("delete", "llmtrainjobs.llmtrain.io"),
+                     ("patch", "llmtrainjobs.llmtrain.io:status"), ("create", "pods"), ("delete", "pods"), ("list", "pods"),
+                     ("create", "services"), ("create", "configmaps"), ("update", "configmaps"), ("get", "persistentvolumeclaims"),
+                     ("create", "events")]
+NEVER = [("list", "secrets"), ("watch", "secrets"), ("create", "secrets"), ("create", "llmtrainjobs.llmtrain.io"),
+         ("create", "pods:exec"), ("create", "rolebindings.rbac.authorization.k8s.io"),
+         ("escalate", "roles.rbac.authorization.k8s.io"), ("bind", "roles.rbac.authorization.k8s.io"),
+         ("create", "serviceaccounts:token"), ("delete", "persistentvolumeclaims"), ("*", "*")]
+NEVER_CLUSTER = [("delete", "nodes"), ("patch", "nodes"), ("escalate", "clusterroles.rbac.authorization.k8s.io"),
+                 ("bind", "clusterroles.rbac.authorization.k8s.io"), ("create", "customresourcedefinitions.apiextensions.k8s.io"),
+                 ("get", "secrets")]
+
+
+def _can(bed, account: str, verb: str, resource: str, ns: str | None) -> bool:
+    """``resource``: ``type``, ``type/name`` or ``type:subresource``."""
+    resource, _, sub = resource.partition(":")
+    args = ["auth", "can-i", verb, resource, f"--as={account}"]
+    args += [f"--subresource={sub}"] if sub else []
+    args += ["-n", ns] if ns else ["--all-namespaces"]
+    out = bed.kubectl(*args, check=False)
+    assert out.stdout.strip() in ("yes", "no"), out.stdout + out.stderr
+    return out.stdout.strip() == "yes"
+
+
+@pytest.mark.parametrize("mode", ["cluster-wide", "namespaced"])
+def test_the_service_account_can_do_exactly_what_the_operator_needs(local_cluster, mode):
+    """``kubectl auth can-i`` against the real authorizer, with the chart's RBAC objects
+    created: every right the operator uses, none it must not have: no Secret reads
+    outside a watched namespace, no escalate/bind, no wildcard."""
+    bed = local_cluster
+    release, watched = f"cani-{mode}", "chart-team"
+    for ns in (NS, watched, OTHER_NS):
+        bed.kubectl("create", "namespace", ns, check=False)
+    sets = [f"fullnameOverride={release}"] + ([f"watchNamespace={watched}"] if mode == "namespaced" else [])
+    docs = [d for d in render(bed, *sets) if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
+    for rule in (r for d in docs for r in d.get("rules", [])):
+        assert "*" not in rule.get("verbs", []) + rule.get("resources", []) + rule.get("apiGroups", []), rule
+    manifest = yaml.safe_dump_all(docs)
+    bed.kubectl("apply", "-f", "-", input=manifest)
+    account = f"system:serviceaccount:{NS}:{release}"
+    try:
+        served = [OTHER_NS] if mode == "cluster-wide" else [watched]
+        for ns in served:
+            for verb, resource in NEEDED_EVERYWHERE:
+                assert _can(bed, account, verb, resource, ns), f"{mode}: cannot {verb} {resource} in {ns}"
+            for verb, resource in NEVER:
+                assert not _can(bed, account, verb, resource, ns), f"{mode}: may {verb} {resource} in {ns}"
+        # Secrets: only an existence check, only in a watched namespace.
+        assert _can(bed, account, "get", "secrets", watched) is (mode == "namespaced")
+        assert not _can(bed, account, "get", "secrets", OTHER_NS)
+        if mode == "namespaced":
+            assert not _can(bed, account, "create", "pods", OTHER_NS), "a namespaced operator acts outside its namespace"
+            assert not _can(bed, account, "list", "llmtrainjobs.llmtrain.io", OTHER_NS)
+        for verb, resource in (("list", "nodes"), ("watch", "nodes"), ("list", "customresourcedefinitions.apiextensions.k8s.io")):
+            assert _can(bed, account, verb, resource, None), f"{mode}: cannot {verb} {resource}"
+        for verb, resource in NEVER_CLUSTER:
+            assert not _can(bed, account, verb, resource, None), f"{mode}: may {verb} {resource} cluster-wide"
+        # Leader election: create Leases, and read/update only the operator's own.
+        assert _can(bed, account, "create", "leases.coordination.k8s.io", NS)
+        assert _can(bed, account, "update", "leases.coordination.k8s.io/llmtrain-operator", NS)
+        assert not _can(bed, account, "update", "leases.coordination.k8s.io/someone-elses", NS)
+    finally:
+        bed.kubectl("delete", "-f", "-", "--wait=false", input=manifest, check=False)
 
 
 def test_the_operator_pod_passes_pod_security_restricted(local_cluster):

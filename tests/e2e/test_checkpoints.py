@@ -1,6 +1,7 @@
-"""Checkpoints on the cluster: a job restored from S3 after every other copy is gone, a tier
-with refused credentials shown as degraded (naming the cause, never the secret), and the
-adaptive interval shortened by failures, visible in the status."""
+"""Checkpoints on the cluster: a job restored from S3 after every other copy is gone, a
+missing credentials Secret named in the status until it exists, a tier with refused
+credentials shown as degraded (naming the cause, never the secret), and the adaptive
+interval shortened by failures, visible in the status."""
 
 from __future__ import annotations
 
@@ -69,6 +70,25 @@ def test_every_copy_but_s3_wiped_the_job_resumes_from_s3_through_tier_1(operator
     logs = _worker_logs(bed, ns, name)
     assert "resumed from step 40 (s3 tier" in logs, logs[-3000:]
     assert "pulled step 40 from the s3 tier into tier 1" in logs
+
+
+def test_a_missing_credentials_secret_makes_the_job_invalid_naming_it_and_creating_it_lets_the_job_run(operator, s3):
+    # The chart's cluster-wide operator may not read Secrets: the worker pods are created
+    # and wait for the Secret (CreateContainerConfigError), and the status names it.
+    bed, ns, name = operator, "e2e-s3-missing", "no-secret"
+    bed.kubectl("create", "namespace", ns, check=False)
+    bed.kubectl("delete", "secret", "s3-later", "-n", ns, check=False)
+    create(bed, ns, job_manifest(name, {"spec.trainer.builtin.maxSteps": 20, "spec.checkpoint.intervalSteps": 10,
+                                        "spec.checkpoint.s3": _s3_spec(s3, "s3-later")}))
+    invalid = wait_status(bed, ns, name, lambda s: s.get("phase") == "Invalid", 180, "Invalid for the missing Secret")
+    condition = next(c for c in invalid["conditions"] if c["type"] == "Invalid")
+    assert condition["reason"] == "MissingDependency" and "Secret s3-later" in condition["message"], condition
+    assert "MissingDependency" in events(bed, ns, name)
+    _secret(bed, ns, "s3-later", s3.env())
+    done = wait_status(bed, ns, name, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, "the job ran once the Secret existed")
+    assert done["phase"] == "Succeeded", json.dumps(done)[:2000]
+    assert not any(c["type"] == "Invalid" and c["status"] == "True" for c in done["conditions"])
+    assert {t["name"]: t for t in done["checkpointTiers"]}["s3"]["lastStep"] == 20
 
 
 def test_refused_s3_credentials_degrade_the_tier_in_the_status_naming_the_cause_never_the_secret(operator, s3):

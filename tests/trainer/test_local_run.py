@@ -6,8 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 
+from llmtrain_operator.api import parse_job
+from llmtrain_operator.localrun.cluster import LocalCluster
+from llmtrain_operator.planner import plan
+from support.planning import job
 from support.specs import ROOT
 
 
@@ -33,3 +39,32 @@ def test_the_demo_job_recovers_from_a_crash_and_a_node_loss_and_succeeds(tmp_pat
     logs = "".join(p.read_text() for p in workdir.glob("tiny-elastic-worker-*.log"))
     assert "resumed from step" in logs
     assert (workdir / "loss.png").stat().st_size > 10_000
+
+
+def test_the_local_runner_reads_each_nodes_failed_attempts_from_its_launcher(tmp_path: Path):
+    """As the operator does in a cluster: the launcher of every local "node" serves its
+    failed attempts on loopback and each observation reads them, so an in-place restart
+    is charged before the restarted trainer is up."""
+    script = tmp_path / "idle.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    raw = job({"spec.replicas": {"min": 1, "max": 1}, "spec.trainer": {"command": [str(script)]},
+               "spec.checkpoint": {"enabled": False}})
+    cluster = LocalCluster(parse_job({**raw, "status": None}), tmp_path / "run")
+    try:
+        status = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            observed = cluster.observe()
+            if observed.launcher_attempts:
+                break
+            result = plan({**raw, "status": status}, observed, datetime.now(timezone.utc))
+            status = result.status
+            cluster.apply(result.actions)
+            time.sleep(0.5)
+        assert observed.launcher_attempts, "no launcher answered on its health port"
+        (pod, counted), = observed.launcher_attempts.items()
+        assert pod == "tiny-elastic-worker-0" and isinstance(counted, dict) and sum(counted.values()) == 0, counted
+        port = cluster.pods[pod].health_port
+        assert port and f"--health-port {port} --health-host 127.0.0.1" in " ".join(cluster.pods[pod].proc.args)
+    finally:
+        cluster.shutdown()

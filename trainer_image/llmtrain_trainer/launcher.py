@@ -83,7 +83,8 @@ def max_restarts(command: list[str]) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
-        print("usage: python -m llmtrain_trainer.launcher [--run-dir DIR] [--termination-log PATH] [--health-port N] -- torchrun ...",
+        print("usage: python -m llmtrain_trainer.launcher [--run-dir DIR] [--termination-log PATH] [--health-port N] "
+              "[--health-host ADDR] -- torchrun ...",
               file=sys.stderr)
         return 64
     split = argv.index("--")
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", default=os.environ.get(Env.RUN_DIR, "/tmp/llmtrain"))
     parser.add_argument("--termination-log", default=os.environ.get(Env.TERMINATION_LOG, TERMINATION_LOG))
     parser.add_argument("--health-port", type=int, default=0, help="serve /healthz for a liveness probe here (0: off)")
+    parser.add_argument("--health-host", default="", help="the address to serve it on (default: every interface, as a pod needs)")
     args = parser.parse_args(argv[:split])
     command = argv[split + 1:]
     run_dir = Path(args.run_dir)
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     supervisor = Supervisor(run_dir)
     tracker = AttemptTracker(run_dir, max_restarts=max_restarts(command))
     try:
-        health = serve_health(args.health_port, supervisor, tracker) if args.health_port else None
+        health = serve_health(args.health_port, supervisor, tracker, args.health_host) if args.health_port else None
     except OSError as err:
         print(f"llmtrain launcher: cannot serve /healthz on port {args.health_port}: {err}", file=sys.stderr, flush=True)
         return int(ExitCode.CONFIG_ERROR)

@@ -29,13 +29,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [pods, services, configmaps]
   verbs: [get, list, watch, create, update, patch, delete]
-# Checking that referenced Secrets and PVCs exist (never their contents' use).
+# Checking that a referenced PVC exists before creating pods (a missing one: Invalid).
 - apiGroups: [""]
-  resources: [secrets, persistentvolumeclaims]
+  resources: [persistentvolumeclaims]
   verbs: [get]
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create, patch]
+{{- end }}
+{{- define "llmtrain.rules.secrets" -}}
+# Checking that a job's S3 credentials Secret exists before creating pods (its data is
+# never used by the operator). Only in a watched namespace's Role: cluster-wide it would
+# mean reading every namespace's Secrets, so there the operator reports a missing Secret
+# from the worker pods' CreateContainerConfigError instead.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
 {{- end }}
 {{- define "llmtrain.rules.cluster" -}}
 # Node health for failure detection (read only).

@@ -71,6 +71,11 @@ class PodView:
     """A ``DisruptionTarget`` condition or an eviction: the pod was taken away."""
     unschedulable: bool = False
     ip: str | None = None
+    waiting_reason: str | None = None
+    """Why the trainer container has not started (``state.waiting.reason``), e.g.
+    ``CreateContainerConfigError`` for a missing Secret or key."""
+    waiting_message: str | None = None
+    """The kubelet's words for it (``state.waiting.message``)."""
 
     @property
     def active(self) -> bool:
@@ -106,6 +111,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
             termination = {}
     sched = conditions.get("PodScheduled") or {}
     slot = labels.get(LABEL_SLOT)
+    waiting = (cstatus.get("state") or {}).get("waiting") or {}
     return PodView(
         name=meta.get("name", ""),
         role=labels.get(LABEL_ROLE, ""),
@@ -126,6 +132,8 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         disruption=(conditions.get("DisruptionTarget") or {}).get("status") == "True" or status.get("reason") == "Evicted",
         unschedulable=sched.get("status") == "False" and sched.get("reason") == "Unschedulable",
         ip=status.get("podIP"),
+        waiting_reason=waiting.get("reason"),
+        waiting_message=waiting.get("message"),
     )
 
 
@@ -220,6 +228,11 @@ class Observed:
     while the restarted trainer is not up yet)."""
     missing: tuple[str, ...] = ()
     """Referenced objects that do not exist, e.g. ``Secret s3-creds``, ``PersistentVolumeClaim ckpt``."""
+    refused: tuple[str, ...] = ()
+    """Creates the API server refused in the previous pass, with its words, e.g. ``create
+    Pod x: pods "x" is forbidden: exceeded quota: gpu, requested: ...``."""
+    retry_creates_at: datetime | None = None
+    """Refused creates are tried again from this time on (backoff)."""
 
     def workers(self) -> list[PodView]:
         return [p for p in self.pods if p.role == ROLE_WORKER]

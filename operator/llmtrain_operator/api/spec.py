@@ -498,7 +498,9 @@ class LLMTrainJobSpec(Ruled):
     worker pods, as kubectl's strategic merge would: maps merge recursively;
     ``containers``, ``initContainers``, ``volumes``, ``env`` and ``imagePullSecrets`` merge
     by name, ``volumeMounts`` by mountPath, ``ports`` by containerPort; other lists are
-    replaced. Operator-owned fields (command, its env, labels) win."""
+    replaced. Operator-owned fields (command, its env, labels) win. The pods are Pod
+    Security "restricted" by default; ``spec.securityContext`` and the ``trainer``
+    container's ``securityContext`` here override that, for the rendezvous pod too."""
 
     def world_sizes(self) -> range:
         """World sizes the job may run at, smallest first."""

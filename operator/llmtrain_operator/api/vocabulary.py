@@ -48,6 +48,9 @@ class ConditionType(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     INVALID = "Invalid"
+    REPLICA_FAILURE = "ReplicaFailure"
+    """The API server refuses to create a child (quota, an admission webhook, Pod Security,
+    RBAC), as Kubernetes' own ReplicaSets report it."""
 
 
 class FailureKind(StrEnum):
@@ -74,6 +77,8 @@ class Reason(StrEnum):
     # children and lifecycle
     CREATED = "Created"
     CREATED_WORKERS = "CreatedWorkers"
+    FAILED_CREATE = "FailedCreate"
+    CREATES_ACCEPTED = "CreatesAccepted"
     CONFIG_UPDATED = "ConfigUpdated"
     SCALED_DOWN = "ScaledDown"
     STORE_RESTARTED = "StoreRestarted"
@@ -96,6 +101,7 @@ class Reason(StrEnum):
     # validity
     INVALID_SPEC = "InvalidSpec"
     MISSING_DEPENDENCY = "MissingDependency"
+    CONTAINER_CONFIG_ERROR = "ContainerConfigError"
     SPEC_VALID = "SpecValid"
     # condition reasons
     CHILDREN_CREATED = "ChildrenCreated"

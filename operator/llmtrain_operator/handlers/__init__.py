@@ -36,6 +36,7 @@ from ..settings import OperatorSettings, from_env
 from .leadership import AlwaysLeader, Gate, Leadership
 from .loops import JobLoops, Key
 from .reconcile import Children, NotLeader, reconcile
+from .reconcile import forget as forget_refusals
 from .slots import Slots
 
 log = logging.getLogger("llmtrain.operator")
@@ -201,6 +202,7 @@ async def job_changed(type: str | None, namespace: str, name: str, body: kopf.Bo
     LOOPS.seen(key, type, dict(body))
     if type == "DELETED":
         metrics.forget(*key)
+        forget_refusals(*key)
 
 
 @kopf.on.event("pods", labels=JOB_SELECTOR)

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 from llmtrain_contract.names import HEALTH_PORT
@@ -19,7 +19,7 @@ from .. import metrics
 from ..api.observed import LABEL_JOB, ROLE_WORKER, ConfigMapView, Observed, node_view, parse_time, pod_view
 from ..api.vocabulary import Phase, PodPhase
 from ..api.spec import LLMTrainJobSpec
-from ..k8s.client import K8s, TransientApiError
+from ..k8s.client import K8s, PermanentApiError, TransientApiError
 from ..k8s.patches import merge_patch
 from ..planner import CreateObject, DeleteJob, DeletePod, Plan, ReplaceObject, plan
 from ..probe import scrape, scrape_launcher
@@ -30,6 +30,33 @@ log = logging.getLogger("llmtrain.decisions")
 
 VOLATILE = ("lastReconcileTime", "activeSeconds", "productiveSeconds", "goodput")
 """Status fields that change on every pass; alone they do not justify a write."""
+
+
+REFUSAL_BACKOFF = (2.0, 300.0)
+"""Seconds before retrying a refused create, doubling per refusal in a row: a quota or a
+webhook may clear (another job ends, the webhook is fixed) without any watch event."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    count: int
+    messages: tuple[str, ...]
+    at: datetime
+    """When the latest refusal came."""
+
+    @property
+    def retry_after(self) -> float:
+        first, cap = REFUSAL_BACKOFF
+        return min(cap, first * 2 ** (self.count - 1))
+
+    @property
+    def retry_at(self) -> datetime:
+        return self.at + timedelta(seconds=self.retry_after)
+
+
+_REFUSALS: dict[tuple[str, str], Refusal] = {}
+"""Per job: the creates the API server refused in its latest pass (in memory: a new
+leader learns them again at its first attempt)."""
 
 
 class NotLeader(Exception):
@@ -80,14 +107,16 @@ def _needs_dependency_check(body: dict[str, Any]) -> bool:
     return status.get("phase") in (None, Phase.PENDING, Phase.INVALID) or status.get("observedGeneration") != generation
 
 
-async def missing_dependencies(k8s: K8s, body: dict[str, Any]) -> tuple[str, ...]:
+async def missing_dependencies(k8s: K8s, body: dict[str, Any], check_secrets: bool = True) -> tuple[str, ...]:
+    """Referenced objects that do not exist. ``check_secrets`` off: Secrets are not read
+    (no RBAC for them); the planner learns of a missing one from the pods' wait."""
     try:
         spec = LLMTrainJobSpec.model_validate(body.get("spec") or {})
     except ValueError:
         return ()  # the planner reports the invalid spec itself
     ns = (body.get("metadata") or {}).get("namespace", "default")
     wanted = []
-    if spec.checkpoint.s3 is not None:
+    if spec.checkpoint.s3 is not None and check_secrets:
         wanted.append(("Secret", spec.checkpoint.s3.credentials_secret.name))
     if spec.checkpoint.shared is not None:
         wanted.append(("PersistentVolumeClaim", spec.checkpoint.shared.claim_name))
@@ -138,10 +167,10 @@ def _check(gate: WriteGate | None) -> None:
 
 
 async def write(k8s: K8s, body: dict[str, Any], result: Plan, status_patch: dict[str, Any] | None,
-                gate: WriteGate | None = None) -> tuple[BaseException | None, BaseException | None]:
+                gate: WriteGate | None = None) -> tuple[BaseException | None, BaseException | None, tuple[str, ...]]:
     """A pass's writes: the status patch and every create in one concurrent round, then
     the deletes. Returns (the first failed action's error, a permanent one first; the
-    status patch's error).
+    status patch's error; the creates the API server refused, with its words).
 
     Creates need no order: a pod created a moment before its ConfigMap is retried by the
     kubelet until the volume mounts (as with Kubeflow's and JobSet's children). One round
@@ -155,12 +184,17 @@ async def write(k8s: K8s, body: dict[str, Any], result: Plan, status_patch: dict
     meta = body["metadata"]
     ns, name = meta.get("namespace", "default"), meta["name"]
     deletes = [a for a in result.actions if isinstance(a, (DeletePod, DeleteJob))]
-    first = [_request(k8s, ns, name, a) for a in result.actions if not isinstance(a, (DeletePod, DeleteJob))]
+    creates = [a for a in result.actions if not isinstance(a, (DeletePod, DeleteJob))]
+    first = [_request(k8s, ns, name, a) for a in creates]
     if status_patch is not None:
         first.append(asyncio.to_thread(k8s.patch_status, ns, name, status_patch, meta.get("resourceVersion")))
     _check(gate)
     outcomes = list(await asyncio.gather(*first, return_exceptions=True))
     status_error = outcomes.pop() if status_patch is not None else None
+    # A create the API server refuses (quota, admission, Pod Security, RBAC) is reported
+    # and retried, not raised: the job's other work in this pass stands.
+    refused = tuple(f"{describe(a)}: {o.server_message}" for a, o in zip(creates, outcomes) if isinstance(o, PermanentApiError))
+    outcomes = [o for o in outcomes if not isinstance(o, PermanentApiError)]
     if not isinstance(status_error, BaseException):
         status_error = None
         if deletes:
@@ -168,7 +202,7 @@ async def write(k8s: K8s, body: dict[str, Any], result: Plan, status_patch: dict
         outcomes += await asyncio.gather(*(_request(k8s, ns, name, a) for a in deletes), return_exceptions=True)
     errors = [o for o in outcomes if isinstance(o, BaseException)]
     action_error = next((e for e in errors if not isinstance(e, TransientApiError)), errors[0] if errors else None)
-    return action_error, status_error
+    return action_error, status_error, refused
 
 
 def describe(action: Any) -> str:
@@ -239,7 +273,13 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
         return await _decide_and_write(k8s, body, settings, now or datetime.now(timezone.utc), started + waited,
                                        Observed(pods=pods, nodes=nodes, services=children.services,
                                                 configmaps=children.configmaps, probes=probes,
-                                                launcher_attempts=attempts), gate)
+                                                launcher_attempts=attempts, **refused_before(ns, name)), gate)
+
+
+def refused_before(namespace: str, name: str) -> dict[str, Any]:
+    """``Observed`` fields for the creates the API server refused last time."""
+    refusal = _REFUSALS.get((namespace, name))
+    return {"refused": refusal.messages, "retry_creates_at": refusal.retry_at} if refusal is not None else {}
 
 
 async def _decide_and_write(k8s: K8s, body: dict[str, Any], settings: OperatorSettings, now: datetime,
@@ -247,12 +287,13 @@ async def _decide_and_write(k8s: K8s, body: dict[str, Any], settings: OperatorSe
     meta = body["metadata"]
     ns, name = meta.get("namespace", "default"), meta["name"]
     if _needs_dependency_check(body):
-        observed = replace(observed, missing=await missing_dependencies(k8s, body))
+        observed = replace(observed, missing=await missing_dependencies(k8s, body, settings.check_secrets))
     result = plan(body, observed, now)
     old_status = body.get("status") or {}
     changed = status_changed(old_status, result.status, settings.status_flush_seconds, now)
     _check(gate)
-    action_error, status_error = await write(k8s, body, result, merge_patch(old_status, result.status) if changed else None, gate)
+    action_error, status_error, refused = await write(k8s, body, result, merge_patch(old_status, result.status) if changed else None, gate)
+    _remember_refusals(ns, name, refused, now, attempted=any(isinstance(a, (CreateObject, ReplaceObject)) for a in result.actions))
     for err in (action_error, status_error):
         if err is not None and not isinstance(err, TransientApiError):
             raise err
@@ -265,5 +306,27 @@ async def _decide_and_write(k8s: K8s, body: dict[str, Any], settings: OperatorSe
     metrics.record_pass(ns, name, result.decisions, result.status, time.perf_counter() - started)
     if action_error is not None:
         raise action_error  # the status is recorded; the next pass retries what failed
-    created = tuple((a.kind, a.name) for a in result.actions if isinstance(a, CreateObject))
+    created = tuple((a.kind, a.name) for a in result.actions
+                    if isinstance(a, CreateObject) and not any(r.startswith(describe(a) + ":") for r in refused))
     return PassResult(result, result.status.get("lastReconcileTime") if changed else None, created)
+
+
+def _remember_refusals(namespace: str, name: str, refused: tuple[str, ...], now: datetime, attempted: bool) -> None:
+    """The refusals the next passes report (``Observed.refused``) and the backoff they
+    wait (counted in a row). A pass without a refusal clears them, unless the backoff held
+    its creates back."""
+    key = (namespace, name)
+    if not refused:
+        before = _REFUSALS.get(key)
+        if before is not None and (attempted or now >= before.retry_at):
+            del _REFUSALS[key]
+        return
+    before = _REFUSALS.get(key)
+    _REFUSALS[key] = refusal = Refusal((before.count if before else 0) + 1, refused, now)
+    for message in refused:
+        log.warning("job %s/%s: the API server refused: %s (retrying in %.0fs)", namespace, name, message, refusal.retry_after)
+
+
+def forget(namespace: str, name: str) -> None:
+    """A deleted job's remembered refusals."""
+    _REFUSALS.pop((namespace, name), None)

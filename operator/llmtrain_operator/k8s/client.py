@@ -45,14 +45,30 @@ class TransientApiError(Exception):
 
 
 class PermanentApiError(Exception):
-    """The API refused the request for a reason a retry cannot fix."""
+    """The API refused the request for a reason a retry cannot fix by itself."""
+
+    def __init__(self, message: str, status: int | None = None, server_message: str = ""):
+        super().__init__(message)
+        self.status = status
+        self.server_message = server_message
+        """The API server's own words (the Status object's ``message``): what a quota, an
+        admission webhook or Pod Security said."""
+
+
+def _server_message(err: ApiException) -> str:
+    try:
+        body = json.loads(err.body or "")
+        message = body.get("message") if isinstance(body, dict) else None
+    except (ValueError, TypeError):
+        message = None
+    return str(message or err.reason or f"HTTP {err.status}")[:1000]
 
 
 def _classify(err: Exception, what: str) -> Exception:
     if isinstance(err, ApiException):
         if err.status in (410, 429) or (err.status or 0) >= 500 or err.status == 409:
             return TransientApiError(f"{what}: HTTP {err.status} {err.reason}", delay=CONFLICT_RETRY_SECONDS if err.status == 409 else 5.0)
-        return PermanentApiError(f"{what}: HTTP {err.status} {err.reason}: {(err.body or '')[:500]}")
+        return PermanentApiError(f"{what}: HTTP {err.status} {err.reason}: {(err.body or '')[:500]}", err.status, _server_message(err))
     return TransientApiError(f"{what}: {type(err).__name__}: {err}")
 
 

@@ -39,7 +39,7 @@ from ..planner import CreateObject, DeleteJob, DeletePod, ReplaceObject
 from ..planner.environment import worker_env
 from ..planner.manifests import TORCHRUN_MAX_RESTARTS
 from ..planner.render import config_text, tier_paths, trainer_config
-from ..probe import scrape
+from ..probe import scrape, scrape_launcher
 
 PY = sys.executable
 
@@ -102,6 +102,8 @@ class LocalPod:
     deleting: bool = False
     kill_at: float | None = None
     uid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    health_port: int | None = None
+    """The launcher's /healthz and /metrics (its failed attempts), on loopback."""
 
     def view(self) -> PodView:
         code = self.proc.poll()
@@ -183,14 +185,15 @@ class LocalCluster:
         tmp.write_text(text)
         tmp.replace(folder / CADENCE_FILE)
 
-    def _spawn(self, name: str, role: str, slot: int | None, generation: int, cmd: list[str], env: dict[str, str]) -> None:
+    def _spawn(self, name: str, role: str, slot: int | None, generation: int, cmd: list[str], env: dict[str, str],
+               health_port: int | None = None) -> None:
         folder = self.slot_dir(slot) if slot is not None else self.workdir / "store"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "termination-log").unlink(missing_ok=True)
         log = (self.workdir / f"{name}.log").open("a")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True)
         log.close()
-        self.pods[name] = LocalPod(name, role, slot, generation, proc, datetime.now(timezone.utc), folder)
+        self.pods[name] = LocalPod(name, role, slot, generation, proc, datetime.now(timezone.utc), folder, health_port=health_port)
 
     def _start_store(self, name: str) -> None:
         self.store_port = _free_port()
@@ -222,8 +225,11 @@ class LocalCluster:
             program = trainer_program(str(config))
         else:
             program = [*(spec.trainer.command or []), *(spec.trainer.args or [])]
-        cmd = worker_command(PY, str(run_dir), flags, program, str(folder / "termination-log"))
-        self._spawn(name, ROLE_WORKER, slot, generation, cmd, self.worker_environment(name, slot))
+        # The launcher serves its failed attempts, as in a pod: the planner charges an
+        # in-place restart from its count, before the restarted trainer is up.
+        health_port = _free_port()
+        cmd = worker_command(PY, str(run_dir), flags, program, str(folder / "termination-log"), health_port, "127.0.0.1")
+        self._spawn(name, ROLE_WORKER, slot, generation, cmd, self.worker_environment(name, slot), health_port)
 
     def worker_environment(self, name: str, slot: int) -> dict[str, str]:
         """The pod's environment (``planner.environment.worker_env``, the same function
@@ -277,7 +283,7 @@ class LocalCluster:
                     self._signal(pod, signal.SIGKILL)
                 if pod.proc.poll() is not None:
                     del self.pods[name]  # the pod object is gone once its processes are
-        views, probes = [], {}
+        views, probes, attempts = [], {}, {}
         for pod in self.pods.values():
             view = pod.view()
             if pod.role == ROLE_WORKER and view.phase == PodPhase.RUNNING:
@@ -285,6 +291,9 @@ class LocalCluster:
                 if probe is not None:
                     probes[pod.name] = probe
                     view = PodView(**{**view.__dict__, "ready": True})
+                counted = scrape_launcher(f"http://127.0.0.1:{pod.health_port}/metrics", timeout=1.0) if pod.health_port else None
+                if counted is not None:
+                    attempts[pod.name] = counted
             views.append(view)
         nodes = {f"local-{s}": NodeView(f"local-{s}", "True", None) for s in range(self.job.spec.replicas.max)}
         # The store's own "node": a store on a missing Node counts as lost and is recreated.
@@ -292,7 +301,8 @@ class LocalCluster:
         services = frozenset(o.split("/", 1)[1] for o in self.objects if o.startswith("Service/"))
         configmaps = {o.split("/", 1)[1]: ConfigMapView.from_annotations(self.configmap["metadata"].get("annotations"))
                       for o in self.objects if o.startswith("ConfigMap/") and self.configmap is not None}
-        return Observed(pods=tuple(views), nodes=nodes, services=services, configmaps=configmaps, probes=probes)
+        return Observed(pods=tuple(views), nodes=nodes, services=services, configmaps=configmaps, probes=probes,
+                        launcher_attempts=attempts)
 
     def _probe(self, pod: LocalPod) -> TrainerProbe | None:
         info = pod.folder / "run" / "metrics-local-rank-0.json"

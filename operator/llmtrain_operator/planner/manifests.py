@@ -23,6 +23,32 @@ TORCHRUN_MAX_RESTARTS = 1_000_000
 collective fails; the *job-wide* budget is enforced by the operator, not by torchrun."""
 
 
+IMAGE_UID = 65532
+"""The uid/gid the project's images run as (``Dockerfile``): the group of the pods'
+volumes, so that a non-root trainer can write the tiers."""
+
+
+def security_contexts(job: LLMTrainJob) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(pod, container) securityContext of the pods the operator creates: Pod Security
+    "restricted" (non-root, RuntimeDefault seccomp, no privilege escalation, no
+    capabilities). The image's own numeric USER runs; an image that would run as root is
+    refused by the kubelet, and the job reports it (``policies/validity.py``).
+
+    A ``hostPath`` local tier cannot be restricted (not even "baseline" admits hostPath)
+    and the kubelet creates its folder owned by root: such pods run as root, as they must
+    to write there. ``podTemplate.spec.securityContext`` and the ``trainer`` container's
+    ``securityContext`` in the template override these, for workers and the rendezvous
+    store alike."""
+    pod: dict[str, Any] = {"runAsNonRoot": True, "fsGroup": IMAGE_UID, "seccompProfile": {"type": "RuntimeDefault"}}
+    container: dict[str, Any] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    if job.spec.checkpoint.enabled and job.spec.checkpoint.local.host_path:
+        pod.update(runAsNonRoot=False, runAsUser=0)
+    template = job.spec.pod_template.to_wire() if job.spec.pod_template is not None else {}
+    spec = template.get("spec") or {}
+    trainer = next((c for c in spec.get("containers") or [] if c.get("name") == "trainer"), {})
+    return deep_merge(pod, spec.get("securityContext") or {}), deep_merge(container, trainer.get("securityContext") or {})
+
+
 def owner_reference(job: LLMTrainJob) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
@@ -93,12 +119,14 @@ def config_map(job: LLMTrainJob, history: CadenceHistory | None = None) -> dict[
 
 def store_pod(job: LLMTrainJob) -> dict[str, Any]:
     job_name = job.metadata.name
+    pod_security, container_security = security_contexts(job)
     pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _meta(job, names.store_pod(job_name), names.store_labels(job_name)),
         "spec": {
             "restartPolicy": "Always",
+            "securityContext": pod_security,
             "containers": [{
                 "name": "rendezvous",
                 "image": job.spec.image,
@@ -106,6 +134,7 @@ def store_pod(job: LLMTrainJob) -> dict[str, Any]:
                 "command": store_command(names.PYTHON, RDZV_PORT),
                 "ports": [{"name": "rdzv", "containerPort": RDZV_PORT}],
                 "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                "securityContext": container_security,
             }],
         },
     }
@@ -230,6 +259,7 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: list[s
     volumes, mounts = _volumes(job)
     ports = [{"name": f"metrics-{r}" if r else "metrics", "containerPort": spec.metrics.port + r} for r in range(spec.procs_per_node)]
     ports.append({"name": "health", "containerPort": HEALTH_PORT})
+    pod_security, container_security = security_contexts(job)
     container = {
         "name": "trainer",
         "image": spec.image,
@@ -244,6 +274,7 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: list[s
         # Ready once the trainer joined the group and serves metrics.
         "readinessProbe": {"httpGet": {"path": "/metrics", "port": spec.metrics.port}, "periodSeconds": 2},
         "livenessProbe": liveness_probe(job),
+        "securityContext": container_security,
     }
     # Prometheus' kubernetes_sd convention: scrape local rank 0's trainer endpoint.
     annotations: dict[str, str] = {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.metrics.port)}
@@ -253,6 +284,7 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: list[s
         "hostname": names.worker_pod(job_name, slot),
         "subdomain": names.workers_service(job_name),
         "terminationGracePeriodSeconds": spec.checkpoint.sigterm_budget_seconds + 15,
+        "securityContext": pod_security,
         "containers": [container],
         "volumes": volumes,
     }

@@ -6,17 +6,46 @@ from __future__ import annotations
 from llmtrain_contract.names import CONFIG_HASH_ANNOTATION
 
 from ...api.observed import CADENCE_ANNOTATION
-from ...api.vocabulary import PodPhase, Reason
+from ...api.vocabulary import ConditionType, PodPhase, Reason
 from .. import manifests, names
+from ..conditions import is_true
 from ..context import CreateObject, DeletePod, Pass, ReplaceObject, Verdict
 from ..decisions import CadenceShared
 from ..quarantine import active_quarantine
 
 
 def handle(ctx: Pass) -> Verdict:
-    ensure_infrastructure(ctx)
-    reconcile_workers(ctx)
+    report_refusals(ctx)
+    held = creates_held(ctx)
+    if not held:
+        ensure_infrastructure(ctx)
+    reconcile_workers(ctx, may_create=not held)
     return Verdict.CONTINUE
+
+
+def report_refusals(ctx: Pass) -> None:
+    """Creates the API server refused last time (a quota, an admission webhook, Pod
+    Security, RBAC): the ``ReplicaFailure`` condition with the server's words and one
+    Warning Event when it starts; the creates are retried after a backoff
+    (``creates_held``) since a quota or a webhook may clear, and the condition clears
+    when they pass."""
+    if ctx.observed.refused:
+        message = "; ".join(ctx.observed.refused)
+        if ctx.condition(ConditionType.REPLICA_FAILURE, True, Reason.FAILED_CREATE, message):
+            ctx.event(Reason.FAILED_CREATE, message, warning=True)
+    elif is_true(ctx.status.conditions, ConditionType.REPLICA_FAILURE):
+        ctx.condition(ConditionType.REPLICA_FAILURE, False, Reason.CREATES_ACCEPTED, "the API server accepts the job's objects again")
+        ctx.event(Reason.CREATES_ACCEPTED, "the API server accepts the job's objects again")
+
+
+def creates_held(ctx: Pass) -> bool:
+    """Refused creates wait for their backoff (``Observed.retry_creates_at``); everything
+    else in the pass (failures, deletes, timers) goes on."""
+    at = ctx.observed.retry_creates_at
+    if at is None or ctx.now >= at:
+        return False
+    ctx.after((at - ctx.now).total_seconds())
+    return True
 
 
 def ensure_infrastructure(ctx: Pass) -> None:
@@ -52,7 +81,7 @@ def ensure_infrastructure(ctx: Pass) -> None:
         ctx.event(Reason.CREATED, "created " + ", ".join(created))
 
 
-def reconcile_workers(ctx: Pass) -> None:
+def reconcile_workers(ctx: Pass, may_create: bool = True) -> None:
     """Scale down, replace old generations, and create missing slots (after backoff)."""
     spec, status = ctx.spec, ctx.status
     workers = ctx.observed.workers()
@@ -72,6 +101,8 @@ def reconcile_workers(ctx: Pass) -> None:
         return
     if any(p.phase == PodPhase.SUCCEEDED for p in workers):
         return  # training finished on some worker: never start new ones
+    if not may_create:
+        return
     wait = -(ctx.seconds_since(status.next_restart_time) or 0.0) if status.next_restart_time else 0.0
     if wait > 0:
         ctx.after(wait)

@@ -1,0 +1,51 @@
+"""What the real API server refuses: a ResourceQuota that holds the job's pods back, and
+Pod Security "restricted" against a job that asks for a hostPath tier. The job says why in
+its status (the server's own words), retries with backoff, and runs once the cause goes."""
+
+from __future__ import annotations
+
+import json
+
+from support.waiting import wait_for
+
+from .jobs import create, event_messages, job_manifest, pods, wait_status
+
+
+def _failure(status: dict) -> dict | None:
+    return next((c for c in status.get("conditions", []) if c["type"] == "ReplicaFailure"), None)
+
+
+def test_a_quota_that_refuses_the_pods_is_in_the_status_and_the_job_runs_once_it_is_raised(operator):
+    bed, ns, name = operator, "e2e-quota", "quota"
+    bed.kubectl("create", "namespace", ns, check=False)
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "pods", "namespace": ns},
+             "spec": {"hard": {"pods": "1"}}}
+    bed.kubectl("apply", "-f", "-", input=json.dumps(quota))
+    # The quota admission plugin refuses only once the quota controller has set its usage.
+    wait_for(lambda: (json.loads(bed.kubectl("get", "resourcequota", "pods", "-n", ns, "-o", "json").stdout)
+                      .get("status") or {}).get("hard"), 60, what="the quota's status")
+    create(bed, ns, job_manifest(name, {"spec.trainer.builtin.maxSteps": 20}))
+    refused = wait_status(bed, ns, name, lambda s: (_failure(s) or {}).get("status") == "True", 120, "ReplicaFailure")
+    failure = _failure(refused)
+    assert failure["reason"] == "FailedCreate" and "exceeded quota: pods" in failure["message"], failure
+    assert any(r == "FailedCreate" and "exceeded quota" in m for r, m in event_messages(bed, ns, name))
+    assert len(pods(bed, ns, name)) + len(pods(bed, ns, name, "rendezvous")) <= 1
+    bed.kubectl("patch", "resourcequota", "pods", "-n", ns, "--type=merge", "-p", '{"spec": {"hard": {"pods": "10"}}}')
+    done = wait_status(bed, ns, name, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, "the job ran after the quota rose")
+    assert done["phase"] == "Succeeded", json.dumps(done)[:2000]
+    assert _failure(done)["status"] == "False" and _failure(done)["reason"] == "CreatesAccepted"
+    assert done["restarts"] == 0, "a refused create is not a failure of the job"
+
+
+def test_pod_security_restricted_refuses_a_host_path_tier_naming_it(operator):
+    bed, ns, name = operator, "e2e-restricted", "host-path"
+    bed.kubectl("create", "namespace", ns, check=False)
+    bed.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted", "--overwrite")
+    create(bed, ns, job_manifest(name, {"spec.checkpoint.local": {"hostPath": "/var/tmp/llmtrain-e2e-tier"}}))
+    try:
+        refused = wait_status(bed, ns, name, lambda s: (_failure(s) or {}).get("status") == "True", 120, "ReplicaFailure")
+        message = _failure(refused)["message"]
+        assert 'violates PodSecurity "restricted' in message and "hostPath" in message, message
+        assert not pods(bed, ns, name)
+    finally:
+        bed.kubectl("delete", "ltj", name, "-n", ns, "--wait=false")
