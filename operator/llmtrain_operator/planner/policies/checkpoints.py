@@ -83,7 +83,7 @@ def _cadence(ctx: Pass) -> None:
         # may lag.
         chooser = next((p for p in probes if p.interval_steps and p.cost_seconds is not None
                         and p.mtbf_seconds is not None), None)
-        new = chooser.interval_steps if chooser is not None and chooser.interval_steps else max(reported)
+        new = chooser.interval_steps if chooser is not None else max(reported)
         cost, mtbf, step = ((chooser.cost_seconds, chooser.mtbf_seconds, chooser.step_seconds)
                             if chooser is not None else (None, None, None))
         if auto and cadence.interval_steps is not None and new != cadence.interval_steps:

@@ -13,6 +13,7 @@ from datetime import datetime
 from ...api.observed import PodView
 from ...api.vocabulary import ConditionType, Phase, Reason
 from .. import names
+from ..manifests import IMAGE_UID
 from ..conditions import is_true, set_condition
 from ..context import Pass, Verdict
 
@@ -27,7 +28,7 @@ _MISSING_KEY = re.compile(rf"\bkey +(\S+) +(?:not found +)?in +(secret|configmap
 """The kubelet's ``couldn't find key K in Secret ml/s3-creds``."""
 
 
-ROOT_HINT = ("; the image runs as root: use one with a numeric non-root USER (the project's run as 65532), "
+ROOT_HINT = (f"; the image runs as root: use one with a numeric non-root USER (the project's run as {IMAGE_UID}), "
              "or allow root with spec.podTemplate.spec.securityContext.runAsNonRoot: false")
 
 
