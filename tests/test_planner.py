@@ -677,3 +677,61 @@ def test_a_skipped_window_is_recorded_once_with_an_event_and_as_the_last_failure
     again = job(status=status)
     _, status2, _, events2 = run(again, observed(again, [worker(0), worker(1)], probes=probes))
     assert "RolledBack" not in events2 and status2["numerics"] == status["numerics"]
+
+
+# ---------------------------------------------------------------- a user's script
+
+SCRIPT = {"spec.trainer": {"command": ["/app/train.py"], "args": ["--lr", "0.1"]}, "spec.image": "example.com/mine:1"}
+
+
+def test_a_script_pod_runs_the_launcher_copied_in_from_the_runtime_image():
+    """The user's image needs only Python and torch: an init container (the runtime
+    image) copies the launcher, the runner and the store into an emptyDir."""
+    from llmtrain_contract.names import HEALTH_PORT
+    from llmtrain_operator.api import parse_job
+    from llmtrain_operator.planner.manifests import store_pod, worker_pod
+
+    spec = parse_job(job(SCRIPT))
+    pod = worker_pod(spec, 0, 0, runtime_image="registry.local/llmtrain-operator:9")
+    [init] = pod["spec"]["initContainers"]
+    assert init["image"] == "registry.local/llmtrain-operator:9"
+    assert init["command"] == ["python", "-m", "llmtrain_trainer.bundle", "/opt/llmtrain"]
+    assert init["securityContext"]["allowPrivilegeEscalation"] is False
+    [trainer] = pod["spec"]["containers"]
+    assert trainer["image"] == "example.com/mine:1"
+    command = trainer["command"]
+    assert command[:2] == ["python", "/opt/llmtrain/launcher.py"]
+    assert command[command.index("--") + 1:][:3] == ["python", "-m", "torch.distributed.run"]
+    assert command[-4:] == ["/opt/llmtrain/script.py", "/app/train.py", "--lr", "0.1"]
+    assert {"name": "llmtrain-runtime", "mountPath": "/opt/llmtrain"} in trainer["volumeMounts"]
+    assert trainer["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": HEALTH_PORT}, "no metrics of ours to be ready on"
+    assert {"name": "LLMTRAIN_PROGRESS_FILE", "value": "/run/llmtrain/progress/pod"} in trainer["env"]
+    store = store_pod(spec, "registry.local/llmtrain-operator:9")
+    assert store["spec"]["containers"][0]["command"][:2] == ["python", "/opt/llmtrain/rdzv_store.py"]
+    assert store["spec"]["initContainers"][0]["image"] == "registry.local/llmtrain-operator:9"
+    builtin = worker_pod(parse_job(job()), 0, 0)
+    assert "initContainers" not in builtin["spec"], "the built-in trainer's image has the launcher"
+    assert builtin["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/metrics"
+
+
+def test_the_runtime_image_reaches_the_pods_the_planner_creates():
+    raw = job(SCRIPT)
+    result = plan(raw, observed(raw, [], with_store=False), NOW, runtime_image="registry.local/rt:2")
+    pods = [a.manifest for a in result.actions if getattr(a, "kind", "") == "Pod"]
+    assert len(pods) == 3 and all(p["spec"]["initContainers"][0]["image"] == "registry.local/rt:2" for p in pods)
+
+
+def test_a_script_that_never_reports_a_step_is_not_wedged():
+    raw = job(SCRIPT, status=running_status(lastProgressTime=ago(130), step=0))
+    _, status, actions, _ = run(raw, observed(raw, [worker(0), worker(1)], probes={}))
+    assert actions == [] and not status.get("restartsByReason"), "nothing reported: no progress timeout"
+
+
+def test_a_script_that_reports_its_steps_is_watched_like_the_trainer():
+    raw = job(SCRIPT, status=running_status(lastProgressTime=ago(130), step=0))
+    stale = {W0: TrainerProbe(step=7, last_step_time=NOW.timestamp() - 200)}
+    _, status, actions, _ = run(raw, observed(raw, [worker(0), worker(1)], probes=stale))
+    assert status["step"] == 7
+    fresh = job(SCRIPT, status=running_status(lastProgressTime=ago(130), step=7))
+    _, status, actions, _ = run(fresh, observed(fresh, [worker(0), worker(1)], probes={}))
+    assert status["restartsByReason"] == {"Wedged": 1}, "once it reported a step, its silence is a wedge"

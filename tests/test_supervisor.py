@@ -256,7 +256,9 @@ def test_the_launcher_serves_its_failed_attempts_in_the_form_the_operator_parses
     server = serve_health(0, sup, AttemptTracker(tmp_path, agent_pid=os.getpid()), host="127.0.0.1")
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        assert scrape_launcher(f"{url}/metrics") == {"crash": 0, "hang": 1, "victim": 0, "preempted": 0, "permanent": 0}
+        report = scrape_launcher(f"{url}/metrics")
+        assert report.failed == {"crash": 0, "hang": 1, "victim": 0, "preempted": 0, "permanent": 0}
+        assert report.step is None and report.progress() is None, "no progress file: no step, not step 0"
         with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
             assert "llmtrain_launcher_worker_group_attempt 1.0" in resp.read().decode()
         # Without a tracker (a launcher started without one) there is no such page.
@@ -345,7 +347,8 @@ def test_a_pod_ending_with_a_hang_counted_in_place_says_so_in_its_termination_me
     def operator() -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            counts = scrape_launcher(f"http://127.0.0.1:{port}/metrics", timeout=2)
+            report = scrape_launcher(f"http://127.0.0.1:{port}/metrics", timeout=2)
+            counts = report.failed if report else None
             if counts and counts["hang"]:
                 seen.append(counts)
                 break

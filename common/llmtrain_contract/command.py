@@ -14,8 +14,16 @@ round. torch's defaults (5 s x 3) make every survivor of a dead node wait 15 s b
 can re-rendezvous."""
 
 
-def store_command(python: str, port: int = RDZV_PORT, host: str = "0.0.0.0") -> list[str]:
-    return [python, "-m", "llmtrain_trainer.rdzv_store", "--host", host, "--port", str(port)]
+STORE = ("-m", "llmtrain_trainer.rdzv_store")
+LAUNCHER = ("-m", "llmtrain_trainer.launcher")
+SCRIPT_RUNNER = ("-m", "llmtrain_trainer.script")
+"""How Python runs each from an image that has this project installed. For an image
+without it, the operator passes the paths of the copies an init container made
+(``llmtrain_trainer.bundle``)."""
+
+
+def store_command(python: str, port: int = RDZV_PORT, host: str = "0.0.0.0", entry: tuple[str, ...] = STORE) -> list[str]:
+    return [python, *entry, "--host", host, "--port", str(port)]
 
 
 def torchrun_args(
@@ -55,10 +63,22 @@ def trainer_program(config_path: str) -> list[str]:
     return ["-m", "llmtrain_trainer", "--config", config_path]
 
 
+def script_program(command: list[str], args: list[str] | None = None, runner: tuple[str, ...] = SCRIPT_RUNNER) -> list[str]:
+    """torchrun's program for a user's script: the script runner (``script.py``: the
+    script's exit code and exception reach the job's status) in front of ``command``.
+    A command that starts with a torchrun flag other than ``-m`` (``--no-python``: not a
+    Python script) is passed on as it is."""
+    program = [*command, *(args or [])]
+    if program and program[0].startswith("-") and program[0] != "-m":
+        return program
+    return [*runner, *program]
+
+
 def worker_command(python: str, run_dir: str, torchrun: list[str], program: list[str], termination_log: str | None = None,
-                   health_port: int | None = None, health_host: str | None = None) -> list[str]:
+                   health_port: int | None = None, health_host: str | None = None,
+                   entry: tuple[str, ...] = LAUNCHER) -> list[str]:
     """The full worker command: launcher -> torchrun -> program."""
-    launcher = [python, "-m", "llmtrain_trainer.launcher", "--run-dir", run_dir]
+    launcher = [python, *entry, "--run-dir", run_dir]
     if termination_log:
         launcher += ["--termination-log", termination_log]
     if health_port:

@@ -29,6 +29,9 @@ class Env:
     """Tier 2 (shared filesystem) checkpoint directory, when configured."""
     S3_URI = "LLMTRAIN_S3_URI"
     """Tier 3, ``s3://bucket/prefix``, when configured."""
+    PROGRESS_FILE = "LLMTRAIN_PROGRESS_FILE"
+    """Where a user's script may write its step, a number a line, to report progress
+    (docs/custom-scripts.md); the launcher serves it as ``LauncherMetric.STEP``."""
     TERMINATION_LOG = "LLMTRAIN_TERMINATION_LOG"
     """Where the launcher writes the pod's termination message."""
     LOG_LEVEL = "LLMTRAIN_LOG_LEVEL"
@@ -116,6 +119,13 @@ class LauncherMetric:
     starts the next attempt."""
     ATTEMPT = f"{PREFIX}_worker_group_attempt"
     """Gauge: the attempt the local worker group runs (torchrun's restart count)."""
+    WORKERS_RUNNING = f"{PREFIX}_workers_running"
+    """Gauge: 1 while torchrun's worker processes run (``/readyz`` answers 200 then)."""
+    STEP = f"{PREFIX}_step"
+    """Gauge: the largest step a user's script reported in ``LLMTRAIN_PROGRESS_FILE``;
+    absent until one does (the built-in trainer reports ``Metric.STEP`` itself)."""
+    LAST_STEP_TIMESTAMP = f"{PREFIX}_last_step_timestamp_seconds"
+    """Gauge: when the script last reported a step."""
 
 
 class Termination:

@@ -2,7 +2,10 @@
 
 A container is ``ip netns exec <ns> unshare -m -u python container_init.py <spec>``;
 its processes live in a per-container memory cgroup, which bounds memory (limits),
-tells OOM kills apart, and lets a kill reach every process the container started.
+tells OOM kills apart, and lets a kill reach every process the container started. No
+image is pulled: a container's command runs in the Python environment its image names
+(``images.py``). Init containers run first, one at a time, each to success, as the
+kubelet runs them.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from . import network, volumes
+from . import images, network, volumes
 from .network import GATEWAY
 
 log = logging.getLogger("localcluster.pods")
@@ -88,6 +91,7 @@ class PodRunner:
     ip: str
     venv_bin: str
     containers: list[Container] = field(default_factory=list)
+    init_containers: list[Container] = field(default_factory=list)
     netns: str | None = None
     deleting_since: float | None = None
     grace_deadline: float | None = None
@@ -124,6 +128,7 @@ class PodRunner:
         self.netns = network.create_pod_network(self.uid, self.ip, NETNS_ETC, hosts, search)
         self.pod.setdefault("status", {})["podIP"] = self.ip  # for downward-API fieldRefs
         self.containers = [Container(c) for c in spec.get("containers") or []]
+        self.init_containers = [Container(c) for c in spec.get("initContainers") or []]
         self.volumes: dict[str, Path] | None = None
         self._prepare_and_launch()
 
@@ -143,14 +148,33 @@ class PodRunner:
                     c.waiting_reason, c.waiting_message = "CreateContainerConfigError", str(err)
                 self.dirty = True
                 return
+        pending = self._pending_init()
+        if pending is not None:
+            if pending.proc is None and pending.terminated is None and pending.waiting_reason in ("ContainerCreating", "CreateContainerConfigError"):
+                self._launch(pending)
+            for c in self.containers:
+                c.waiting_reason = "PodInitializing"
+            return
         for c in self.containers:
-            if c.proc is None and c.terminated is None and c.waiting_reason in ("ContainerCreating", "CreateContainerConfigError"):
+            if c.proc is None and c.terminated is None and c.waiting_reason in ("ContainerCreating", "CreateContainerConfigError", "PodInitializing"):
                 self._launch(c)
+
+    def _pending_init(self) -> Container | None:
+        """The init container to run (or running) now; None once all succeeded."""
+        return next((c for c in self.init_containers if not (c.terminated and c.terminated["exitCode"] == 0)), None)
+
+    def _init_failed(self) -> bool:
+        """An init container failed and the pod's policy does not retry it."""
+        policy = (self.pod.get("spec") or {}).get("restartPolicy", "Always")
+        return policy == "Never" and any(c.terminated and c.terminated["exitCode"] != 0 for c in self.init_containers)
+
+    def _all_containers(self) -> list[Container]:
+        return [*self.init_containers, *self.containers]
 
     def _launch(self, c: Container) -> None:
         spec = c.spec
         base = {
-            "PATH": f"{self.venv_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "PATH": f"{images.bin_dir(spec.get('image', ''), self.venv_bin, self.state)}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": "/root", "HOSTNAME": (self.pod.get("spec") or {}).get("hostname") or self.pod["metadata"]["name"],
             # No kube-proxy here: in-cluster clients talk to the API server on the bridge.
             "KUBERNETES_SERVICE_HOST": GATEWAY, "KUBERNETES_SERVICE_PORT": str(API_PORT),
@@ -211,6 +235,7 @@ class PodRunner:
     def tick(self) -> None:
         """Poll processes, restart per policy, run readiness and liveness probes."""
         policy = (self.pod.get("spec") or {}).get("restartPolicy", "Always")
+        self._tick_init(policy)
         for c in self.containers:
             if c.proc is not None and c.terminated is None:
                 code = c.proc.poll()
@@ -243,6 +268,30 @@ class PodRunner:
         if self.volumes is not None and self.deleting_since is None and time.monotonic() >= self.next_volume_refresh:
             self.next_volume_refresh = time.monotonic() + VOLUME_REFRESH_SECONDS
             volumes.refresh_config_volumes(self.core, self.pod, self.volumes)
+
+    def _tick_init(self, policy: str) -> None:
+        """The running init container: on success the next one (or the containers) start;
+        a failure fails the pod under ``restartPolicy: Never`` and is retried with backoff
+        otherwise (the kubelet's ``Init:CrashLoopBackOff``)."""
+        c = self._pending_init()
+        if c is None or self.deleting_since is not None:
+            return
+        if c.proc is not None and c.terminated is None:
+            code = c.proc.poll()
+            if code is None:
+                return
+            self._terminated(c, code)
+            self.dirty = True
+            if c.terminated["exitCode"] == 0:
+                self._prepare_and_launch()
+            elif policy != "Never":
+                c.last_terminated, c.terminated = c.terminated, None
+                c.restarts += 1
+                c.proc = None
+                c.waiting_reason = "CrashLoopBackOff"
+                c.next_start = time.monotonic() + min(30.0, 2.0 ** (c.restarts - 1))
+        elif c.proc is None and c.terminated is None and c.waiting_reason == "CrashLoopBackOff" and time.monotonic() >= c.next_start:
+            self._launch(c)
 
     def _liveness(self, c: Container) -> None:
         """As the kubelet does: ``failureThreshold`` failed probes in a row kill the
@@ -330,7 +379,7 @@ class PodRunner:
     def kill(self, sig: int) -> None:
         """SIGTERM reaches each container's first process (like PID 1); SIGKILL, SIGSTOP and
         SIGCONT reach every process of the container (a kill, a freeze and a thaw of it)."""
-        for c in self.containers:
+        for c in self._all_containers():
             self._signal(c, sig)
 
     def _signal(self, c: Container, sig: int) -> None:
@@ -351,7 +400,7 @@ class PodRunner:
                 pass
 
     def all_stopped(self) -> bool:
-        return all(c.proc is None or c.proc.poll() is not None for c in self.containers)
+        return all(c.proc is None or c.proc.poll() is not None for c in self._all_containers())
 
     def _reap_cgroup(self, c: Container) -> None:
         if c.cgroup is None:
@@ -367,7 +416,7 @@ class PodRunner:
 
     def cleanup(self) -> None:
         self.kill(signal.SIGKILL)
-        for c in self.containers:
+        for c in self._all_containers():
             if c.proc is not None:
                 try:
                     c.proc.wait(timeout=10)
@@ -388,31 +437,36 @@ class PodRunner:
 
     # ------------------------------------------------------------------ status
 
+    @staticmethod
+    def _container_status(c: Container) -> dict[str, Any]:
+        entry: dict[str, Any] = {"name": c.name, "image": c.spec.get("image", ""), "imageID": "", "restartCount": c.restarts,
+                                 "ready": c.ready, "started": c.terminated is None and c.proc is not None}
+        if c.terminated is not None:
+            entry["state"] = {"terminated": {k: v for k, v in c.terminated.items() if v is not None}}
+        elif c.proc is not None:
+            entry["state"] = {"running": {"startedAt": c.started_at}}
+        else:
+            entry["state"] = {"waiting": {"reason": c.waiting_reason or "ContainerCreating", **({"message": c.waiting_message} if c.waiting_message else {})}}
+        if c.last_terminated:
+            entry["lastState"] = {"terminated": {k: v for k, v in c.last_terminated.items() if v is not None}}
+        return entry
+
     def status(self) -> dict[str, Any]:
         policy = (self.pod.get("spec") or {}).get("restartPolicy", "Always")
-        statuses, phase = [], "Running"
-        for c in self.containers:
-            entry: dict[str, Any] = {"name": c.name, "image": c.spec.get("image", ""), "imageID": "", "restartCount": c.restarts,
-                                     "ready": c.ready, "started": c.terminated is None and c.proc is not None}
-            if c.terminated is not None:
-                entry["state"] = {"terminated": {k: v for k, v in c.terminated.items() if v is not None}}
-            elif c.proc is not None:
-                entry["state"] = {"running": {"startedAt": c.started_at}}
-            else:
-                entry["state"] = {"waiting": {"reason": c.waiting_reason or "ContainerCreating", **({"message": c.waiting_message} if c.waiting_message else {})}}
-            if c.last_terminated:
-                entry["lastState"] = {"terminated": {k: v for k, v in c.last_terminated.items() if v is not None}}
-            statuses.append(entry)
+        statuses, phase = [self._container_status(c) for c in self.containers], "Running"
         if self.containers and all(c.terminated is not None for c in self.containers):
             if policy == "Never" or (policy == "OnFailure" and all(c.terminated["exitCode"] == 0 for c in self.containers)):
                 phase = "Succeeded" if all(c.terminated["exitCode"] == 0 for c in self.containers) else "Failed"
-        if any(c.proc is None and c.terminated is None and c.waiting_reason != "CrashLoopBackOff" for c in self.containers):
+        initialized = self._pending_init() is None
+        if any(c.proc is None and c.terminated is None and c.waiting_reason != "CrashLoopBackOff" for c in self.containers) or not initialized:
             phase = "Pending"
+        if self._init_failed():
+            phase = "Failed"
         ready = bool(self.containers) and all(c.ready for c in self.containers) and phase == "Running"
         stamp = now_iso()
         conditions = [
             {"type": "PodScheduled", "status": "True"},
-            {"type": "Initialized", "status": "True"},
+            {"type": "Initialized", "status": "True" if initialized else "False"},
             {"type": "ContainersReady", "status": "True" if ready else "False"},
             {"type": "Ready", "status": "True" if ready else "False"},
         ]
@@ -425,7 +479,8 @@ class PodRunner:
             cond["lastTransitionTime"] = self.transitions[cond["type"]][1]
         return {"phase": phase, "podIP": self.ip, "podIPs": [{"ip": self.ip}], "hostIP": GATEWAY, "hostIPs": [{"ip": GATEWAY}],
                 "startTime": self.pod.get("status", {}).get("startTime") or stamp, "conditions": conditions,
-                "containerStatuses": statuses}
+                "containerStatuses": statuses,
+                **({"initContainerStatuses": [self._container_status(c) for c in self.init_containers]} if self.init_containers else {})}
 
     def report(self) -> None:
         """Write the pod's status if something changed."""

@@ -4,13 +4,15 @@ The trainer needs no Kubernetes credentials: the operator (and the local runner)
 scrape local rank 0 of each worker for the step, world size, torchrun restarts, the
 newest committed checkpoint and the health of each tier, and the checkpoint interval in
 force with its inputs. The operator also reads each worker's launcher (on the health port),
-which counts a failed attempt as soon as torchrun starts the next one.
+which counts a failed attempt as soon as torchrun starts the next one, and serves the
+progress a user's script reported (docs/custom-scripts.md).
 """
 
 from __future__ import annotations
 
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 
 from llmtrain_contract.names import LauncherMetric, Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -69,14 +71,48 @@ def parse(text: str) -> TrainerProbe:
     )
 
 
-def parse_launcher(text: str) -> dict[str, int]:
-    """cause -> failed attempts, from the launcher's ``/metrics``."""
+@dataclass(frozen=True)
+class LauncherReport:
+    """What one worker's launcher serves on ``/metrics``."""
+
+    failed: dict[str, int]
+    """cause -> failed attempts."""
+    workers_running: bool = False
+    step: int | None = None
+    """The step a user's script reported (``LLMTRAIN_PROGRESS_FILE``), if it did."""
+    last_step_time: float | None = None
+
+    def progress(self) -> TrainerProbe | None:
+        """A script's reported progress, in the form the planner reads a trainer's."""
+        if self.step is None:
+            return None
+        return TrainerProbe(step=self.step, last_step_time=self.last_step_time)
+
+
+def parse_launcher(text: str) -> LauncherReport:
     failed: dict[str, int] = {}
+    values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == LAUNCHER_FAILED_ATTEMPTS:
                 failed[sample.labels.get("cause", "crash")] = int(sample.value)
-    return failed
+            elif sample.name in (LauncherMetric.WORKERS_RUNNING, LauncherMetric.STEP, LauncherMetric.LAST_STEP_TIMESTAMP):
+                values[sample.name] = sample.value
+    step = values.get(LauncherMetric.STEP)
+    return LauncherReport(failed, workers_running=values.get(LauncherMetric.WORKERS_RUNNING, 0) >= 1,
+                          step=int(step) if step is not None else None,
+                          last_step_time=values.get(LauncherMetric.LAST_STEP_TIMESTAMP) or None)
+
+
+def combine(trainers: dict[str, TrainerProbe], launchers: dict[str, LauncherReport]) -> tuple[dict[str, TrainerProbe], dict[str, dict[str, int]]]:
+    """(progress by pod, failed attempts by pod). A user's script has no trainer endpoint
+    of ours; the progress it reported through its launcher stands in for one."""
+    probes = dict(trainers)
+    for pod, report in launchers.items():
+        progress = report.progress()
+        if pod not in probes and progress is not None:
+            probes[pod] = progress
+    return probes, {pod: report.failed for pod, report in launchers.items()}
 
 
 def scrape(url: str, timeout: float = 2.0) -> TrainerProbe | None:
@@ -88,8 +124,8 @@ def scrape(url: str, timeout: float = 2.0) -> TrainerProbe | None:
         return None
 
 
-def scrape_launcher(url: str, timeout: float = 2.0) -> dict[str, int] | None:
-    """The launcher's failed attempts (``LauncherMetric``); None when it does not answer."""
+def scrape_launcher(url: str, timeout: float = 2.0) -> LauncherReport | None:
+    """The launcher's report (``LauncherMetric``); None when it does not answer."""
     text = _get(url, timeout)
     try:
         return parse_launcher(text) if text is not None else None

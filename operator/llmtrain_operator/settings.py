@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
+from . import __version__
+
 PREFIX = "LLMTRAIN_OPERATOR_"
+DEFAULT_RUNTIME_IMAGE = f"ghcr.io/llmtrain/operator:{__version__}"
 
 
 class ConfigError(ValueError):
@@ -82,6 +85,13 @@ class OperatorSettings:
     metrics_port: int = 8080
     """``LLMTRAIN_OPERATOR_METRICS_PORT``: the operator's own Prometheus endpoint; 0 off.
     Default 8080."""
+
+    runtime_image: str = DEFAULT_RUNTIME_IMAGE
+    """``LLMTRAIN_OPERATOR_RUNTIME_IMAGE``: the image whose copy of the launcher, script
+    runner and rendezvous store the pods of a ``trainer.command`` job run, copied in by an
+    init container (docs/custom-scripts.md), so that a user's image needs only Python and
+    torch. Default: this operator's own image, which has them; the chart passes the image
+    it deploys."""
 
     status_flush_seconds: float = 60.0
     """``LLMTRAIN_OPERATOR_STATUS_FLUSH_SECONDS``: when only time accounting changed, the

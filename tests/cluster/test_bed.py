@@ -97,6 +97,56 @@ def test_a_failing_pod_with_on_failure_is_restarted_and_its_restart_count_rises(
     assert phase(bed, "flaky", NS) == "Running"  # OnFailure keeps trying
 
 
+def test_init_containers_run_first_share_volumes_and_a_failed_one_fails_a_never_pod(bed):
+    """As the kubelet: init containers one at a time, each to success, before the
+    containers; the python-torch image has torch and not this project."""
+    apply(bed, textwrap.dedent("""
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: with-init}
+        spec:
+          restartPolicy: Never
+          initContainers:
+          - name: first
+            image: unused
+            command: ["python", "-c", "open('/shared/order', 'a').write('first ')"]
+            volumeMounts: [{name: shared, mountPath: /shared}]
+          - name: second
+            image: unused
+            command: ["python", "-c", "import time; time.sleep(1); open('/shared/order', 'a').write('second ')"]
+            volumeMounts: [{name: shared, mountPath: /shared}]
+          containers:
+          - name: main
+            image: localcluster.local/python-torch:1
+            command: ["python", "-c", "import importlib.util as u, torch; print(open('/shared/order').read() + 'main', u.find_spec('llmtrain_trainer'))"]
+            volumeMounts: [{name: shared, mountPath: /shared}]
+          volumes:
+          - {name: shared, emptyDir: {}}
+    """), NS)
+    seen = wait_for(lambda: (pod(bed, "with-init", NS).get("status") or {}).get("initContainerStatuses"), 60, what="init statuses")
+    assert [c["name"] for c in seen] == ["first", "second"]
+    wait_for(lambda: phase(bed, "with-init", NS) == "Succeeded", 120, what="with-init Succeeded")
+    status = pod(bed, "with-init", NS)["status"]
+    assert [c["state"]["terminated"]["exitCode"] for c in status["initContainerStatuses"]] == [0, 0]
+    assert bed.pod_log(NS, "with-init").split() == ["first", "second", "main", "None"], "in order; no project in that image"
+
+    apply(bed, textwrap.dedent("""
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: init-fails}
+        spec:
+          restartPolicy: Never
+          initContainers:
+          - {name: broken, image: unused, command: ["python", "-c", "raise SystemExit(3)"]}
+          containers:
+          - {name: main, image: unused, command: ["python", "-c", "print('must not run')"]}
+    """), NS)
+    wait_for(lambda: phase(bed, "init-fails", NS) == "Failed", 60, what="init-fails Failed")
+    status = pod(bed, "init-fails", NS)["status"]
+    assert status["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 3
+    assert status["containerStatuses"][0]["state"]["waiting"]["reason"] == "PodInitializing"
+
+
 def test_a_service_name_resolves_in_a_pod_and_one_pod_reaches_another(bed):
     apply(bed, textwrap.dedent("""
         apiVersion: v1

@@ -109,6 +109,10 @@ class AttemptTracker:
                 counts["hang"] += 1  # the current attempt, hung: torchrun restarts it
             return counts
 
+    def workers_running(self) -> bool:
+        """Whether torchrun has live workers now (not between attempts, nor before the first)."""
+        return self.agent_pid is not None and worker_group(self.agent_pid) is not None
+
     def counted_early(self, attempt: int) -> bool:
         """Whether ``attempt`` (the pod's last, at exit) was counted while it ran."""
         return self.early == attempt

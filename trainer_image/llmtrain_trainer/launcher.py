@@ -11,9 +11,10 @@ the latest attempt, exits with that code and writes it to the termination-messag
 While torchrun runs, the launcher's supervisor (``supervisor.py``) watches every local
 rank's heartbeat from outside the trainer processes, so that a frozen rank, a rank
 holding the GIL or a stopped torchrun agent is detected and blamed on the right rank.
-With ``--health-port`` it serves ``/healthz`` for the pod's liveness probe and ``/metrics``
-with the pod's failed attempts (``attempts.py``), which the operator reads seconds before
-the restarted trainer's own counter is up.
+With ``--health-port`` it serves ``/healthz`` for the pod's liveness probe, ``/readyz``
+(a user script's readiness: torchrun's workers run) and ``/metrics`` with the pod's failed
+attempts (``attempts.py``), which the operator reads seconds before the restarted
+trainer's own counter is up, and a user script's progress (``progress.py``).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from llmtrain_contract.names import LauncherMetric
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from . import attempts, exitrecord, heartbeat
+from . import attempts, exitrecord, heartbeat, progress
 from .heartbeat import WAITING_STATES, Beat, State
 
 log = logging.getLogger("llmtrain.supervisor")
@@ -260,12 +260,20 @@ def _write_stderr(text: str) -> None:
 def serve_health(port: int, supervisor: Supervisor, tracker: attempts.AttemptTracker | None = None,
                  host: str = "") -> ThreadingHTTPServer:
     """``GET /healthz`` for the pod's liveness probe: 200 while the supervisor checks.
-    ``GET /metrics``: the pod's failed attempts (``attempts.py``), for the operator."""
+    ``GET /readyz`` for a user script's readiness probe: 200 while torchrun's workers run
+    (the built-in trainer's pods are ready once its own metrics answer instead).
+    ``GET /metrics``: the pod's failed attempts (``attempts.py``) and a script's reported
+    progress (``progress.py``), for the operator."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - the http.server API
             if self.path == "/metrics" and tracker is not None:
                 self._answer(200, render_metrics(tracker), CONTENT_TYPE_LATEST)
+                return
+            if self.path == "/readyz" and tracker is not None:
+                running = tracker.workers_running()
+                self._answer(200 if running else 503, b"workers running\n" if running else b"no workers running\n",
+                             "text/plain; charset=utf-8")
                 return
             age = time.monotonic() - supervisor.last_check
             healthy = self.path == "/healthz" and age < HEALTHY_CHECK_AGE_SECONDS
@@ -296,7 +304,16 @@ def render_metrics(tracker: attempts.AttemptTracker) -> bytes:
         counter.add_metric([cause], count)
     attempt = GaugeMetricFamily(LauncherMetric.ATTEMPT, "The attempt the local worker group runs (torchrun's restart count)",
                                 value=tracker.attempt)
-    return generate_latest(_Families([counter, attempt]))  # type: ignore[arg-type] - any object with collect()
+    running = GaugeMetricFamily(LauncherMetric.WORKERS_RUNNING, "1 while torchrun's worker processes run",
+                                value=int(tracker.workers_running()))
+    families = [counter, attempt, running]
+    reported = progress.read(tracker.run_dir)
+    if reported is not None:
+        families.append(GaugeMetricFamily(LauncherMetric.STEP, "The largest step the script reported in LLMTRAIN_PROGRESS_FILE",
+                                          value=reported.step))
+        families.append(GaugeMetricFamily(LauncherMetric.LAST_STEP_TIMESTAMP, "When the script last reported a step",
+                                          value=reported.updated))
+    return generate_latest(_Families(families))  # type: ignore[arg-type] - any object with collect()
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,8 @@ class TrainerSpec(Ruled):
     """Your own training script, run as ``torchrun <rendezvous flags> <command...>
     <args...>``: e.g. ``["/app/train.py"]`` or ``["-m", "mypkg.train"]``. torchrun supplies
     RANK/WORLD_SIZE/MASTER_ADDR; the operator also sets ``LLMTRAIN_*`` env (checkpoint
-    dirs, timeouts). Mutually exclusive with ``builtin``."""
+    dirs, timeouts, ``LLMTRAIN_PROGRESS_FILE``). Its exit code and uncaught exception reach
+    the status. Contract: docs/custom-scripts.md. Mutually exclusive with ``builtin``."""
 
     args: list[str] | None = None
     """Arguments appended after ``command``."""
@@ -357,7 +358,8 @@ class FaultToleranceSpec(Ruled):
     """Operator-side backstop: if ``status.step`` does not advance for this long while
     Running, Restarting or Created with workers alive (not while one waits to be
     scheduled), restart all pods. 0 disables. Seconds. Default 900; must exceed
-    ``hangTimeoutSeconds``."""
+    ``hangTimeoutSeconds``. A ``trainer.command`` script is watched only once it has
+    reported a step (``LLMTRAIN_PROGRESS_FILE``, docs/custom-scripts.md)."""
 
     backoff: BackoffSpec = Field(default_factory=BackoffSpec)
     """Delay between successive restarts."""
@@ -438,7 +440,9 @@ class LLMTrainJobSpec(Ruled):
     """The desired state of an elastic training job."""
 
     image: str = Field(min_length=1, max_length=1024)
-    """Container image of the workers (the trainer image, or yours with torchrun)."""
+    """Container image of the workers: the trainer image, or for ``trainer.command`` any
+    image with Python and torch (the launcher is copied in from the operator's runtime
+    image by an init container)."""
 
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """Image pull policy. Default ``IfNotPresent``."""

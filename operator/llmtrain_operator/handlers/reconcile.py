@@ -22,7 +22,7 @@ from ..api.spec import LLMTrainJobSpec
 from ..k8s.client import K8s, PermanentApiError, TransientApiError
 from ..k8s.patches import merge_patch
 from ..planner import CreateObject, DeleteJob, DeletePod, Plan, ReplaceObject, plan
-from ..probe import scrape, scrape_launcher
+from ..probe import LauncherReport, combine, scrape, scrape_launcher
 from ..settings import OperatorSettings
 from .slots import Slots, no_slot
 
@@ -135,8 +135,8 @@ async def probe_workers(pods: list[Any], port: int, timeout: float) -> dict[str,
     return {p.name: r for p, r in zip(targets, results) if r is not None}
 
 
-async def probe_launchers(pods: list[Any], timeout: float) -> dict[str, dict[str, int]]:
-    """Pod name -> failed attempts by cause, from each running worker's launcher."""
+async def probe_launchers(pods: list[Any], timeout: float) -> dict[str, LauncherReport]:
+    """Pod name -> what each running worker's launcher reports."""
     targets = _running_workers(pods)
     results = await asyncio.gather(*(asyncio.to_thread(scrape_launcher, f"http://{p.ip}:{HEALTH_PORT}/metrics", timeout)
                                      for p in targets))
@@ -267,8 +267,9 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
     probes: dict[str, Any] = {}
     attempts: dict[str, dict[str, int]] = {}
     if settings.probes_enabled:
-        probes, attempts = await asyncio.gather(probe_workers(list(pods), port, settings.probe_timeout_seconds),
-                                                probe_launchers(list(pods), settings.probe_timeout_seconds))
+        trainers, launchers = await asyncio.gather(probe_workers(list(pods), port, settings.probe_timeout_seconds),
+                                                   probe_launchers(list(pods), settings.probe_timeout_seconds))
+        probes, attempts = combine(trainers, launchers)
     async with slots.held() if slots is not None else no_slot() as waited:
         return await _decide_and_write(k8s, body, settings, now or datetime.now(timezone.utc), started + waited,
                                        Observed(pods=pods, nodes=nodes, services=children.services,
@@ -288,7 +289,7 @@ async def _decide_and_write(k8s: K8s, body: dict[str, Any], settings: OperatorSe
     ns, name = meta.get("namespace", "default"), meta["name"]
     if _needs_dependency_check(body):
         observed = replace(observed, missing=await missing_dependencies(k8s, body, settings.check_secrets))
-    result = plan(body, observed, now)
+    result = plan(body, observed, now, settings.runtime_image)
     old_status = body.get("status") or {}
     changed = status_changed(old_status, result.status, settings.status_flush_seconds, now)
     _check(gate)

@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from llmtrain_contract.command import store_command, torchrun_args, trainer_program, worker_command
+from llmtrain_contract.command import script_program, store_command, torchrun_args, trainer_program, worker_command
 from llmtrain_contract.cadence import CADENCE_FILE
 from llmtrain_contract.names import Env
 
@@ -39,7 +39,7 @@ from ..planner import CreateObject, DeleteJob, DeletePod, ReplaceObject
 from ..planner.environment import worker_env
 from ..planner.manifests import TORCHRUN_MAX_RESTARTS
 from ..planner.render import config_text, tier_paths, trainer_config
-from ..probe import scrape, scrape_launcher
+from ..probe import combine, scrape, scrape_launcher
 
 PY = sys.executable
 
@@ -208,6 +208,7 @@ class LocalCluster:
         # A new pod's run dir is a fresh emptyDir: the exit records of the slot's earlier
         # pod must not be read as this one's failed attempts.
         shutil.rmtree(run_dir / "exit", ignore_errors=True)
+        shutil.rmtree(run_dir / "progress", ignore_errors=True)
         flags = torchrun_args(
             nnodes_min=spec.replicas.min, nnodes_max=spec.replicas.max, nproc_per_node=spec.procs_per_node,
             rdzv_endpoint=f"127.0.0.1:{self.store_port}", rdzv_id=self.job.metadata.name,
@@ -224,7 +225,7 @@ class LocalCluster:
                 self._write_cadence(folder, cadence)
             program = trainer_program(str(config))
         else:
-            program = [*(spec.trainer.command or []), *(spec.trainer.args or [])]
+            program = script_program(spec.trainer.command or [], spec.trainer.args)
         # The launcher serves its failed attempts, as in a pod: the planner charges an
         # in-place restart from its count, before the restarted trainer is up.
         health_port = _free_port()
@@ -283,17 +284,21 @@ class LocalCluster:
                     self._signal(pod, signal.SIGKILL)
                 if pod.proc.poll() is not None:
                     del self.pods[name]  # the pod object is gone once its processes are
-        views, probes, attempts = [], {}, {}
+        views, trainers, launchers = [], {}, {}
         for pod in self.pods.values():
             view = pod.view()
             if pod.role == ROLE_WORKER and view.phase == PodPhase.RUNNING:
                 probe = self._probe(pod)
                 if probe is not None:
-                    probes[pod.name] = probe
+                    trainers[pod.name] = probe
+                report = scrape_launcher(f"http://127.0.0.1:{pod.health_port}/metrics", timeout=1.0) if pod.health_port else None
+                if report is not None:
+                    launchers[pod.name] = report
+                # Ready as the pod's readiness probe has it (manifests.readiness_probe): the
+                # trainer's metrics answer, or for a user's script, its workers run.
+                script = self.job.spec.trainer.builtin is None
+                if (report is not None and report.workers_running) if script else probe is not None:
                     view = PodView(**{**view.__dict__, "ready": True})
-                counted = scrape_launcher(f"http://127.0.0.1:{pod.health_port}/metrics", timeout=1.0) if pod.health_port else None
-                if counted is not None:
-                    attempts[pod.name] = counted
             views.append(view)
         nodes = {f"local-{s}": NodeView(f"local-{s}", "True", None) for s in range(self.job.spec.replicas.max)}
         # The store's own "node": a store on a missing Node counts as lost and is recreated.
@@ -301,6 +306,7 @@ class LocalCluster:
         services = frozenset(o.split("/", 1)[1] for o in self.objects if o.startswith("Service/"))
         configmaps = {o.split("/", 1)[1]: ConfigMapView.from_annotations(self.configmap["metadata"].get("annotations"))
                       for o in self.objects if o.startswith("ConfigMap/") and self.configmap is not None}
+        probes, attempts = combine(trainers, launchers)
         return Observed(pods=tuple(views), nodes=nodes, services=services, configmaps=configmaps, probes=probes,
                         launcher_attempts=attempts)
 

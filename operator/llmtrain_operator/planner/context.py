@@ -14,6 +14,7 @@ from typing import Any
 from ..api.job import LLMTrainJob
 from ..api.observed import Observed, format_time, parse_time
 from ..api.status import LLMTrainJobStatus
+from ..settings import DEFAULT_RUNTIME_IMAGE
 from .conditions import set_condition
 from .decisions import Decision, Event, Noted
 
@@ -89,6 +90,8 @@ class Pass:
     observed: Observed
     now: datetime
     status: LLMTrainJobStatus
+    runtime_image: str = DEFAULT_RUNTIME_IMAGE
+    """Where a user script's pods copy the launcher from (``manifests.runtime_bundle``)."""
     actions: list[Action] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     timers: list[float] = field(default_factory=list)

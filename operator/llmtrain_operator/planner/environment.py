@@ -37,6 +37,10 @@ def worker_env(job: LLMTrainJob, paths: dict[str, str], run_dir: str) -> list[di
         {"name": Env.COLLECTIVE_TIMEOUT_SECONDS, "value": str(spec.fault_tolerance.collective_timeout_seconds)},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
+    if spec.trainer.builtin is None:
+        # The script runner gives each local rank a file of its own; a script run
+        # without it (``--no-python``) shares the pod's (docs/custom-scripts.md).
+        env.append({"name": Env.PROGRESS_FILE, "value": f"{run_dir}/progress/pod"})
     if spec.checkpoint.enabled:
         env.append({"name": Env.CHECKPOINT_DIR, "value": paths["local"]})
         if "shared" in paths:

@@ -6,13 +6,14 @@ import copy
 import json
 from typing import Any
 
-from llmtrain_contract.command import store_command, torchrun_args, trainer_program, worker_command
+from llmtrain_contract.command import LAUNCHER, STORE, script_program, store_command, torchrun_args, trainer_program, worker_command
 from llmtrain_contract.cadence import CADENCE_FILE
 from llmtrain_contract.names import CONFIG_HASH_ANNOTATION, HEALTH_PORT, RDZV_PORT, TERMINATION_LOG
 
 from ..api.job import API_VERSION, KIND, LLMTrainJob
 from ..api.observed import CADENCE_ANNOTATION, LABEL_ROLE, ROLE_WORKER
 from ..api.status import CadenceHistory
+from ..settings import DEFAULT_RUNTIME_IMAGE
 from . import names
 from .environment import worker_env
 from .render import config_text, content_hash, tier_paths, trainer_config
@@ -117,9 +118,46 @@ def config_map(job: LLMTrainJob, history: CadenceHistory | None = None) -> dict[
     }
 
 
-def store_pod(job: LLMTrainJob) -> dict[str, Any]:
+def uses_runtime_bundle(job: LLMTrainJob) -> bool:
+    """A user's script runs in the user's image, which need not have this project: its
+    pods run the launcher and the store from an init container's copy."""
+    return job.spec.trainer.builtin is None
+
+
+def runtime_bundle(job: LLMTrainJob, runtime_image: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(init container, volume, mount): ``python -m llmtrain_trainer.bundle`` run in the
+    runtime image copies what the pod runs of this project into an emptyDir."""
+    _, container_security = security_contexts(job)
+    mount = {"name": names.RUNTIME_VOLUME, "mountPath": names.RUNTIME_MOUNT}
+    init = {
+        "name": names.RUNTIME_INIT_CONTAINER,
+        "image": runtime_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": [names.PYTHON, "-m", "llmtrain_trainer.bundle", names.RUNTIME_MOUNT],
+        "volumeMounts": [mount],
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        "securityContext": container_security,
+    }
+    return init, {"name": names.RUNTIME_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}}, mount
+
+
+def _entry(filename: str) -> tuple[str, ...]:
+    """How a pod runs a bundled entry point: the copy's path, run by the image's Python."""
+    return (f"{names.RUNTIME_MOUNT}/{filename}",)
+
+
+def store_pod(job: LLMTrainJob, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> dict[str, Any]:
     job_name = job.metadata.name
     pod_security, container_security = security_contexts(job)
+    container: dict[str, Any] = {
+        "name": "rendezvous",
+        "image": job.spec.image,
+        "imagePullPolicy": job.spec.image_pull_policy,
+        "command": store_command(names.PYTHON, RDZV_PORT, entry=STORE),
+        "ports": [{"name": "rdzv", "containerPort": RDZV_PORT}],
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+        "securityContext": container_security,
+    }
     pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -127,17 +165,14 @@ def store_pod(job: LLMTrainJob) -> dict[str, Any]:
         "spec": {
             "restartPolicy": "Always",
             "securityContext": pod_security,
-            "containers": [{
-                "name": "rendezvous",
-                "image": job.spec.image,
-                "imagePullPolicy": job.spec.image_pull_policy,
-                "command": store_command(names.PYTHON, RDZV_PORT),
-                "ports": [{"name": "rdzv", "containerPort": RDZV_PORT}],
-                "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
-                "securityContext": container_security,
-            }],
+            "containers": [container],
         },
     }
+    if uses_runtime_bundle(job):
+        init, volume, mount = runtime_bundle(job, runtime_image)
+        container["command"] = store_command(names.PYTHON, RDZV_PORT, entry=_entry("rdzv_store.py"))
+        container["volumeMounts"] = [mount]
+        pod["spec"].update(initContainers=[init], volumes=[volume])
     sched = job.spec.scheduling
     if sched is not None:
         if sched.tolerations:
@@ -198,11 +233,11 @@ def _command(job: LLMTrainJob) -> list[str]:
         max_restarts=TORCHRUN_MAX_RESTARTS,
     )
     flags.append("--local-addr=$(POD_IP)")  # peers reach rank 0's store at the pod IP
-    if spec.trainer.builtin is not None:
+    if not uses_runtime_bundle(job):
         program = trainer_program(f"{names.CONFIG_MOUNT}/{names.CONFIG_FILE}")
-    else:
-        program = [*(spec.trainer.command or []), *(spec.trainer.args or [])]
-    return worker_command(names.PYTHON, names.RUN_DIR, flags, program, TERMINATION_LOG, HEALTH_PORT)
+        return worker_command(names.PYTHON, names.RUN_DIR, flags, program, TERMINATION_LOG, HEALTH_PORT, entry=LAUNCHER)
+    program = script_program(spec.trainer.command or [], spec.trainer.args, runner=_entry("script.py"))
+    return worker_command(names.PYTHON, names.RUN_DIR, flags, program, TERMINATION_LOG, HEALTH_PORT, entry=_entry("launcher.py"))
 
 
 MERGE_KEYS = {"containers": "name", "initContainers": "name", "volumes": "name", "env": "name",
@@ -253,10 +288,26 @@ def liveness_probe(job: LLMTrainJob) -> dict[str, Any]:
     }
 
 
-def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: list[str] = ()) -> dict[str, Any]:
+def readiness_probe(job: LLMTrainJob) -> dict[str, Any]:
+    """The built-in trainer is ready once it joined the group and serves its metrics; a
+    user's script serves nothing of ours, so its pod is ready while torchrun's workers
+    run (the launcher's ``/readyz``)."""
+    if uses_runtime_bundle(job):
+        return {"httpGet": {"path": "/readyz", "port": HEALTH_PORT}, "periodSeconds": 2}
+    return {"httpGet": {"path": "/metrics", "port": job.spec.metrics.port}, "periodSeconds": 2}
+
+
+def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: list[str] = (),
+               runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> dict[str, Any]:
     spec = job.spec
     job_name = job.metadata.name
     volumes, mounts = _volumes(job)
+    init_containers = []
+    if uses_runtime_bundle(job):
+        init, volume, mount = runtime_bundle(job, runtime_image)
+        init_containers.append(init)
+        volumes.append(volume)
+        mounts.append(mount)
     ports = [{"name": f"metrics-{r}" if r else "metrics", "containerPort": spec.metrics.port + r} for r in range(spec.procs_per_node)]
     ports.append({"name": "health", "containerPort": HEALTH_PORT})
     pod_security, container_security = security_contexts(job)
@@ -271,8 +322,7 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: list[s
         "resources": _resources(job),
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "File",
-        # Ready once the trainer joined the group and serves metrics.
-        "readinessProbe": {"httpGet": {"path": "/metrics", "port": spec.metrics.port}, "periodSeconds": 2},
+        "readinessProbe": readiness_probe(job),
         "livenessProbe": liveness_probe(job),
         "securityContext": container_security,
     }
@@ -288,6 +338,8 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: list[s
         "containers": [container],
         "volumes": volumes,
     }
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
     sched = spec.scheduling
     affinity: dict[str, Any] = copy.deepcopy(sched.affinity) if sched and sched.affinity else {}
     if sched is not None:

@@ -14,6 +14,11 @@ LOCAL_TIER_MOUNT = "/ckpt/local"
 SHARED_TIER_MOUNT = "/ckpt/shared"
 PYTHON = "python"
 """The interpreter inside the trainer image (the image puts the venv first on PATH)."""
+RUNTIME_MOUNT = "/opt/llmtrain"
+"""Where a ``trainer.command`` pod's init container copies the launcher, the script runner
+and the store (``llmtrain_trainer.bundle``), for a user image without this project."""
+RUNTIME_VOLUME = "llmtrain-runtime"
+RUNTIME_INIT_CONTAINER = "llmtrain-runtime"
 
 
 def worker_pod(job: str, slot: int) -> str:

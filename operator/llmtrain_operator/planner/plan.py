@@ -18,6 +18,7 @@ from ..api.observed import Observed
 from ..api.status import LLMTrainJobStatus, migrate
 from ..api.vocabulary import Reason
 from .context import DeletePod, Pass, Plan, Verdict
+from ..settings import DEFAULT_RUNTIME_IMAGE
 from .policies import (
     checkpoints,
     children,
@@ -74,7 +75,8 @@ def _status(raw: Any) -> LLMTrainJobStatus:
         return fresh
 
 
-def plan(raw: dict[str, Any], observed: Observed, now: datetime) -> Plan:
+def plan(raw: dict[str, Any], observed: Observed, now: datetime, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> Plan:
+    """``runtime_image``: the operator's setting of that name (``manifests.runtime_bundle``)."""
     status = _status(raw.get("status"))
     meta = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
     if meta.get("deletionTimestamp"):
@@ -88,7 +90,7 @@ def plan(raw: dict[str, Any], observed: Observed, now: datetime) -> Plan:
         ctx.status.observed_generation = generation
         validity.mark_invalid(ctx, Reason.INVALID_SPEC, "; ".join(str(e) for e in err.errors), generation)
         return _done(ctx)
-    ctx = Pass(job=job, observed=observed, now=now, status=status)
+    ctx = Pass(job=job, observed=observed, now=now, status=status, runtime_image=runtime_image)
     account_time(ctx)
     for policy in POLICIES:
         if policy(ctx) is not Verdict.CONTINUE:

@@ -72,7 +72,7 @@ def ensure_infrastructure(ctx: Pass) -> None:
             ctx.decide(CadenceShared(int(annotations.get(CADENCE_ANNOTATION, "0"))))
     store = ctx.observed.store()
     if store is None:
-        ctx.actions.append(CreateObject(manifests.store_pod(job)))
+        ctx.actions.append(CreateObject(manifests.store_pod(job, ctx.runtime_image)))
         created.append(f"Pod {names.store_pod(job.metadata.name)} (rendezvous store)")
     elif store.terminated:
         ctx.actions.append(DeletePod(store.name))
@@ -109,7 +109,7 @@ def reconcile_workers(ctx: Pass, may_create: bool = True) -> None:
         return
     avoid = active_quarantine(ctx)
     for slot in missing:
-        ctx.actions.append(CreateObject(manifests.worker_pod(ctx.job, slot, status.restart_generation, avoid)))
+        ctx.actions.append(CreateObject(manifests.worker_pod(ctx.job, slot, status.restart_generation, avoid, ctx.runtime_image)))
     pods = ", ".join(names.worker_pod(ctx.job.metadata.name, s) for s in missing)
     extra = f" (avoiding quarantined nodes {', '.join(avoid)})" if avoid else ""
     ctx.event(Reason.CREATED_WORKERS, f"created {pods} for generation {status.restart_generation}{extra}")

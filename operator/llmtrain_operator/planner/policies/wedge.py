@@ -1,6 +1,7 @@
 """The operator's backstop: no training step finished for ``progressTimeoutSeconds``
 (``status.lastProgressTime``, kept by the progress policy) means the whole job is
-wedged: RestartAll.
+wedged: RestartAll. A user's script that never reports a step is not watched
+(``reports_progress``).
 
 It acts in every phase where workers exist and should be training (Running, Restarting,
 Created), so no job sits forever, whatever stopped it: a frozen pod that still looks
@@ -19,10 +20,20 @@ from ..context import Pass, Verdict
 WATCHED = (Phase.RUNNING, Phase.RESTARTING, Phase.CREATED)
 
 
+def reports_progress(ctx: Pass) -> bool:
+    """The built-in trainer always reports its steps. A user's script may (through
+    ``LLMTRAIN_PROGRESS_FILE``, docs/custom-scripts.md) or may not: one that never reported
+    a step has no progress to time out, and only crashes and hangs of its processes
+    count."""
+    if ctx.spec.trainer.builtin is not None or ctx.status.step > 0:
+        return True
+    return any(p.step is not None for p in ctx.observed.probes.values())
+
+
 def handle(ctx: Pass) -> Verdict:
     limit = ctx.spec.fault_tolerance.progress_timeout_seconds
     status = ctx.status
-    if not limit or status.phase not in WATCHED:
+    if not limit or status.phase not in WATCHED or not reports_progress(ctx):
         return Verdict.CONTINUE
     workers = [p for p in ctx.observed.workers() if p.active]
     idle = ctx.seconds_since(status.last_progress_time)
