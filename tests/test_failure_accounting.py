@@ -101,7 +101,9 @@ class World:
 class Bookkeeper:
     """The rule written plainly: a crashed pod is one failure, an evicted pod one
     disruption, a node-failure episode one failure if it took a pod that no failure took
-    before; a pod is taken by the first failure that counts it."""
+    before; a pod is taken by the first failure that counts it. A pod on a Node that does
+    not exist is lost once it is older than the grace (a new pod's Node may not have
+    reached the watch yet)."""
 
     taken: set[str] = field(default_factory=set)
     episodes: set[tuple[str, str]] = field(default_factory=set)
@@ -127,6 +129,8 @@ class Bookkeeper:
                 continue
             if view is not None and (now - view.since).total_seconds() < GRACE:
                 continue
+            if view is None and pod.created is not None and (now - pod.created).total_seconds() < GRACE:
+                continue  # a pod younger than the grace on a missing Node: the watch may lag its Node
             lost.setdefault(pod.node, []).append(pod)
         for name, pods in lost.items():
             view = obs.nodes.get(name)

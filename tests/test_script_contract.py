@@ -192,3 +192,58 @@ def test_the_bundle_names_a_missing_package(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="no_such_package_here is not installed"):
         bundle.write(tmp_path)
 
+
+
+def test_a_permanent_exit_ends_torchrun_instead_of_an_endless_in_place_restart(tmp_path):
+    """torchrun's own budget is practically unlimited (the operator keeps the job's): a
+    rank exiting 65 would be restarted forever. The launcher's supervisor ends torchrun and
+    the pod exits 65 with the rank's record (a real torchrun, two ranks, the script runner)."""
+    import time
+
+    from llmtrain_contract.command import worker_command
+
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, time
+        if os.environ["RANK"] == "1":
+            sys.exit(65)  # the table's DataError
+        time.sleep(120)  # rank 0 would wait for its peer
+    """))
+    term = tmp_path / "termination-log"
+    torchrun = ["--standalone", "--nproc-per-node=2", "--max-restarts=1000", "--monitor-interval=0.5"]
+    command = worker_command(sys.executable, str(tmp_path / "run"), torchrun, script_program([str(script)]), str(term))
+    began = time.monotonic()
+    done = subprocess.run(command, env={**os.environ, Env.RUN_DIR: str(tmp_path / "run")}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 65, done.stderr[-3000:]
+    assert time.monotonic() - began < 60, "ended at once, not after attempts piled up"
+    message = json.loads(term.read_text())
+    assert message["reason"] == "DataError" and message["rank"] == 1 and "exited with code 65" in message["message"]
+    assert "permanent code 65" in done.stderr
+
+
+def test_a_rank_whose_collective_broke_because_a_peer_died_is_a_victim(tmp_path):
+    """Rank 1 dies; rank 0's all_reduce fails with gloo's "Connection closed by peer".
+    Rank 0 is recorded as a victim (83), so the attempt's cause in rank 0's pod is a
+    victim's, charged nowhere, while rank 1's pod has the crash (a real torchrun)."""
+    from llmtrain_contract.command import worker_command
+    from llmtrain_trainer.exitrecord import attempt_cause
+
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import datetime, os, time
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+        if dist.get_rank() == 1:
+            time.sleep(1)
+            os._exit(9)  # dies without a word, as a SIGKILLed rank does
+        dist.all_reduce(torch.ones(1))
+        dist.all_reduce(torch.ones(1))
+    """))
+    torchrun = ["--standalone", "--nproc-per-node=2", "--max-restarts=0", "--monitor-interval=0.5"]
+    command = worker_command(sys.executable, str(tmp_path / "run"), torchrun, script_program([str(script)]), str(tmp_path / "term"))
+    subprocess.run(command, env={**os.environ, Env.RUN_DIR: str(tmp_path / "run")}, capture_output=True, text=True, timeout=120)
+    records = {r["rank"]: r for r in exitrecord.read_attempt(tmp_path / "run", 0)}
+    assert records[0]["code"] == 83 and records[0]["message"].startswith("victim: a peer failed"), records
+    assert 1 not in records, "rank 1 died without a record"
+    assert attempt_cause(tmp_path / "run", 0, 2) == "crash", "in the crashed rank's pod it is a crash"
+    assert attempt_cause(tmp_path / "run", 0, 1) == "victim", "a pod holding only the survivor: a victim, never charged"

@@ -44,9 +44,9 @@ def test_the_demo_job_recovers_from_a_crash_and_a_node_loss_and_succeeds(tmp_pat
 def test_the_local_runner_reads_each_nodes_failed_attempts_from_its_launcher(tmp_path: Path):
     """As the operator does in a cluster: the launcher of every local "node" serves its
     failed attempts on loopback and each observation reads them, so an in-place restart
-    is charged before the restarted trainer is up."""
+    is charged before the restarted trainer is up; and a script's reported progress."""
     script = tmp_path / "idle.py"
-    script.write_text("import time\ntime.sleep(120)\n")
+    script.write_text("import os, time\nopen(os.environ['LLMTRAIN_PROGRESS_FILE'], 'w').write('5\\n')\ntime.sleep(120)\n")
     raw = job({"spec.replicas": {"min": 1, "max": 1}, "spec.trainer": {"command": [str(script)]},
                "spec.checkpoint": {"enabled": False}})
     cluster = LocalCluster(parse_job({**raw, "status": None}), tmp_path / "run")
@@ -55,7 +55,8 @@ def test_the_local_runner_reads_each_nodes_failed_attempts_from_its_launcher(tmp
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             observed = cluster.observe()
-            if observed.launcher_attempts:
+            probe = observed.probes.get("tiny-elastic-worker-0")
+            if observed.launcher_attempts and probe is not None and probe.step == 5:
                 break
             result = plan({**raw, "status": status}, observed, datetime.now(timezone.utc))
             status = result.status
@@ -66,5 +67,8 @@ def test_the_local_runner_reads_each_nodes_failed_attempts_from_its_launcher(tmp
         assert pod == "tiny-elastic-worker-0" and isinstance(counted, dict) and sum(counted.values()) == 0, counted
         port = cluster.pods[pod].health_port
         assert port and f"--health-port {port} --health-host 127.0.0.1" in " ".join(cluster.pods[pod].proc.args)
+        # A script's progress and readiness come through its launcher, as in a pod.
+        assert observed.probes[pod].step == 5, "the step the script wrote to LLMTRAIN_PROGRESS_FILE"
+        assert next(p for p in observed.pods if p.name == pod).ready, "ready while its workers run"
     finally:
         cluster.shutdown()

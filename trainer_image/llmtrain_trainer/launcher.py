@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     # job's external store, so no node is a single point of failure either way.
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     env[Env.SUPERVISED] = "1"
-    supervisor = Supervisor(run_dir)
+    supervisor = Supervisor(run_dir, started=started)
     tracker = AttemptTracker(run_dir, max_restarts=max_restarts(command))
     try:
         health = serve_health(args.health_port, supervisor, tracker, args.health_host) if args.health_port else None
@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     if health is not None:
         health.shutdown()
 
-    attempt = exitrecord.latest_attempt(run_dir)
+    # Ended for a permanent exit: torchrun may have begun the next attempt meanwhile.
+    attempt = supervisor.permanent[0] if supervisor.permanent is not None else exitrecord.latest_attempt(run_dir)
     records = [r for r in exitrecord.read_attempt(run_dir, attempt)] if attempt is not None else []
     records = [r for r in records if r.get("time", 0) >= started]  # ignore an older container's
     code, message = decide(returncode, records, supervisor.agent_hang)

@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from . import exitrecord
+from .peers import is_collective_failure
 from llmtrain_contract.config import TrainerConfig, WorldSizeInvalid
 from llmtrain_contract.exitcodes import ExitCode
 from llmtrain_contract.names import Env
@@ -69,17 +70,6 @@ def _fail(run_dir: Path, code: int, message: str, step: int | None = None) -> in
     except OSError as err:
         print(f"llmtrain: could not write the exit record: {err}", file=sys.stderr)
     return int(code)
-
-
-def _is_collective_failure(err: BaseException) -> bool:
-    import torch.distributed as dist  # noqa: PLC0415
-
-    if isinstance(err, getattr(dist, "DistError", ())):
-        return True
-    text = str(err).lower()
-    return isinstance(err, RuntimeError) and any(
-        s in text for s in ("timed out", "timeout", "connection closed by peer", "connection reset", "gloo")
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,7 +150,7 @@ def run(cfg: TrainerConfig, config_dir: Path | None = None) -> int:
         return _fail(run_dir, ExitCode.TRANSIENT, str(err))
     except Exception as err:  # noqa: BLE001 - every exit must be classified
         step = trainer.step if trainer else None
-        if _is_collective_failure(err):
+        if is_collective_failure(err):
             return _fail(run_dir, ExitCode.COLLECTIVE_TIMEOUT, f"{type(err).__name__}: {err}", step)
         traceback.print_exc()
         exitrecord.write(run_dir, _attempt(), _rank(), _local_rank(), 1, f"{type(err).__name__}: {err}", step)

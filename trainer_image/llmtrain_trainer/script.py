@@ -10,8 +10,11 @@ What it adds is the rank's exit record (``exitrecord.py``), which torchrun's own
 code 1 would otherwise hide: the script's exit code (``sys.exit(64)`` is a permanent
 config error, exactly as for the built-in trainer: ``llmtrain exit-codes``), and for an
 uncaught exception its type, text and where it was raised, which the launcher puts into
-the pod's termination message and the operator into the job's status and Events. It also
-gives each local rank its own ``LLMTRAIN_PROGRESS_FILE`` (``progress.py``).
+the pod's termination message and the operator into the job's status and Events. An
+exception that says a peer failed (a broken collective, ``peers.py``) makes the rank a
+victim (exit 83), as in the built-in trainer, so that one lost rank is charged once, not
+once more per survivor. It also gives each local rank its own ``LLMTRAIN_PROGRESS_FILE``
+(``progress.py``).
 
 A rank killed by a signal or ended with ``os._exit`` writes no record; the launcher then
 reports the signal or torchrun's code, as for any process.
@@ -25,9 +28,11 @@ import sys
 import traceback
 from pathlib import Path
 
+from llmtrain_contract.exitcodes import ExitCode
 from llmtrain_contract.names import Env
 
 from . import exitrecord, progress
+from .peers import is_collective_failure
 
 USAGE = "usage: python -m llmtrain_trainer.script (SCRIPT | -m MODULE) [ARGS...]"
 
@@ -94,9 +99,14 @@ def run(argv: list[str]) -> int:
         code, message = exit_code(err)
         if code and message and not isinstance(err.code, int):
             print(message, file=sys.stderr)
-    except BaseException as err:  # noqa: BLE001 - whatever ends the script is reported, then exits 1 as Python would
+    except BaseException as err:  # noqa: BLE001 - whatever ends the script is reported, then exits nonzero as Python would
         traceback.print_exc()
-        code, message = 1, describe(err)
+        if is_collective_failure(err):
+            # A peer died or froze: this rank is a victim, and the failure is charged
+            # where it happened, not once more per survivor (exitrecord.attempt_cause).
+            code, message = int(ExitCode.COLLECTIVE_TIMEOUT), f"victim: a peer failed: {describe(err)}"
+        else:
+            code, message = 1, describe(err)
     if run_dir is not None:
         try:
             exitrecord.write(run_dir, attempt, rank, local_rank, code, message, _last_step(run_dir, local_rank))

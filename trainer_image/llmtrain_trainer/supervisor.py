@@ -21,6 +21,12 @@ The torchrun agent is watched too: an agent stopped for longer than the ranks' t
 can neither restart nor report its workers, so the supervisor kills it and its workers
 and the launcher exits with the hang code.
 
+So are the ranks' exit records: a rank that exits with a permanent code (a config or data
+error, ``llmtrain exit-codes``) would fail the same way in every attempt, and torchrun,
+whose restart budget is the operator's (practically unlimited), would restart the worker
+group forever. The supervisor ends torchrun instead (``permanent``), and the launcher
+exits with that code, which fails the job at once.
+
 What no process in the pod can see, a frozen launcher (with or without the rest of the
 pod), the kubelet sees: the launcher serves ``/healthz`` (``serve_health``) for the pod's
 liveness probe, answering while its supervisor keeps checking, and beside it ``/metrics``
@@ -42,7 +48,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from llmtrain_contract.exitcodes import ExitCode
+from llmtrain_contract.exitcodes import ExitCode, FailureClass, classify_exit
 from llmtrain_contract.names import LauncherMetric
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -149,6 +155,10 @@ class Supervisor:
     last_check: float = field(default_factory=time.monotonic)
     agent_hang: str | None = None
     """Set when the supervisor ended a stopped torchrun agent: why."""
+    started: float = field(default_factory=time.time)
+    """Exit records older than this were written by an earlier container of the pod."""
+    permanent: tuple[int, dict] | None = None
+    """(attempt, record) of a rank's permanent exit, once the supervisor ended torchrun for it."""
     _seen: dict[int, _Seen] = field(default_factory=dict)
     _ended: set[int] = field(default_factory=set)
     _agent_stopped_since: float | None = None
@@ -177,6 +187,7 @@ class Supervisor:
         verdicts it acted on."""
         now = heartbeat.clock() if now is None else now
         self.last_check = time.monotonic()
+        self._check_permanent()
         live: list[tuple[Beat, ProcInfo]] = []
         for beat in heartbeat.read_all(self.run_dir):
             info = proc_info(beat.pid)
@@ -221,6 +232,24 @@ class Supervisor:
         for verdict in verdicts:
             self._ended.add(verdict.beat.pid)
             _kill(verdict.beat.pid)
+
+    def _check_permanent(self) -> None:
+        if self.agent_pid is None or self.permanent is not None or self.agent_hang is not None:
+            return
+        latest = exitrecord.latest_attempt(self.run_dir)
+        if latest is None:
+            return
+        for attempt in range(max(0, latest - 1), latest + 1):  # torchrun may have started the next already
+            for record in exitrecord.read_attempt(self.run_dir, attempt):
+                code = int(record["code"])
+                if record.get("time", 0) < self.started or classify_exit(code).failure_class != FailureClass.PERMANENT:
+                    continue
+                self.permanent = (attempt, record)
+                _write_stderr(f"llmtrain supervisor: rank {record.get('rank')} exited with the permanent code {code} "
+                              f"({classify_exit(code).reason}); ending torchrun instead of restarting the workers in place\n")
+                for pid in [self.agent_pid, *attempts.children(self.agent_pid)]:
+                    _kill(pid)
+                return
 
     def _check_agent(self, now: float, timeouts: list[float]) -> None:
         if self.agent_pid is None or self.agent_hang is not None:
