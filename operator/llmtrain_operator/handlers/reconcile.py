@@ -263,11 +263,14 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
     children = await source(ns, name)
     pods = tuple(pod_view(p) for p in children.pods)
     nodes = {n.name: n for n in map(node_view, children.nodes)}
-    port = ((body.get("spec") or {}).get("metrics") or {}).get("port", 9400)
+    spec = body.get("spec") or {}
+    port = (spec.get("metrics") or {}).get("port", 9400)
+    # A user's script serves no trainer endpoint: its progress comes from the launcher.
+    trainer_pods = list(pods) if (spec.get("trainer") or {}).get("builtin") is not None else []
     probes: dict[str, Any] = {}
     attempts: dict[str, dict[str, int]] = {}
     if settings.probes_enabled:
-        trainers, launchers = await asyncio.gather(probe_workers(list(pods), port, settings.probe_timeout_seconds),
+        trainers, launchers = await asyncio.gather(probe_workers(trainer_pods, port, settings.probe_timeout_seconds),
                                                    probe_launchers(list(pods), settings.probe_timeout_seconds))
         probes, attempts = combine(trainers, launchers)
     async with slots.held() if slots is not None else no_slot() as waited:
