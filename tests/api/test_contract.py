@@ -18,7 +18,7 @@ from llmtrain_operator.k8s.client import PermanentApiError, TransientApiError
 from llmtrain_operator.settings import OperatorSettings
 from support.planning import NOW, ago, job
 
-from .conftest import JOBS
+from .conftest import JOBS, VERBS
 
 SETTINGS = OperatorSettings(probes_enabled=False)
 NS, NAME = "ml", "tiny-elastic"
@@ -371,3 +371,49 @@ async def test_without_secret_checks_no_secret_is_read_and_the_pods_are_created(
     calls = requests_since(api, before)
     assert not [c for c in calls if "/secrets" in c[1]], calls
     assert [c for c in calls if c[0] == "POST" and c[1].endswith("/pods")]
+
+
+# ---------------------------------------------------------------- gang scheduling
+
+PODGROUP = "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ml/podgroups/tiny-elastic"
+NOT_FOUND = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
+             "message": 'podgroups.scheduling.x-k8s.io "tiny-elastic" not found',
+             "details": {"name": "tiny-elastic", "group": "scheduling.x-k8s.io", "kind": "podgroups"}}
+
+
+def _gang_job() -> dict[str, Any]:
+    return job({"spec.scheduling": {"gang": {"minAvailable": 2}}})
+
+
+async def test_a_gang_job_creates_its_pod_group_through_the_custom_objects_api_and_then_its_workers(api, k8s):
+    api.resources["scheduling.x-k8s.io/v1alpha1/podgroups"] = {
+        "namespaced": True, "kind": "PodGroup", "singular": "podgroup", "verbs": VERBS, "shortnames": [], "categories": [],
+        "subresources": ["status"]}
+    # What the API server answers for a missing object of a served resource (kmock's own
+    # 404 does not name the object).
+    api[f"get {PODGROUP}"][:1] << 404 << NOT_FOUND
+    put_job(api, _gang_job())
+    before = len(api)
+    first = await one_pass(api, k8s)
+    calls = requests_since(api, before)
+    assert ("GET", PODGROUP) in calls and ("POST", PODGROUP.rsplit("/", 1)[0]) in calls
+    assert ("POST", "/api/v1/namespaces/ml/pods") in calls, "the store does not wait"
+    assert ("Pod", "tiny-elastic-worker-0") not in first.created, "the workers wait for the PodGroup"
+    group = api.objects["scheduling.x-k8s.io/v1alpha1/podgroups", NS, NAME].raw
+    assert group["spec"]["minMember"] == 2 and group["metadata"]["ownerReferences"][0]["kind"] == "LLMTrainJob"
+    second = await one_pass(api, k8s, now=NOW + timedelta(seconds=1))
+    assert ("Pod", "tiny-elastic-worker-0") in second.created and ("Pod", "tiny-elastic-worker-1") in second.created
+    ready = next(c for c in stored_job(api)["status"]["conditions"] if c["type"] == "PodGroupReady")
+    assert ready["status"] == "True"
+
+
+async def test_a_cluster_without_the_pod_group_api_is_told_apart_from_a_missing_pod_group(api, k8s):
+    # The API server answers an unknown resource with a bare "404 page not found", a missing
+    # object with a Status naming it: only the first means "not installed".
+    api[f"get {PODGROUP}"] << 404 << b"404 page not found\n"
+    put_job(api, _gang_job())
+    result = await one_pass(api, k8s)
+    assert ("Pod", "tiny-elastic-worker-0") in result.created, "the pods are created without a PodGroup"
+    missing = next(c for c in stored_job(api)["status"]["conditions"] if c["type"] == "PodGroupReady")
+    assert missing["status"] == "False" and missing["reason"] == "PodGroupAPIMissing"
+    assert [e for e in _events(api, 0) if e["reason"] == "PodGroupAPIMissing" and e["type"] == "Warning"]

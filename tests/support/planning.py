@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from llmtrain_operator.api.observed import ConfigMapView, NodeView, Observed, PodView, TrainerProbe, format_time
-from llmtrain_operator.planner import CreateObject, DeleteJob, DeletePod, ReplaceObject
+from llmtrain_operator.planner import CreateObject, DeleteJob, DeleteObject, DeletePod, ReplaceObject, UpdateSpec
 from llmtrain_operator.planner.manifests import CONFIG_HASH_ANNOTATION, config_map
 from llmtrain_operator.api import parse_job
 from support.specs import apply_set, load_job
@@ -77,6 +77,10 @@ def summary(actions: list[Any]) -> list[str]:
             out.append(f"replace {a.manifest['kind']}/{a.manifest['metadata']['name']}")
         elif isinstance(a, DeletePod):
             out.append(f"{'force-delete' if a.force else 'delete'} {a.name}")
+        elif isinstance(a, UpdateSpec):
+            out.append(f"update {a.manifest['kind']}/{a.manifest['metadata']['name']}")
+        elif isinstance(a, DeleteObject):
+            out.append(f"delete {a.kind}/{a.name}")
         elif isinstance(a, DeleteJob):
             out.append("delete-job")
     return out

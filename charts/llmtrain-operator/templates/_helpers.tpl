@@ -36,6 +36,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create, patch]
+# A gang job's PodGroup (scheduling.gang): Volcano's or scheduler-plugins'. Granted even
+# where neither is installed: the operator reads it to learn that, and says so.
+- apiGroups: [scheduling.volcano.sh, scheduling.x-k8s.io]
+  resources: [podgroups]
+  verbs: [get, create, patch, delete]
 {{- end }}
 {{- define "llmtrain.rules.secrets" -}}
 # Checking that a job's S3 credentials Secret exists before creating pods (its data is

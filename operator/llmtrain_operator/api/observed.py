@@ -214,6 +214,27 @@ class ConfigMapView:
 
 
 @dataclass(frozen=True)
+class PodGroupView:
+    """The gang job's PodGroup as read this pass (``scheduling.gang``)."""
+
+    served: bool
+    """The cluster serves the PodGroup API of the chosen scheduler (its CRD is installed)."""
+    exists: bool = False
+    phase: str = ""
+    """``status.phase`` as the scheduler set it (Volcano: Pending, Inqueue, Running ...)."""
+    spec: dict[str, Any] = field(default_factory=dict)
+
+
+def pod_group_view(obj: dict[str, Any] | None, served: bool = True) -> PodGroupView:
+    if not served:
+        return PodGroupView(served=False)
+    if obj is None:
+        return PodGroupView(served=True)
+    return PodGroupView(served=True, exists=True, phase=str((obj.get("status") or {}).get("phase") or ""),
+                        spec=dict(obj.get("spec") or {}))
+
+
+@dataclass(frozen=True)
 class Observed:
     pods: tuple[PodView, ...] = ()
     nodes: dict[str, NodeView] = field(default_factory=dict)
@@ -233,6 +254,8 @@ class Observed:
     Pod x: pods "x" is forbidden: exceeded quota: gpu, requested: ...``."""
     retry_creates_at: datetime | None = None
     """Refused creates are tried again from this time on (backoff)."""
+    pod_group: PodGroupView | None = None
+    """A gang job's PodGroup; None when it was not read this pass (a steady job's is not)."""
 
     def workers(self) -> list[PodView]:
         return [p for p in self.pods if p.role == ROLE_WORKER]

@@ -384,12 +384,25 @@ class Toleration(CamelModel):
 
 
 class GangSpec(CamelModel):
-    """Gang scheduling hint for schedulers that support it (Volcano, Kueue,
-    scheduler-plugins coscheduling)."""
+    """Gang scheduling: the operator creates the PodGroup of the chosen scheduler, owned
+    by the job, and names it on the worker pods."""
 
     min_available: int = Field(ge=1, le=1024)
-    """Pods that must be placeable together before any starts. Usually
-    ``replicas.min``. Rendered as a PodGroup annotation/label for the scheduler."""
+    """Worker pods that must be placeable together before any starts (the PodGroup's
+    ``minMember``). Usually ``replicas.min``."""
+
+    scheduler: Literal["volcano", "scheduler-plugins"] | None = None
+    """Whose PodGroup: ``volcano`` (``scheduling.volcano.sh/v1beta1``; the worker pods
+    are created once Volcano moved it out of Pending) or ``scheduler-plugins``
+    (coscheduling, ``scheduling.x-k8s.io/v1alpha1``). Default: ``volcano`` when
+    ``schedulerName`` is ``volcano``, else ``scheduler-plugins``."""
+
+    queue: str | None = Field(None, min_length=1, max_length=253)
+    """Volcano: the Queue of the PodGroup. Default Volcano's (``default``)."""
+
+    schedule_timeout_seconds: int | None = Field(None, ge=1)
+    """scheduler-plugins: how long the coscheduling plugin waits for the whole gang before
+    it gives the pods' places up. Default the plugin's."""
 
 
 class SchedulingSpec(CamelModel):

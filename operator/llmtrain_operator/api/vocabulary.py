@@ -51,6 +51,8 @@ class ConditionType(StrEnum):
     REPLICA_FAILURE = "ReplicaFailure"
     """The API server refuses to create a child (quota, an admission webhook, Pod Security,
     RBAC), as Kubernetes' own ReplicaSets report it."""
+    POD_GROUP_READY = "PodGroupReady"
+    """A gang job's PodGroup exists and its scheduler lets the worker pods be created."""
 
 
 class FailureKind(StrEnum):
@@ -124,3 +126,8 @@ class Reason(StrEnum):
     CHECKPOINT_TIER_RECOVERED = "CheckpointTierRecovered"
     TIERS_HEALTHY = "TiersHealthy"
     CHECKPOINT_INTERVAL_CHANGED = "CheckpointIntervalChanged"
+    # gang scheduling
+    POD_GROUP_CREATED = "PodGroupCreated"
+    POD_GROUP_API_MISSING = "PodGroupAPIMissing"
+    POD_GROUP_PENDING = "PodGroupPending"
+    POD_GROUP_DELETED = "PodGroupDeleted"

@@ -16,12 +16,14 @@ from typing import Any, Protocol
 from llmtrain_contract.names import HEALTH_PORT
 
 from .. import metrics
-from ..api.observed import LABEL_JOB, ROLE_WORKER, ConfigMapView, Observed, node_view, parse_time, pod_view
-from ..api.vocabulary import Phase, PodPhase
+from ..api.observed import (LABEL_JOB, ROLE_WORKER, ConfigMapView, Observed, PodGroupView, node_view, parse_time,
+                            pod_group_view, pod_view)
+from ..api.vocabulary import TERMINAL_PHASES, ConditionType, Phase, PodPhase, Reason
 from ..api.spec import LLMTrainJobSpec
 from ..k8s.client import K8s, PermanentApiError, TransientApiError
 from ..k8s.patches import merge_patch
-from ..planner import CreateObject, DeleteJob, DeletePod, Plan, ReplaceObject, plan
+from ..planner import CreateObject, DeleteJob, DeleteObject, DeletePod, Plan, ReplaceObject, UpdateSpec, plan
+from ..planner.podgroup import api_of
 from ..probe import LauncherReport, combine, scrape, scrape_launcher
 from ..settings import OperatorSettings
 from .slots import Slots, no_slot
@@ -124,6 +126,35 @@ async def missing_dependencies(k8s: K8s, body: dict[str, Any], check_secrets: bo
     return tuple(f"{kind} {name}" for (kind, name), ok in zip(wanted, found) if not ok)
 
 
+def _needs_pod_group_read(body: dict[str, Any]) -> bool:
+    """A gang job's PodGroup is read while worker pods may have to wait for it (not while
+    the job runs steadily) and until a finished or suspended job gave it back."""
+    status = body.get("status") or {}
+    if status.get("observedGeneration") != (body.get("metadata") or {}).get("generation"):
+        return True
+    phase = status.get("phase")
+    if phase == Phase.RUNNING:
+        return False
+    if phase in (*TERMINAL_PHASES, Phase.SUSPENDED):
+        ready = next((c for c in status.get("conditions") or [] if c.get("type") == ConditionType.POD_GROUP_READY), {})
+        return ready.get("reason") != Reason.POD_GROUP_DELETED
+    return True
+
+
+async def read_pod_group(k8s: K8s, body: dict[str, Any]) -> PodGroupView | None:
+    """The job's PodGroup, or None: not a gang job, its spec unreadable, or not needed now."""
+    try:
+        spec = LLMTrainJobSpec.model_validate(body.get("spec") or {})
+    except ValueError:
+        return None
+    api = api_of(spec.scheduling)
+    if api is None or not _needs_pod_group_read(body):
+        return None
+    meta = body["metadata"]
+    served, obj = await asyncio.to_thread(k8s.read_object, api.api_version, api.plural, meta.get("namespace", "default"), meta["name"])
+    return pod_group_view(obj, served)
+
+
 def _running_workers(pods: list[Any]) -> list[Any]:
     """The worker pods that have an address to scrape."""
     return [p for p in pods if p.role == ROLE_WORKER and p.phase == PodPhase.RUNNING and p.ip]
@@ -156,8 +187,12 @@ def _request(k8s: K8s, namespace: str, job: str, action: Any) -> Any:
         return asyncio.to_thread(k8s.create, action.manifest)
     if isinstance(action, ReplaceObject):
         return asyncio.to_thread(k8s.replace, action.manifest)
+    if isinstance(action, UpdateSpec):
+        return asyncio.to_thread(k8s.update_spec, action.manifest)
     if isinstance(action, DeletePod):
         return asyncio.to_thread(k8s.delete_pod, namespace, action.name, action.grace_seconds, action.force)
+    if isinstance(action, DeleteObject):
+        return asyncio.to_thread(k8s.delete_object, action.api_version, action.kind, namespace, action.name)
     return asyncio.to_thread(k8s.delete_job, namespace, job)
 
 
@@ -183,8 +218,8 @@ async def write(k8s: K8s, body: dict[str, Any], result: Plan, status_patch: dict
     delete fails, the next pass finds the failure already counted and only deletes."""
     meta = body["metadata"]
     ns, name = meta.get("namespace", "default"), meta["name"]
-    deletes = [a for a in result.actions if isinstance(a, (DeletePod, DeleteJob))]
-    creates = [a for a in result.actions if not isinstance(a, (DeletePod, DeleteJob))]
+    deletes = [a for a in result.actions if isinstance(a, (DeletePod, DeleteObject, DeleteJob))]
+    creates = [a for a in result.actions if not isinstance(a, (DeletePod, DeleteObject, DeleteJob))]
     first = [_request(k8s, ns, name, a) for a in creates]
     if status_patch is not None:
         first.append(asyncio.to_thread(k8s.patch_status, ns, name, status_patch, meta.get("resourceVersion")))
@@ -210,8 +245,12 @@ def describe(action: Any) -> str:
         return f"create {action.kind} {action.name}"
     if isinstance(action, ReplaceObject):
         return f"replace {action.manifest['kind']} {action.manifest['metadata']['name']}"
+    if isinstance(action, UpdateSpec):
+        return f"update {action.manifest['kind']} {action.manifest['metadata']['name']}"
     if isinstance(action, DeletePod):
         return f"{'force-delete' if action.force else 'delete'} Pod {action.name}"
+    if isinstance(action, DeleteObject):
+        return f"delete {action.kind} {action.name}"
     return f"delete the job ({action.reason})"
 
 
@@ -292,12 +331,16 @@ async def _decide_and_write(k8s: K8s, body: dict[str, Any], settings: OperatorSe
     ns, name = meta.get("namespace", "default"), meta["name"]
     if _needs_dependency_check(body):
         observed = replace(observed, missing=await missing_dependencies(k8s, body, settings.check_secrets))
+    pod_group = await read_pod_group(k8s, body)
+    if pod_group is not None:
+        observed = replace(observed, pod_group=pod_group)
     result = plan(body, observed, now, settings.runtime_image)
     old_status = body.get("status") or {}
     changed = status_changed(old_status, result.status, settings.status_flush_seconds, now)
     _check(gate)
     action_error, status_error, refused = await write(k8s, body, result, merge_patch(old_status, result.status) if changed else None, gate)
-    _remember_refusals(ns, name, refused, now, attempted=any(isinstance(a, (CreateObject, ReplaceObject)) for a in result.actions))
+    _remember_refusals(ns, name, refused, now,
+                       attempted=any(isinstance(a, (CreateObject, ReplaceObject, UpdateSpec)) for a in result.actions))
     for err in (action_error, status_error):
         if err is not None and not isinstance(err, TransientApiError):
             raise err

@@ -4,6 +4,7 @@
 |----------------------------------|------------------------------------------------|
 | 409 on create                    | it exists already (idempotent)                 |
 | 404 on delete                    | it is gone already (idempotent)                |
+| 404 on a read, no Status naming the object | the API (a CRD) is not served  |
 | 404 on a status patch            | the job is gone: nothing to record             |
 | 409 on a status patch            | the pass planned from an older status (its resourceVersion precondition failed): retry once the watch caught up |
 | 410, 429, 5xx, timeouts, resets  | transient: retry the pass after a delay        |
@@ -74,6 +75,24 @@ def _classify(err: Exception, what: str) -> Exception:
 
 NETWORK_ERRORS = (urllib3.exceptions.HTTPError, OSError, TimeoutError)
 
+CUSTOM_PLURALS = {"PodGroup": "podgroups"}
+"""Kinds the operator creates outside the core API, by their resource name."""
+
+
+def _group_version(api_version: str) -> tuple[str, str]:
+    group, _, version = api_version.rpartition("/")
+    return group, version
+
+
+def _names_the_object(err: ApiException, name: str) -> bool:
+    """A 404 whose Status names the object: the API exists and the object does not."""
+    try:
+        body = json.loads(err.body or "")
+    except (ValueError, TypeError):
+        return False
+    details = body.get("details") if isinstance(body, dict) else None
+    return isinstance(details, dict) and details.get("name") == name
+
 
 class K8s:
     def __init__(self, api_client: client.ApiClient, timeout: tuple[float, float] = TIMEOUT):
@@ -130,8 +149,28 @@ class K8s:
             "Service": self.core.create_namespaced_service,
             "ConfigMap": self.core.create_namespaced_config_map,
         }
-        return self._send(lambda: calls[kind](ns, manifest, _request_timeout=self.timeout, _preload_content=False),
-                          f"create {kind} {ns}/{meta['name']}", tolerated=409)
+        if kind in calls:
+            call = lambda: calls[kind](ns, manifest, _request_timeout=self.timeout, _preload_content=False)  # noqa: E731
+        else:
+            group, version = _group_version(manifest["apiVersion"])
+            call = lambda: self.custom.create_namespaced_custom_object(  # noqa: E731
+                group, version, ns, CUSTOM_PLURALS[kind], manifest, _request_timeout=self.timeout, _preload_content=False)
+        return self._send(call, f"create {kind} {ns}/{meta['name']}", tolerated=409)
+
+    def update_spec(self, manifest: dict[str, Any]) -> None:
+        """Merge ``manifest["spec"]`` into a custom object (JSON merge patch)."""
+        kind, meta = manifest["kind"], manifest["metadata"]
+        ns = meta.get("namespace", "default")
+        group, version = _group_version(manifest["apiVersion"])
+        self._send(lambda: self.custom.patch_namespaced_custom_object(
+            group, version, ns, CUSTOM_PLURALS[kind], meta["name"], {"spec": manifest["spec"]}, _request_timeout=self.timeout,
+            _preload_content=False, _content_type="application/merge-patch+json"), f"update {kind} {ns}/{meta['name']}")
+
+    def delete_object(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        group, version = _group_version(api_version)
+        return self._send(lambda: self.custom.delete_namespaced_custom_object(
+            group, version, namespace, CUSTOM_PLURALS[kind], name, propagation_policy="Background",
+            _request_timeout=self.timeout, _preload_content=False), f"delete {kind} {namespace}/{name}", tolerated=404)
 
     def replace(self, manifest: dict[str, Any]) -> None:
         meta = manifest["metadata"]
@@ -199,6 +238,24 @@ class K8s:
         reads = {"Secret": self.core.read_namespaced_secret, "PersistentVolumeClaim": self.core.read_namespaced_persistent_volume_claim}
         return self._send(lambda: reads[kind](name, namespace, _request_timeout=self.timeout, _preload_content=False),
                           f"read {kind} {namespace}/{name}", tolerated=404)
+
+    def read_object(self, api_version: str, plural: str, namespace: str, name: str) -> tuple[bool, dict[str, Any] | None]:
+        """(served, the object or None). ``served`` is False when the cluster does not
+        serve that resource at all (its CRD is not installed): the API server's 404 then
+        carries no Status naming the object, only "404 page not found"."""
+        group, version = _group_version(api_version)
+        try:
+            response = self.custom.get_namespaced_custom_object(group, version, namespace, plural, name,
+                                                                _request_timeout=self.timeout, _preload_content=False)
+            return True, json.loads(response.data)
+        except ApiException as err:
+            if err.status == 404:
+                return _names_the_object(err, name), None
+            raise _classify(err, f"read {plural}.{group} {namespace}/{name}") from err
+        except NETWORK_ERRORS as err:
+            raise _classify(err, f"read {plural}.{group} {namespace}/{name}") from err
+        except ValueError as err:
+            raise TransientApiError(f"read {plural}.{group} {namespace}/{name}: unreadable response: {err}") from err
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self._list(lambda: self.core.list_namespaced_pod(namespace, label_selector=selector, _request_timeout=self.timeout, _preload_content=False), "pods")

@@ -2,8 +2,9 @@
 No I/O: the kopf handlers and the local runner supply the observations and apply the
 actions."""
 
-from .context import CreateObject, DeleteJob, DeletePod, Plan, ReplaceObject, Verdict
+from .context import CreateObject, DeleteJob, DeleteObject, DeletePod, Plan, ReplaceObject, UpdateSpec, Verdict
 from .decisions import Decision, Event
 from .plan import plan
 
-__all__ = ["CreateObject", "Decision", "DeleteJob", "DeletePod", "Event", "Plan", "ReplaceObject", "Verdict", "plan"]
+__all__ = ["CreateObject", "Decision", "DeleteJob", "DeleteObject", "DeletePod", "Event", "Plan", "ReplaceObject", "UpdateSpec",
+           "Verdict", "plan"]

@@ -48,11 +48,28 @@ class DeletePod:
 
 
 @dataclass(frozen=True)
+class UpdateSpec:
+    """Merge the manifest's ``spec`` into an object the operator owns (a PodGroup whose
+    ``minMember`` changed with the job's spec); fields others added stay."""
+
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DeleteObject:
+    """Delete a child the operator owns that is not a pod (a PodGroup)."""
+
+    api_version: str
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
 class DeleteJob:
     reason: str
 
 
-Action = CreateObject | ReplaceObject | DeletePod | DeleteJob
+Action = CreateObject | ReplaceObject | UpdateSpec | DeletePod | DeleteObject | DeleteJob
 
 
 class Verdict(enum.Enum):
@@ -95,6 +112,8 @@ class Pass:
     actions: list[Action] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     timers: list[float] = field(default_factory=list)
+    workers_held: str | None = None
+    """Why no worker pod may be created in this pass (their PodGroup is not ready), or None."""
 
     @property
     def spec(self):

@@ -24,6 +24,7 @@ from .policies import (
     children,
     completion,
     deadline,
+    gang,
     in_place,
     node_failures,
     numerics,
@@ -52,6 +53,7 @@ POLICIES = (
     node_failures.handle,
     in_place.handle,
     stragglers.handle,     # report (or replace) a rank that stays slower than the others
+    gang.handle,           # the PodGroup a gang's worker pods wait for
     children.handle,       # create what is missing (after the failures were handled)
     summary.handle,        # counts, phase, conditions
     wedge.handle,          # the backstop: no progress for progressTimeoutSeconds

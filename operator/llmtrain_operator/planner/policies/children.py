@@ -19,7 +19,7 @@ def handle(ctx: Pass) -> Verdict:
     held = creates_held(ctx)
     if not held:
         ensure_infrastructure(ctx)
-    reconcile_workers(ctx, may_create=not held)
+    reconcile_workers(ctx, may_create=not held and ctx.workers_held is None)
     return Verdict.CONTINUE
 
 

@@ -7,12 +7,14 @@ from ...api.vocabulary import ConditionType, Phase, Reason
 from ..conditions import is_true
 from ..context import Pass, Verdict
 from ..outcome import stop_pods
+from ..podgroup import release as release_pod_group
 
 
 def handle(ctx: Pass) -> Verdict:
     status = ctx.status
     if ctx.spec.suspend:
         stop_pods(ctx, include_finished=True)
+        release_pod_group(ctx, "the job is suspended")
         if status.phase != Phase.SUSPENDED:
             status.phase = Phase.SUSPENDED
             ckpt = ctx.spec.checkpoint

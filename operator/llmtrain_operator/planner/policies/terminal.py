@@ -6,12 +6,14 @@ from ...api.observed import parse_time
 from ...api.vocabulary import TERMINAL_PHASES, Reason
 from ..context import DeleteJob, Pass, Verdict
 from ..outcome import stop_pods
+from ..podgroup import release as release_pod_group
 
 
 def handle(ctx: Pass) -> Verdict:
     if ctx.status.phase not in TERMINAL_PHASES:
         return Verdict.CONTINUE
     stop_pods(ctx, include_finished=False)
+    release_pod_group(ctx, "the job finished")
     ttl = ctx.spec.ttl_seconds_after_finished
     if ttl is not None:
         done = parse_time(ctx.status.completion_time) or ctx.now

@@ -1,0 +1,58 @@
+"""Gang scheduling (``scheduling.gang``): the PodGroup the chosen scheduler expects,
+owned by the job, before any worker pod (``planner/podgroup.py``).
+
+- The cluster does not serve that PodGroup API (the scheduler is not installed): the
+  condition ``PodGroupReady`` says so with a Warning Event, and the pods are created
+  without a PodGroup.
+- The PodGroup is missing: it is created, and the worker pods wait for the next pass.
+- Volcano keeps it Pending until its queue takes the whole gang in; its admission refuses
+  pods before that, so the worker pods wait (a pass every few seconds).
+- A suspended or finished job gives its PodGroup back (``podgroup.release``), so that a Volcano
+  queue does not keep the gang's resources reserved for pods that will not come.
+"""
+
+from __future__ import annotations
+
+from ...api.vocabulary import ConditionType, Reason
+from .. import manifests, podgroup
+from ..context import CreateObject, Pass, UpdateSpec, Verdict
+
+VOLCANO_POLL_SECONDS = 2.0
+"""A Volcano PodGroup's phase is read this often while the pods wait on it (no watch)."""
+
+
+def handle(ctx: Pass) -> Verdict:
+    api = podgroup.api_for(ctx.job)
+    seen = ctx.observed.pod_group
+    if api is None or seen is None:
+        return Verdict.CONTINUE
+    name = ctx.job.metadata.name
+    what = f"PodGroup {name} ({api.api_version})"
+    if not seen.served:
+        message = (f"the cluster does not serve {api.plural}.{api.group}/{api.version} (is {api.scheduler} installed?); "
+                   "the worker pods are created without a PodGroup")
+        if ctx.condition(ConditionType.POD_GROUP_READY, False, Reason.POD_GROUP_API_MISSING, message):
+            ctx.event(Reason.POD_GROUP_API_MISSING, message, warning=True)
+        return Verdict.CONTINUE
+    wanted = podgroup.pod_group(ctx.job, manifests.owner_reference(ctx.job))
+    members = wanted["spec"]["minMember"]
+    if not seen.exists:
+        ctx.actions.append(CreateObject(wanted))
+        ctx.event(Reason.POD_GROUP_CREATED, f"created {what} with minMember {members}")
+        ctx.condition(ConditionType.POD_GROUP_READY, False, Reason.POD_GROUP_CREATED, f"created {what}; the worker pods follow")
+        ctx.workers_held = f"{what} was just created"
+        ctx.after(1.0)
+        return Verdict.CONTINUE
+    if any(seen.spec.get(key) != value for key, value in wanted["spec"].items()):
+        ctx.actions.append(UpdateSpec(wanted))
+    if api is podgroup.VOLCANO and seen.phase in podgroup.VOLCANO_WAITING_PHASES:
+        message = (f"waiting for Volcano to take {what} into its queue (phase {seen.phase or 'not set yet'}); "
+                   "the worker pods are created then")
+        ctx.condition(ConditionType.POD_GROUP_READY, False, Reason.POD_GROUP_PENDING, message)
+        ctx.workers_held = message
+        ctx.after(VOLCANO_POLL_SECONDS)
+        return Verdict.CONTINUE
+    phase = f", phase {seen.phase}" if seen.phase else ""
+    ctx.condition(ConditionType.POD_GROUP_READY, True, Reason.POD_GROUP_CREATED, f"{what}, minMember {members}{phase}")
+    return Verdict.CONTINUE
+
