@@ -8,26 +8,17 @@ admission webhook's refusal of its pods in a condition and an Event within secon
 from __future__ import annotations
 
 import json
-import subprocess
 import time
-from pathlib import Path
 
-from support.specs import ROOT
 from support.waiting import wait_for
 
+from . import crds
 from .jobs import create, event_messages, get, job_manifest, pods, wait_status
 from .webhook import REFUSAL, RefusingWebhook
 
 NS = "e2e-gang"
 CRDS = {"scheduler-plugins": ("podgroups.scheduling.x-k8s.io", "scheduling.x-k8s.io_podgroups.yaml"),
         "volcano": ("podgroups.scheduling.volcano.sh", "scheduling.volcano.sh_podgroups.yaml")}
-
-
-def _crd_folder() -> Path:
-    out = subprocess.run(["bash", str(ROOT / "hack" / "cluster-tools" / "scheduler-crds.sh")], capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, out.stderr
-    return Path(out.stdout.strip().splitlines()[-1])
 
 
 def _gang(name: str, scheduler: str, steps: int = 400) -> dict:
@@ -58,10 +49,8 @@ def test_a_gang_job_gets_the_pod_group_its_scheduler_expects(operator):
     wait_for(lambda: len(pods(bed, NS, "gang-nocrd")) == 2, 60, what="the workers, without a PodGroup")
     bed.kubectl("delete", "ltj", "gang-nocrd", "-n", NS, "--wait=false")
 
-    folder = _crd_folder()
     for crd, file in CRDS.values():
-        bed.kubectl("apply", "-f", str(folder / file))
-        bed.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+        crds.install(bed, crd, file)
 
     # scheduler-plugins: the PodGroup, owned by the job, then the workers naming it.
     create(bed, NS, _gang("gang-sp", "scheduler-plugins"))

@@ -7,7 +7,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from llmtrain_operator.api.observed import ConfigMapView, NodeView, Observed, PodView, TrainerProbe, format_time
-from llmtrain_operator.planner import CreateObject, DeleteJob, DeleteObject, DeletePod, ReplaceObject, UpdateSpec
+from llmtrain_operator.planner import (CreateObject, DeleteJob, DeleteObject, DeletePod, PatchStatus, ReplaceObject, SetSuspend,
+                                      UpdateSpec)
 from llmtrain_operator.planner.manifests import CONFIG_HASH_ANNOTATION, config_map
 from llmtrain_operator.api import parse_job
 from support.specs import apply_set, load_job
@@ -81,6 +82,10 @@ def summary(actions: list[Any]) -> list[str]:
             out.append(f"update {a.manifest['kind']}/{a.manifest['metadata']['name']}")
         elif isinstance(a, DeleteObject):
             out.append(f"delete {a.kind}/{a.name}")
+        elif isinstance(a, PatchStatus):
+            out.append(f"patch-status {a.kind}/{a.name}")
+        elif isinstance(a, SetSuspend):
+            out.append(f"suspend={str(a.suspend).lower()}")
         elif isinstance(a, DeleteJob):
             out.append("delete-job")
     return out

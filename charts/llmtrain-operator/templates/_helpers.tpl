@@ -41,6 +41,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [scheduling.volcano.sh, scheduling.x-k8s.io]
   resources: [podgroups]
   verbs: [get, create, patch, delete]
+# A queued job's Kueue Workload (label kueue.x-k8s.io/queue-name): the operator is the
+# job kind's Kueue integration (docs/scheduling.md).
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, create]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [patch]
 {{- end }}
 {{- define "llmtrain.rules.secrets" -}}
 # Checking that a job's S3 credentials Secret exists before creating pods (its data is
@@ -56,6 +64,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [nodes]
   verbs: [get, list, watch]
+# The placement of Kueue's ResourceFlavors (node labels, tolerations) for admitted jobs.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [resourceflavors]
+  verbs: [get]
 # kopf: resource discovery.
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]

@@ -235,6 +235,72 @@ def pod_group_view(obj: dict[str, Any] | None, served: bool = True) -> PodGroupV
 
 
 @dataclass(frozen=True)
+class WorkloadView:
+    """A queued job's Kueue Workload as read this pass (label ``kueue.x-k8s.io/queue-name``)."""
+
+    served: bool
+    """The cluster serves Kueue's Workload API."""
+    exists: bool = False
+    admitted: bool = False
+    """Kueue admitted it (condition ``Admitted``) and has not evicted it since."""
+    reserved: bool = False
+    """It holds quota (``status.admission`` is set)."""
+    evicted: str | None = None
+    """Kueue's words when its ``Evicted`` condition is True."""
+    finished: bool = False
+    cluster_queue: str = ""
+    conditions: tuple[dict[str, Any], ...] = ()
+    resource_version: str = ""
+    node_selector: dict[str, str] = field(default_factory=dict)
+    """The assigned ResourceFlavors' ``nodeLabels``, for the pods (read with them)."""
+    tolerations: tuple[dict[str, Any], ...] = ()
+    """The assigned ResourceFlavors' ``tolerations``."""
+
+
+def _true(conditions: dict[str, dict[str, Any]], type_: str) -> dict[str, Any] | None:
+    cond = conditions.get(type_)
+    return cond if cond is not None and cond.get("status") == "True" else None
+
+
+def workload_view(obj: dict[str, Any] | None, served: bool = True, flavors: list[dict[str, Any]] = ()) -> WorkloadView:
+    """``flavors``: the ResourceFlavor objects the admission assigned."""
+    if not served:
+        return WorkloadView(served=False)
+    if obj is None:
+        return WorkloadView(served=True)
+    status = obj.get("status") or {}
+    raw = tuple(c for c in status.get("conditions") or [] if isinstance(c, dict))
+    conditions = {c.get("type"): c for c in raw}
+    evicted = _true(conditions, "Evicted")
+    admission = status.get("admission") or {}
+    selector: dict[str, str] = {}
+    tolerations: list[dict[str, Any]] = []
+    for flavor in flavors:
+        spec = flavor.get("spec") or {}
+        selector.update(spec.get("nodeLabels") or {})
+        tolerations += [t for t in spec.get("tolerations") or [] if t not in tolerations]
+    return WorkloadView(
+        served=True, exists=True,
+        admitted=bool(admission) and _true(conditions, "Admitted") is not None and evicted is None,
+        reserved=bool(admission), evicted=(evicted.get("message") or evicted.get("reason") or "evicted") if evicted else None,
+        finished=_true(conditions, "Finished") is not None, cluster_queue=str(admission.get("clusterQueue") or ""),
+        conditions=raw, resource_version=str((obj.get("metadata") or {}).get("resourceVersion") or ""),
+        node_selector=selector, tolerations=tuple(tolerations),
+    )
+
+
+def assigned_flavors(obj: dict[str, Any] | None) -> list[str]:
+    """The ResourceFlavor names a Workload's admission assigned, each once."""
+    admission = ((obj or {}).get("status") or {}).get("admission") or {}
+    names: list[str] = []
+    for assignment in admission.get("podSetAssignments") or []:
+        for name in (assignment.get("flavors") or {}).values():
+            if name not in names:
+                names.append(name)
+    return names
+
+
+@dataclass(frozen=True)
 class Observed:
     pods: tuple[PodView, ...] = ()
     nodes: dict[str, NodeView] = field(default_factory=dict)
@@ -256,6 +322,8 @@ class Observed:
     """Refused creates are tried again from this time on (backoff)."""
     pod_group: PodGroupView | None = None
     """A gang job's PodGroup; None when it was not read this pass (a steady job's is not)."""
+    workload: WorkloadView | None = None
+    """A queued job's Kueue Workload; None for a job without the queue label."""
 
     def workers(self) -> list[PodView]:
         return [p for p in self.pods if p.role == ROLE_WORKER]

@@ -500,7 +500,8 @@ class LLMTrainJobSpec(Ruled):
     """Suspend the job: delete the pods but keep status and checkpoints. Unsuspending
     resumes from the newest checkpoint that outlived the pods (shared or S3 tier, or a
     hostPath local tier; an emptyDir local tier goes with its pod), without counting a
-    restart. Default false."""
+    restart. A job labelled ``kueue.x-k8s.io/queue-name`` has it set by the operator
+    while Kueue has not admitted its Workload, and cleared on admission. Default false."""
 
     active_deadline_seconds: int | None = Field(None, ge=1)
     """Fail the job (``DeadlineExceeded``) after this many seconds since it started,

@@ -53,6 +53,8 @@ class ConditionType(StrEnum):
     RBAC), as Kubernetes' own ReplicaSets report it."""
     POD_GROUP_READY = "PodGroupReady"
     """A gang job's PodGroup exists and its scheduler lets the worker pods be created."""
+    ADMITTED = "Admitted"
+    """A queued job's Kueue Workload is admitted (label ``kueue.x-k8s.io/queue-name``)."""
 
 
 class FailureKind(StrEnum):
@@ -131,3 +133,8 @@ class Reason(StrEnum):
     POD_GROUP_API_MISSING = "PodGroupAPIMissing"
     POD_GROUP_PENDING = "PodGroupPending"
     POD_GROUP_DELETED = "PodGroupDeleted"
+    # queueing (Kueue)
+    KUEUE_API_MISSING = "KueueAPIMissing"
+    WAITING_FOR_ADMISSION = "WaitingForAdmission"
+    ADMITTED_BY_KUEUE = "AdmittedByKueue"
+    EVICTED_BY_KUEUE = "EvictedByKueue"

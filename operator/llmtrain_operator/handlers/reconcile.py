@@ -16,13 +16,14 @@ from typing import Any, Protocol
 from llmtrain_contract.names import HEALTH_PORT
 
 from .. import metrics
-from ..api.observed import (LABEL_JOB, ROLE_WORKER, ConfigMapView, Observed, PodGroupView, node_view, parse_time,
-                            pod_group_view, pod_view)
+from ..api.observed import (LABEL_JOB, ROLE_WORKER, ConfigMapView, Observed, PodGroupView, WorkloadView, assigned_flavors,
+                            node_view, parse_time, pod_group_view, pod_view, workload_view)
 from ..api.vocabulary import TERMINAL_PHASES, ConditionType, Phase, PodPhase, Reason
 from ..api.spec import LLMTrainJobSpec
 from ..k8s.client import K8s, PermanentApiError, TransientApiError
 from ..k8s.patches import merge_patch
-from ..planner import CreateObject, DeleteJob, DeleteObject, DeletePod, Plan, ReplaceObject, UpdateSpec, plan
+from ..planner import CreateObject, DeleteJob, DeleteObject, DeletePod, PatchStatus, Plan, ReplaceObject, SetSuspend, UpdateSpec, plan
+from ..planner import queue
 from ..planner.podgroup import api_of
 from ..probe import LauncherReport, combine, scrape, scrape_launcher
 from ..settings import OperatorSettings
@@ -155,6 +156,19 @@ async def read_pod_group(k8s: K8s, body: dict[str, Any]) -> PodGroupView | None:
     return pod_group_view(obj, served)
 
 
+async def read_workload(k8s: K8s, body: dict[str, Any]) -> WorkloadView | None:
+    """A queued job's Kueue Workload and the ResourceFlavors its admission assigned, read
+    every pass (an admission or an eviction shows nowhere else); None for other jobs."""
+    meta = body.get("metadata") or {}
+    if not (meta.get("labels") or {}).get(queue.QUEUE_LABEL) or "name" not in meta:
+        return None
+    ns = meta.get("namespace", "default")
+    served, obj = await asyncio.to_thread(k8s.read_object, queue.API_VERSION, queue.PLURAL, ns, queue.workload_name(meta["name"]))
+    flavors = await asyncio.gather(*(asyncio.to_thread(k8s.read_object, queue.API_VERSION, queue.FLAVORS, None, name)
+                                     for name in assigned_flavors(obj)))
+    return workload_view(obj, served, [f for _, f in flavors if f is not None])
+
+
 def _running_workers(pods: list[Any]) -> list[Any]:
     """The worker pods that have an address to scrape."""
     return [p for p in pods if p.role == ROLE_WORKER and p.phase == PodPhase.RUNNING and p.ip]
@@ -193,6 +207,11 @@ def _request(k8s: K8s, namespace: str, job: str, action: Any) -> Any:
         return asyncio.to_thread(k8s.delete_pod, namespace, action.name, action.grace_seconds, action.force)
     if isinstance(action, DeleteObject):
         return asyncio.to_thread(k8s.delete_object, action.api_version, action.kind, namespace, action.name)
+    if isinstance(action, PatchStatus):
+        return asyncio.to_thread(k8s.patch_object_status, action.api_version, action.kind, namespace, action.name, action.status,
+                                 action.resource_version)
+    if isinstance(action, SetSuspend):
+        return asyncio.to_thread(k8s.set_suspend, namespace, job, action.suspend)
     return asyncio.to_thread(k8s.delete_job, namespace, job)
 
 
@@ -218,8 +237,11 @@ async def write(k8s: K8s, body: dict[str, Any], result: Plan, status_patch: dict
     delete fails, the next pass finds the failure already counted and only deletes."""
     meta = body["metadata"]
     ns, name = meta.get("namespace", "default"), meta["name"]
-    deletes = [a for a in result.actions if isinstance(a, (DeletePod, DeleteObject, DeleteJob))]
-    creates = [a for a in result.actions if not isinstance(a, (DeletePod, DeleteObject, DeleteJob))]
+    # The job's own spec.suspend waits for the status too: written together, one of the two
+    # writes would find the job at a newer version than the pass planned from.
+    later = (DeletePod, DeleteObject, DeleteJob, SetSuspend)
+    deletes = [a for a in result.actions if isinstance(a, later)]
+    creates = [a for a in result.actions if not isinstance(a, later)]
     first = [_request(k8s, ns, name, a) for a in creates]
     if status_patch is not None:
         first.append(asyncio.to_thread(k8s.patch_status, ns, name, status_patch, meta.get("resourceVersion")))
@@ -251,6 +273,10 @@ def describe(action: Any) -> str:
         return f"{'force-delete' if action.force else 'delete'} Pod {action.name}"
     if isinstance(action, DeleteObject):
         return f"delete {action.kind} {action.name}"
+    if isinstance(action, PatchStatus):
+        return f"patch the status of {action.kind} {action.name}"
+    if isinstance(action, SetSuspend):
+        return f"set spec.suspend={str(action.suspend).lower()}"
     return f"delete the job ({action.reason})"
 
 
@@ -331,9 +357,11 @@ async def _decide_and_write(k8s: K8s, body: dict[str, Any], settings: OperatorSe
     ns, name = meta.get("namespace", "default"), meta["name"]
     if _needs_dependency_check(body):
         observed = replace(observed, missing=await missing_dependencies(k8s, body, settings.check_secrets))
-    pod_group = await read_pod_group(k8s, body)
+    pod_group, workload = await asyncio.gather(read_pod_group(k8s, body), read_workload(k8s, body))
     if pod_group is not None:
         observed = replace(observed, pod_group=pod_group)
+    if workload is not None:
+        observed = replace(observed, workload=workload)
     result = plan(body, observed, now, settings.runtime_image)
     old_status = body.get("status") or {}
     changed = status_changed(old_status, result.status, settings.status_flush_seconds, now)

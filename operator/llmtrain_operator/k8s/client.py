@@ -75,7 +75,7 @@ def _classify(err: Exception, what: str) -> Exception:
 
 NETWORK_ERRORS = (urllib3.exceptions.HTTPError, OSError, TimeoutError)
 
-CUSTOM_PLURALS = {"PodGroup": "podgroups"}
+CUSTOM_PLURALS = {"PodGroup": "podgroups", "Workload": "workloads"}
 """Kinds the operator creates outside the core API, by their resource name."""
 
 
@@ -166,6 +166,23 @@ class K8s:
             group, version, ns, CUSTOM_PLURALS[kind], meta["name"], {"spec": manifest["spec"]}, _request_timeout=self.timeout,
             _preload_content=False, _content_type="application/merge-patch+json"), f"update {kind} {ns}/{meta['name']}")
 
+    def patch_object_status(self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any],
+                            resource_version: str) -> bool:
+        """Merge ``status`` into a custom object's status, only at ``resource_version`` (a
+        409 is transient: the next pass decides from the newer object). False if it is gone."""
+        group, version = _group_version(api_version)
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        return self._send(lambda: self.custom.patch_namespaced_custom_object_status(
+            group, version, namespace, CUSTOM_PLURALS[kind], name, body, _request_timeout=self.timeout, _preload_content=False,
+            _content_type="application/merge-patch+json"), f"patch status of {kind} {namespace}/{name}", tolerated=404)
+
+    def set_suspend(self, namespace: str, name: str, suspend: bool) -> bool:
+        """The job's own ``spec.suspend`` (what a queue's admission or eviction decides)."""
+        return self._send(lambda: self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, {"spec": {"suspend": suspend}}, _request_timeout=self.timeout,
+            _preload_content=False, _content_type="application/merge-patch+json"),
+            f"set spec.suspend={str(suspend).lower()} of LLMTrainJob {namespace}/{name}", tolerated=404)
+
     def delete_object(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
         group, version = _group_version(api_version)
         return self._send(lambda: self.custom.delete_namespaced_custom_object(
@@ -239,14 +256,19 @@ class K8s:
         return self._send(lambda: reads[kind](name, namespace, _request_timeout=self.timeout, _preload_content=False),
                           f"read {kind} {namespace}/{name}", tolerated=404)
 
-    def read_object(self, api_version: str, plural: str, namespace: str, name: str) -> tuple[bool, dict[str, Any] | None]:
-        """(served, the object or None). ``served`` is False when the cluster does not
-        serve that resource at all (its CRD is not installed): the API server's 404 then
-        carries no Status naming the object, only "404 page not found"."""
+    def read_object(self, api_version: str, plural: str, namespace: str | None, name: str) -> tuple[bool, dict[str, Any] | None]:
+        """(served, the object or None); ``namespace`` None for a cluster-scoped one.
+        ``served`` is False when the cluster does not serve that resource at all (its CRD
+        is not installed): the API server's 404 then carries no Status naming the object,
+        only "404 page not found"."""
         group, version = _group_version(api_version)
         try:
-            response = self.custom.get_namespaced_custom_object(group, version, namespace, plural, name,
-                                                                _request_timeout=self.timeout, _preload_content=False)
+            if namespace is None:
+                response = self.custom.get_cluster_custom_object(group, version, plural, name, _request_timeout=self.timeout,
+                                                                 _preload_content=False)
+            else:
+                response = self.custom.get_namespaced_custom_object(group, version, namespace, plural, name,
+                                                                    _request_timeout=self.timeout, _preload_content=False)
             return True, json.loads(response.data)
         except ApiException as err:
             if err.status == 404:

@@ -2,9 +2,10 @@
 No I/O: the kopf handlers and the local runner supply the observations and apply the
 actions."""
 
-from .context import CreateObject, DeleteJob, DeleteObject, DeletePod, Plan, ReplaceObject, UpdateSpec, Verdict
+from .context import (CreateObject, DeleteJob, DeleteObject, DeletePod, PatchStatus, Plan, ReplaceObject, SetSuspend, UpdateSpec,
+                      Verdict)
 from .decisions import Decision, Event
 from .plan import plan
 
-__all__ = ["CreateObject", "Decision", "DeleteJob", "DeleteObject", "DeletePod", "Event", "Plan", "ReplaceObject", "UpdateSpec",
+__all__ = ["CreateObject", "Decision", "DeleteJob", "DeleteObject", "DeletePod", "Event", "Plan", "PatchStatus", "ReplaceObject", "SetSuspend", "UpdateSpec",
            "Verdict", "plan"]

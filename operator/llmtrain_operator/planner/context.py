@@ -65,11 +65,31 @@ class DeleteObject:
 
 
 @dataclass(frozen=True)
+class PatchStatus:
+    """Merge ``status`` into a custom object's status subresource, only if it is still at
+    ``resource_version`` (a Kueue Workload whose quota the job gives back)."""
+
+    api_version: str
+    kind: str
+    name: str
+    status: dict[str, Any]
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class SetSuspend:
+    """Write the job's own ``spec.suspend``, as Kueue's integrations do for the jobs they
+    admit and evict."""
+
+    suspend: bool
+
+
+@dataclass(frozen=True)
 class DeleteJob:
     reason: str
 
 
-Action = CreateObject | ReplaceObject | UpdateSpec | DeletePod | DeleteObject | DeleteJob
+Action = CreateObject | ReplaceObject | UpdateSpec | PatchStatus | SetSuspend | DeletePod | DeleteObject | DeleteJob
 
 
 class Verdict(enum.Enum):
@@ -114,6 +134,19 @@ class Pass:
     timers: list[float] = field(default_factory=list)
     workers_held: str | None = None
     """Why no worker pod may be created in this pass (their PodGroup is not ready), or None."""
+    queue_hold: str | None = None
+    """Kueue holds the job (not admitted, or evicted): it is suspended, for this reason."""
+    queue_admitted: bool = False
+    """Kueue admitted the job: it runs, even while ``spec.suspend`` still says otherwise."""
+    placement: tuple[dict[str, str], tuple[dict[str, Any], ...]] = ({}, ())
+    """(nodeSelector, tolerations) the pods get from their admission (Kueue's flavors)."""
+
+    @property
+    def suspended(self) -> bool:
+        """``spec.suspend``, unless a queue decides."""
+        if self.queue_hold is not None:
+            return True
+        return self.spec.suspend and not self.queue_admitted
 
     @property
     def spec(self):

@@ -30,6 +30,7 @@ from .policies import (
     numerics,
     pod_failures,
     progress,
+    queueing,
     stragglers,
     summary,
     suspension,
@@ -42,6 +43,7 @@ from .timekeeping import account_time
 POLICIES = (
     terminal.handle,       # a finished job: only stragglers and the TTL
     validity.handle,       # a missing Secret/PVC blocks; a fixed spec clears Invalid
+    queueing.handle,       # a Kueue-queued job runs while its Workload is admitted
     suspension.handle,
     deadline.handle,
     progress.handle,       # step, world size, newest checkpoint, end of a recovery

@@ -8,6 +8,7 @@ from llmtrain_contract.names import CONFIG_HASH_ANNOTATION
 from ...api.observed import CADENCE_ANNOTATION
 from ...api.vocabulary import ConditionType, PodPhase, Reason
 from .. import manifests, names
+from ..queue import place
 from ..conditions import is_true
 from ..context import CreateObject, DeletePod, Pass, ReplaceObject, Verdict
 from ..decisions import CadenceShared
@@ -72,7 +73,7 @@ def ensure_infrastructure(ctx: Pass) -> None:
             ctx.decide(CadenceShared(int(annotations.get(CADENCE_ANNOTATION, "0"))))
     store = ctx.observed.store()
     if store is None:
-        ctx.actions.append(CreateObject(manifests.store_pod(job, ctx.runtime_image)))
+        ctx.actions.append(CreateObject(place(manifests.store_pod(job, ctx.runtime_image), ctx.placement)))
         created.append(f"Pod {names.store_pod(job.metadata.name)} (rendezvous store)")
     elif store.terminated:
         ctx.actions.append(DeletePod(store.name))
@@ -109,7 +110,8 @@ def reconcile_workers(ctx: Pass, may_create: bool = True) -> None:
         return
     avoid = active_quarantine(ctx)
     for slot in missing:
-        ctx.actions.append(CreateObject(manifests.worker_pod(ctx.job, slot, status.restart_generation, avoid, ctx.runtime_image)))
+        ctx.actions.append(CreateObject(place(manifests.worker_pod(ctx.job, slot, status.restart_generation, avoid, ctx.runtime_image),
+                                              ctx.placement)))
     pods = ", ".join(names.worker_pod(ctx.job.metadata.name, s) for s in missing)
     extra = f" (avoiding quarantined nodes {', '.join(avoid)})" if avoid else ""
     ctx.event(Reason.CREATED_WORKERS, f"created {pods} for generation {status.restart_generation}{extra}")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from ...api.observed import parse_time
-from ...api.vocabulary import TERMINAL_PHASES, Reason
+from ...api.vocabulary import TERMINAL_PHASES, Phase, Reason
 from ..context import DeleteJob, Pass, Verdict
 from ..outcome import stop_pods
 from ..podgroup import release as release_pod_group
+from ..queue import finish as finish_workload
 
 
 def handle(ctx: Pass) -> Verdict:
@@ -14,6 +15,7 @@ def handle(ctx: Pass) -> Verdict:
         return Verdict.CONTINUE
     stop_pods(ctx, include_finished=False)
     release_pod_group(ctx, "the job finished")
+    finish_workload(ctx, ctx.status.phase == Phase.SUCCEEDED, f"the job {ctx.status.phase.lower()}")
     ttl = ctx.spec.ttl_seconds_after_finished
     if ttl is not None:
         done = parse_time(ctx.status.completion_time) or ctx.now
