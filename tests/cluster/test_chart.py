@@ -57,7 +57,9 @@ def test_a_namespaced_install_grants_namespaced_rights_only_in_its_namespace(loc
     assert not any(d["kind"] in ("KopfPeering", "ClusterKopfPeering") for d in docs)
     cluster_role = next(d for d in docs if d["kind"] == "ClusterRole")
     cluster_resources = {r for rule in cluster_role["rules"] for r in rule["resources"]}
-    assert cluster_resources == {"nodes", "customresourcedefinitions"}
+    # Only what has no namespace: nodes, CRD discovery, Kueue's ResourceFlavors (read only).
+    assert cluster_resources == {"nodes", "customresourcedefinitions", "resourceflavors"}
+    assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in cluster_role["rules"])
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "--namespace=chart-team" in command and "--all-namespaces" not in command
