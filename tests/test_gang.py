@@ -133,3 +133,13 @@ def test_quantities_scale_with_their_suffix(quantity, factor, scaled):
 def test_min_resources_prefer_requests_over_limits():
     raw = job({"spec.resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "4", "memory": "1Gi"}}})
     assert min_resources(parse_job(raw), 3) == {"cpu": "6", "memory": "3Gi"}
+
+
+def test_a_refused_read_holds_the_workers_and_says_why():
+    raw = job(GANG)
+    words = 'read PodGroup tiny-elastic: podgroups.scheduling.x-k8s.io "tiny-elastic" is forbidden: User "op" cannot get resource'
+    result, status, actions, events = run(raw, observed(raw, [], pod_group=PodGroupView(served=True, refused=words)))
+    assert not [a for a in actions if a.startswith("create Pod/") and "worker" in a]
+    held = condition(status)
+    assert held["status"] == "False" and held["reason"] == "ReadRefused" and "forbidden" in held["message"]
+    assert ("ReadRefused", words) in events and result.requeue_after is not None

@@ -124,3 +124,12 @@ def test_a_workload_counts_as_admitted_only_with_its_admission_and_not_after_an_
     assert not no_admission.admitted
     assert assigned_flavors({"status": {"admission": {"podSetAssignments": [{"flavors": {"cpu": "a", "gpu": "b"}},
                                                                              {"flavors": {"cpu": "a"}}]}}}) == ["a", "b"]
+
+
+def test_a_refused_read_keeps_a_queued_job_suspended_and_says_why():
+    raw = job(QUEUED, status=running_status())
+    words = f'read the Workload {WL} or its ResourceFlavors: workloads.kueue.x-k8s.io "{WL}" is forbidden'
+    _, status, actions, events = run(raw, observed(raw, [worker(0), worker(1)], workload=WorkloadView(served=True, refused=words)))
+    assert {f"delete {W0}", f"delete {W1}", "suspend=true"} <= set(actions), "the admission cannot be known"
+    assert condition(status, "Admitted")["reason"] == "ReadRefused"
+    assert ("Warning", "ReadRefused", words) in events

@@ -417,3 +417,13 @@ async def test_a_cluster_without_the_pod_group_api_is_told_apart_from_a_missing_
     missing = next(c for c in stored_job(api)["status"]["conditions"] if c["type"] == "PodGroupReady")
     assert missing["status"] == "False" and missing["reason"] == "PodGroupAPIMissing"
     assert [e for e in _events(api, 0) if e["reason"] == "PodGroupAPIMissing" and e["type"] == "Warning"]
+
+
+async def test_a_forbidden_pod_group_read_is_in_the_status_not_a_crash(api, k8s):
+    api[f"get {PODGROUP}"] << 403 << {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+                                      "message": 'podgroups.scheduling.x-k8s.io "tiny-elastic" is forbidden: User "op" cannot get'}
+    put_job(api, _gang_job())
+    result = await one_pass(api, k8s)
+    assert ("Pod", "tiny-elastic-worker-0") not in result.created, "the workers wait"
+    refused = next(c for c in stored_job(api)["status"]["conditions"] if c["type"] == "PodGroupReady")
+    assert refused["reason"] == "ReadRefused" and 'User "op" cannot get' in refused["message"]

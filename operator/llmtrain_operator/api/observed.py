@@ -223,6 +223,8 @@ class PodGroupView:
     phase: str = ""
     """``status.phase`` as the scheduler set it (Volcano: Pending, Inqueue, Running ...)."""
     spec: dict[str, Any] = field(default_factory=dict)
+    refused: str = ""
+    """The API server's words when it refused to let the operator read it (RBAC)."""
 
 
 def pod_group_view(obj: dict[str, Any] | None, served: bool = True) -> PodGroupView:
@@ -255,6 +257,8 @@ class WorkloadView:
     """The assigned ResourceFlavors' ``nodeLabels``, for the pods (read with them)."""
     tolerations: tuple[dict[str, Any], ...] = ()
     """The assigned ResourceFlavors' ``tolerations``."""
+    refused: str = ""
+    """The API server's words when it refused to let the operator read it (RBAC)."""
 
 
 def _true(conditions: dict[str, dict[str, Any]], type_: str) -> dict[str, Any] | None:

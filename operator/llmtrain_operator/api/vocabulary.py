@@ -133,6 +133,8 @@ class Reason(StrEnum):
     POD_GROUP_API_MISSING = "PodGroupAPIMissing"
     POD_GROUP_PENDING = "PodGroupPending"
     POD_GROUP_DELETED = "PodGroupDeleted"
+    READ_REFUSED = "ReadRefused"
+    """The API server refused to let the operator read the PodGroup or the Workload (RBAC)."""
     # queueing (Kueue)
     KUEUE_API_MISSING = "KueueAPIMissing"
     WAITING_FOR_ADMISSION = "WaitingForAdmission"

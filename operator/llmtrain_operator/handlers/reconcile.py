@@ -152,7 +152,11 @@ async def read_pod_group(k8s: K8s, body: dict[str, Any]) -> PodGroupView | None:
     if api is None or not _needs_pod_group_read(body):
         return None
     meta = body["metadata"]
-    served, obj = await asyncio.to_thread(k8s.read_object, api.api_version, api.plural, meta.get("namespace", "default"), meta["name"])
+    try:
+        served, obj = await asyncio.to_thread(k8s.read_object, api.api_version, api.plural, meta.get("namespace", "default"),
+                                              meta["name"])
+    except PermanentApiError as err:  # RBAC: the job says so (policies/gang.py)
+        return PodGroupView(served=True, refused=f"read {api.kind} {meta['name']}: {err.server_message}")
     return pod_group_view(obj, served)
 
 
@@ -162,10 +166,13 @@ async def read_workload(k8s: K8s, body: dict[str, Any]) -> WorkloadView | None:
     meta = body.get("metadata") or {}
     if not (meta.get("labels") or {}).get(queue.QUEUE_LABEL) or "name" not in meta:
         return None
-    ns = meta.get("namespace", "default")
-    served, obj = await asyncio.to_thread(k8s.read_object, queue.API_VERSION, queue.PLURAL, ns, queue.workload_name(meta["name"]))
-    flavors = await asyncio.gather(*(asyncio.to_thread(k8s.read_object, queue.API_VERSION, queue.FLAVORS, None, name)
-                                     for name in assigned_flavors(obj)))
+    ns, name = meta.get("namespace", "default"), queue.workload_name(meta["name"])
+    try:
+        served, obj = await asyncio.to_thread(k8s.read_object, queue.API_VERSION, queue.PLURAL, ns, name)
+        flavors = await asyncio.gather(*(asyncio.to_thread(k8s.read_object, queue.API_VERSION, queue.FLAVORS, None, flavor)
+                                         for flavor in assigned_flavors(obj)))
+    except PermanentApiError as err:  # RBAC: the job is held and says so (policies/queueing.py)
+        return WorkloadView(served=True, refused=f"read the Workload {name} or its ResourceFlavors: {err.server_message}")
     return workload_view(obj, served, [f for _, f in flavors if f is not None])
 
 

@@ -7,6 +7,8 @@ owned by the job, before any worker pod (``planner/podgroup.py``).
 - The PodGroup is missing: it is created, and the worker pods wait for the next pass.
 - Volcano keeps it Pending until its queue takes the whole gang in; its admission refuses
   pods before that, so the worker pods wait (a pass every few seconds).
+- The API server refuses the operator the read (RBAC): the worker pods wait, its words in
+  the condition and a Warning Event, and the read is retried every 30 s.
 - A suspended or finished job gives its PodGroup back (``podgroup.release``), so that a Volcano
   queue does not keep the gang's resources reserved for pods that will not come.
 """
@@ -19,6 +21,9 @@ from ..context import CreateObject, Pass, UpdateSpec, Verdict
 
 VOLCANO_POLL_SECONDS = 2.0
 """A Volcano PodGroup's phase is read this often while the pods wait on it (no watch)."""
+READ_RETRY_SECONDS = 30.0
+"""A read the API server refused (RBAC) is tried again this often: a fixed Role applies
+without any event the operator watches."""
 
 
 def handle(ctx: Pass) -> Verdict:
@@ -28,6 +33,13 @@ def handle(ctx: Pass) -> Verdict:
         return Verdict.CONTINUE
     name = ctx.job.metadata.name
     what = f"PodGroup {name} ({api.api_version})"
+    if seen.refused:
+        # Without reading it, the operator cannot tell whether the workers may be created.
+        if ctx.condition(ConditionType.POD_GROUP_READY, False, Reason.READ_REFUSED, seen.refused):
+            ctx.event(Reason.READ_REFUSED, seen.refused, warning=True)
+        ctx.workers_held = seen.refused
+        ctx.after(READ_RETRY_SECONDS)
+        return Verdict.CONTINUE
     if not seen.served:
         message = (f"the cluster does not serve {api.plural}.{api.group}/{api.version} (is {api.scheduler} installed?); "
                    "the worker pods are created without a PodGroup")

@@ -7,6 +7,8 @@
 - Admitted: ``spec.suspend`` is cleared and the pods carry the flavors' placement.
 - Not admitted, or evicted: suspended; once an evicted job's pods are gone, its Workload
   gives the quota back, and Kueue queues it again.
+- The API server refuses the operator the read (RBAC): suspended, with its words in the
+  condition and a Warning Event.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ def handle(ctx: Pass) -> Verdict:
     if name is None or seen is None:
         return Verdict.CONTINUE
     workload = queue.workload_name(ctx.job.metadata.name)
+    if seen.refused:
+        _hold(ctx, Reason.READ_REFUSED, seen.refused)  # the admission cannot be known: not run
+        ctx.after(queue.POLL_SECONDS)
+        return Verdict.CONTINUE
     if not seen.served:
         message = (f"label {queue.QUEUE_LABEL}={name}: the cluster does not serve {queue.PLURAL}.{queue.API_VERSION} "
                    "(is Kueue installed?); the job runs without a queue")
@@ -64,7 +70,7 @@ def handle(ctx: Pass) -> Verdict:
 
 def _hold(ctx: Pass, reason: str, message: str) -> None:
     ctx.queue_hold = message
-    if ctx.condition(ConditionType.ADMITTED, False, reason, message) and reason == Reason.EVICTED_BY_KUEUE:
+    if ctx.condition(ConditionType.ADMITTED, False, reason, message) and reason in (Reason.EVICTED_BY_KUEUE, Reason.READ_REFUSED):
         ctx.event(reason, message, warning=True)
     if not ctx.spec.suspend:
         ctx.actions.append(SetSuspend(True))
