@@ -427,6 +427,8 @@ def test_a_secret_the_operator_may_not_read_is_reported_missing_from_the_pods_th
     recovered = {**raw, "status": status}
     _, again, _, events = run(recovered, observed(recovered, [worker(0), worker(1)]))
     assert again["phase"] != "Invalid" and "SpecValid" in events
+    cleared = next(c for c in again["conditions"] if c["type"] == "Invalid")
+    assert cleared["message"] == "the objects the job was missing exist now", "not a claim about the spec"
 
 
 def test_a_wait_for_the_jobs_own_config_map_or_an_image_is_not_a_missing_dependency():

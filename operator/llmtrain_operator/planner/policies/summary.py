@@ -67,7 +67,8 @@ def handle(ctx: Pass) -> Verdict:
     degraded = phase in (Phase.RUNNING, Phase.RESTARTING) and ready < spec.replicas.max
     ctx.condition(ConditionType.DEGRADED, degraded, Reason.REDUCED_WORLD_SIZE if degraded else Reason.FULL_SIZE,
                   f"training with {ready} of {spec.replicas.max} nodes" if degraded else "")
-    ctx.condition(ConditionType.INVALID, False, Reason.SPEC_VALID, "")
+    if not any(c.type == ConditionType.INVALID for c in status.conditions):
+        ctx.condition(ConditionType.INVALID, False, Reason.SPEC_VALID, "")  # else it keeps what cleared it
     if phase != previous:
         ctx.decide(PhaseChanged(previous, phase, running_msg))
     if phase in (Phase.RUNNING, Phase.RESTARTING, Phase.CREATED):

@@ -28,6 +28,13 @@ _MISSING_KEY = re.compile(rf"\bkey +(\S+) +(?:not found +)?in +(secret|configmap
 """The kubelet's ``couldn't find key K in Secret ml/s3-creds``."""
 
 
+RESOLVED = {
+    Reason.MISSING_DEPENDENCY: "the objects the job was missing exist now",
+    Reason.CONTAINER_CONFIG_ERROR: "the pods no longer wait on a container configuration error",
+}
+"""What clearing ``Invalid`` says, by the reason it had (an invalid spec: "valid again")."""
+
+
 ROOT_HINT = (f"; the image runs as root: use one with a numeric non-root USER (the project's run as {IMAGE_UID}), "
              "or allow root with spec.podTemplate.spec.securityContext.runAsNonRoot: false")
 
@@ -83,7 +90,9 @@ def handle(ctx: Pass) -> Verdict:
         ctx.after(MISSING_RECHECK_SECONDS)
         return Verdict.BLOCKED
     if is_true(ctx.status.conditions, ConditionType.INVALID):
-        ctx.condition(ConditionType.INVALID, False, Reason.SPEC_VALID, "the spec is valid again")
-        ctx.event(Reason.SPEC_VALID, "the spec is valid again")
+        was = next(c.reason for c in ctx.status.conditions if c.type == ConditionType.INVALID)
+        message = RESOLVED.get(was, "the spec is valid again")
+        ctx.condition(ConditionType.INVALID, False, Reason.SPEC_VALID, message)
+        ctx.event(Reason.SPEC_VALID, message)
         ctx.status.phase = Phase.PENDING
     return Verdict.CONTINUE
