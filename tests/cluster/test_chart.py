@@ -133,11 +133,18 @@ NEEDED_EVERYWHERE = [("get", "llmtrainjobs.llmtrain.io"), ("list", "llmtrainjobs
                      ("patch", "llmtrainjobs.llmtrain.io"), ("delete", "llmtrainjobs.llmtrain.io"),
                      ("patch", "llmtrainjobs.llmtrain.io:status"), ("create", "pods"), ("delete", "pods"), ("list", "pods"),
                      ("create", "services"), ("create", "configmaps"), ("update", "configmaps"), ("get", "persistentvolumeclaims"),
-                     ("create", "events")]
+                     ("create", "events"),
+                     # gang scheduling and Kueue (docs/scheduling.md)
+                     ("get", "podgroups.scheduling.volcano.sh"), ("create", "podgroups.scheduling.volcano.sh"),
+                     ("patch", "podgroups.scheduling.x-k8s.io"), ("delete", "podgroups.scheduling.x-k8s.io"),
+                     ("get", "workloads.kueue.x-k8s.io"), ("create", "workloads.kueue.x-k8s.io"),
+                     ("patch", "workloads.kueue.x-k8s.io:status")]
 NEVER = [("list", "secrets"), ("watch", "secrets"), ("create", "secrets"), ("create", "llmtrainjobs.llmtrain.io"),
          ("create", "pods:exec"), ("create", "rolebindings.rbac.authorization.k8s.io"),
          ("escalate", "roles.rbac.authorization.k8s.io"), ("bind", "roles.rbac.authorization.k8s.io"),
-         ("create", "serviceaccounts:token"), ("delete", "persistentvolumeclaims"), ("*", "*")]
+         ("create", "serviceaccounts:token"), ("delete", "persistentvolumeclaims"), ("*", "*"),
+         # Kueue's own decisions stay Kueue's: the Workload's spec and its deletion (ownerReferences do that)
+         ("patch", "workloads.kueue.x-k8s.io"), ("delete", "workloads.kueue.x-k8s.io")]
 NEVER_CLUSTER = [("delete", "nodes"), ("patch", "nodes"), ("escalate", "clusterroles.rbac.authorization.k8s.io"),
                  ("bind", "clusterroles.rbac.authorization.k8s.io"), ("create", "customresourcedefinitions.apiextensions.k8s.io"),
                  ("get", "secrets")]
@@ -183,7 +190,8 @@ def test_the_service_account_can_do_exactly_what_the_operator_needs(local_cluste
         if mode == "namespaced":
             assert not _can(bed, account, "create", "pods", OTHER_NS), "a namespaced operator acts outside its namespace"
             assert not _can(bed, account, "list", "llmtrainjobs.llmtrain.io", OTHER_NS)
-        for verb, resource in (("list", "nodes"), ("watch", "nodes"), ("list", "customresourcedefinitions.apiextensions.k8s.io")):
+        for verb, resource in (("list", "nodes"), ("watch", "nodes"), ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+                               ("get", "resourceflavors.kueue.x-k8s.io")):
             assert _can(bed, account, verb, resource, None), f"{mode}: cannot {verb} {resource}"
         for verb, resource in NEVER_CLUSTER:
             assert not _can(bed, account, verb, resource, None), f"{mode}: may {verb} {resource} cluster-wide"
