@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from llmtrain_operator.settings import from_env
+from support import scheduler_crds
 from support.specs import ROOT
 from support.waiting import wait_for
 
@@ -167,6 +168,10 @@ def test_the_service_account_can_do_exactly_what_the_operator_needs(local_cluste
     created: every right the operator uses, none it must not have: no Secret reads
     outside a watched namespace, no escalate/bind, no wildcard."""
     bed = local_cluster
+    # can-i resolves a resource through discovery: the kinds must be served to be asked
+    # about (the job CRD is, from the bed's earlier chart tests).
+    for crd, file in scheduler_crds.ALL:
+        scheduler_crds.install(bed, crd, file)
     release, watched = f"cani-{mode}", "chart-team"
     for ns in (NS, watched, OTHER_NS):
         bed.kubectl("create", "namespace", ns, check=False)

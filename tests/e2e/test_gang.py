@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import time
 
+from support import scheduler_crds as crds
 from support.waiting import wait_for
 
-from . import crds
 from .jobs import create, event_messages, get, job_manifest, pods, wait_status
 from .webhook import REFUSAL, RefusingWebhook
 

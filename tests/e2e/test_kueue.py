@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import time
 
+from support import scheduler_crds as crds
 from support.waiting import wait_for
 
 from .jobs import create, event_messages, get, job_manifest, pods, wait_status
-from . import crds
 
 NS, NAME, WL = "e2e-kueue", "queued", "llmtrainjob-queued"
 FLAVOR = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor", "metadata": {"name": "e2e-gpu-pool"},
@@ -78,7 +78,7 @@ def test_a_queued_job_waits_for_kueue_runs_when_admitted_yields_when_evicted_and
     _admit(bed)
     workers = wait_for(lambda: (lambda p: p if len(p) == 2 else None)(pods(bed, NS, NAME)), 60, what="the workers after admission")
     assert time.monotonic() - admitted < 20
-    assert _spec_suspend(bed) is False
+    wait_for(lambda: _spec_suspend(bed) is False, 10, what="spec.suspend cleared (written after the pass's status)")
     for pod in workers + pods(bed, NS, NAME, "rendezvous"):
         assert pod["spec"]["nodeSelector"]["llmtrain.io/pool"] == "gpu"
         assert {"key": "e2e.llmtrain.io/queued", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]

@@ -10,6 +10,12 @@ from support.specs import ROOT
 from support.waiting import wait_for
 
 
+ALL = (("podgroups.scheduling.volcano.sh", "scheduling.volcano.sh_podgroups.yaml"),
+       ("podgroups.scheduling.x-k8s.io", "scheduling.x-k8s.io_podgroups.yaml"),
+       ("workloads.kueue.x-k8s.io", "kueue.x-k8s.io_workloads.yaml"),
+       ("resourceflavors.kueue.x-k8s.io", "kueue.x-k8s.io_resourceflavors.yaml"))
+
+
 def folder() -> Path:
     out = subprocess.run(["bash", str(ROOT / "hack" / "cluster-tools" / "scheduler-crds.sh")], capture_output=True, text=True,
                          timeout=600)
