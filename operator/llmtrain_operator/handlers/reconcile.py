@@ -19,7 +19,7 @@ from .. import metrics
 from ..api.observed import (LABEL_JOB, ROLE_WORKER, ConfigMapView, Observed, PodGroupView, WorkloadView, assigned_flavors,
                             node_view, parse_time, pod_group_view, pod_view, workload_view)
 from ..api.vocabulary import TERMINAL_PHASES, ConditionType, Phase, PodPhase, Reason
-from ..api.spec import LLMTrainJobSpec
+from ..api.spec import LLMTrainJobSpec, SchedulingSpec
 from ..k8s.client import K8s, PermanentApiError, TransientApiError
 from ..k8s.patches import merge_patch
 from ..planner import CreateObject, DeleteJob, DeleteObject, DeletePod, PatchStatus, Plan, ReplaceObject, SetSuspend, UpdateSpec, plan
@@ -143,13 +143,16 @@ def _needs_pod_group_read(body: dict[str, Any]) -> bool:
 
 
 async def read_pod_group(k8s: K8s, body: dict[str, Any]) -> PodGroupView | None:
-    """The job's PodGroup, or None: not a gang job, its spec unreadable, or not needed now."""
-    try:
-        spec = LLMTrainJobSpec.model_validate(body.get("spec") or {})
-    except ValueError:
+    """The job's PodGroup, or None: not a gang job, its scheduling unreadable, or not needed
+    now. Only a gang job's ``scheduling`` is parsed: this runs at every pass of every job."""
+    scheduling = (body.get("spec") or {}).get("scheduling")
+    if not isinstance(scheduling, dict) or scheduling.get("gang") is None or not _needs_pod_group_read(body):
         return None
-    api = api_of(spec.scheduling)
-    if api is None or not _needs_pod_group_read(body):
+    try:
+        api = api_of(SchedulingSpec.model_validate(scheduling))
+    except ValueError:
+        return None  # the planner reports the invalid spec itself
+    if api is None:
         return None
     meta = body["metadata"]
     try:
