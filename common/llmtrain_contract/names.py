@@ -37,6 +37,12 @@ class Env:
     LOG_LEVEL = "LLMTRAIN_LOG_LEVEL"
     SUPERVISED = "LLMTRAIN_SUPERVISED"
     """Set to 1 by the launcher: its supervisor watches the ranks' heartbeats from outside."""
+    ZYGOTE = "LLMTRAIN_ZYGOTE"
+    """The socket of the pod's fork server (``llmtrain_trainer.zygote``), set by the launcher
+    for the built-in trainer; a user may set it to ``0`` to start every rank from scratch."""
+    FORKED_FOR = "LLMTRAIN_FORKED_FOR"
+    """In a rank forked by the zygote: the pid torchrun started (the rank's stand-in), whose
+    parent is the torchrun agent."""
     FAULT_INJECT = "LLMTRAIN_FAULT_INJECT"
     """TEST ONLY: faults to inject (``llmtrain_trainer.faults``)."""
     FAULT_STATE_DIR = "LLMTRAIN_FAULT_STATE_DIR"

@@ -3,9 +3,20 @@
 import os
 import sys
 
-from .main import main
+from llmtrain_contract.names import Env
 
-code = main()
+code = None
+server = os.environ.get(Env.ZYGOTE, "")
+if server and server != "0":
+    # The launcher's fork server has torch imported already: this process only stands in
+    # for the forked rank (zygote.py). None: no server answered, so train here.
+    from .zygote import run_forked
+
+    code = run_forked(server, sys.argv)
+if code is None:
+    from .main import main
+
+    code = main()
 sys.stdout.flush()
 sys.stderr.flush()
 # After a failed collective, interpreter teardown can block on the dead process group;

@@ -132,7 +132,8 @@ class FaultInjector:
             os.kill(os.getpid(), signal.SIGTERM)
         elif fault.kind == "stop":
             target = fault.params.get("target", "self")
-            pid = {"self": os.getpid(), "agent": os.getppid(), "launcher": _parent(os.getppid())}[target]
+            agent = _agent()
+            pid = {"self": os.getpid(), "agent": agent, "launcher": _parent(agent)}[target]
             os.kill(pid, signal.SIGSTOP)
         elif fault.kind == "nan":
             self.poison = True
@@ -140,6 +141,13 @@ class FaultInjector:
             # Nested quantifiers on a non-matching subject: exponential backtracking inside
             # the regex engine, which never releases the GIL (2**40 steps: hours).
             re.match(r"(a+)+$", "a" * 40 + "b")
+
+
+def _agent() -> int:
+    """The torchrun agent: this process's parent, or the parent of the stand-in torchrun
+    started when the fork server made this rank (zygote.py)."""
+    stand_in = os.environ.get(Env.FORKED_FOR)
+    return _parent(int(stand_in)) if stand_in else os.getppid()
 
 
 def _parent(pid: int) -> int:

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import exitrecord
+from . import exitrecord, zygote
 from .attempts import AttemptTracker
 from .supervisor import Supervisor, serve_health
 from llmtrain_contract.exitcodes import ExitCode, classify_exit
@@ -114,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         print(f"llmtrain launcher: cannot serve /healthz on port {args.health_port}: {err}", file=sys.stderr, flush=True)
         return int(ExitCode.CONFIG_ERROR)
+    # One torch import per pod, not one per rank and restart (zygote.py). A user may opt
+    # out with LLMTRAIN_ZYGOTE=0; a user's script never gets one.
+    server = zygote.start() if env.get(Env.ZYGOTE) != "0" and zygote.runs_builtin_trainer(command) else None
+    if server is not None:
+        env[Env.ZYGOTE] = server.socket
     child = subprocess.Popen(command, env=env)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _: child.send_signal(signum))
@@ -121,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     supervisor.start()
     returncode = child.wait()
     supervisor.stop()
+    if server is not None:
+        server.stop()
     if health is not None:
         health.shutdown()
 

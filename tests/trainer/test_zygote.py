@@ -1,0 +1,104 @@
+"""The pod's fork server (``llmtrain_trainer.zygote``) under real torchrun runs: the ranks
+are forked children of the server, a rank restarted in place is forked again, and the
+process torchrun started stands in for its rank both ways (signals in, exit out)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from llmtrain_contract.names import Env
+from llmtrain_trainer import attempts, heartbeat
+from support.elastic import ElasticJob, base_config
+from support.waiting import wait_for
+
+PACE = "slow@step=1,seconds=0.2,steps=100000"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return int(text[text.rindex(")") + 2:].split()[1])
+
+
+def _ranks(run_dir: Path) -> dict[int, int]:
+    """Local rank -> pid of the live rank processes, from their heartbeat files."""
+    return {b.local_rank: b.pid for b in heartbeat.read_all(run_dir) if Path(f"/proc/{b.pid}").exists()}
+
+
+def _stand_in(agent: int, local_rank: int) -> int:
+    for pid in attempts.children(agent):
+        if (attempts.environ(pid) or {}).get("LOCAL_RANK") == str(local_rank):
+            return pid
+    raise AssertionError(f"no process of torchrun's for local rank {local_rank}")
+
+
+def _agent(launcher: int) -> int:
+    return next(p for p in attempts.children(launcher) if "llmtrain_trainer.zygote" not in _cmdline(p))
+
+
+def _gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] == "Z"
+
+
+def test_ranks_are_forked_by_the_server_and_a_stand_in_killed_by_torchrun_takes_its_rank_along(tmp_path):
+    job = ElasticJob(tmp_path, base_config(maxSteps=100000), nodes=1, procs_per_node=2, max_restarts=2,
+                     env={"LLMTRAIN_FAULT_INJECT": PACE}).start()
+    run_dir = job.running[0].run_dir
+    try:
+        ranks = wait_for(lambda: len(_ranks(run_dir)) == 2 and _ranks(run_dir), 120, 0.2, "two ranks beating")
+        for pid in ranks.values():
+            assert "llmtrain_trainer.zygote" in _cmdline(_parent(pid)), (pid, _cmdline(_parent(pid)))
+        agent = _agent(job.running[0].proc.pid)
+        stand_in = _stand_in(agent, 1)
+        assert stand_in != ranks[1] and "llmtrain_trainer" in _cmdline(stand_in)
+
+        # torchrun ends a worker by its process group; the stand-in dies with SIGKILL.
+        os.kill(stand_in, signal.SIGKILL)
+        wait_for(lambda: _gone(ranks[1]), 10, 0.1, "the rank of the killed stand-in to be killed too")
+        # torchrun saw a failed worker and restarted the group in place: forked again.
+        fresh = wait_for(lambda: (r := _ranks(run_dir)) and len(r) == 2 and set(r.values()).isdisjoint(ranks.values()) and r,
+                         120, 0.2, "the restarted ranks")
+        for pid in fresh.values():
+            assert "llmtrain_trainer.zygote" in _cmdline(_parent(pid))
+    finally:
+        job.kill()
+
+
+def test_a_killed_rank_exits_its_stand_in_by_the_same_signal_and_the_run_recovers(tmp_path):
+    cfg = base_config(maxSteps=14, checkpoint={"intervalSteps": 5})
+    # One rank, so that torchrun's report is about the killed rank and not a peer it took along.
+    job = ElasticJob(tmp_path, cfg, nodes=1, procs_per_node=1, max_restarts=1,
+                     env={"LLMTRAIN_FAULT_INJECT": "crash@step=8,rank=0;" + PACE}).start()
+    codes = job.wait(timeout=300)
+    log = job.logs()
+    assert codes == [0], log
+    # The rank SIGKILLed itself; torchrun learnt it from the stand-in's own end.
+    assert "exitcode: -9" in log and "resumed from step 5 " in log, log
+    restarted = [line for line in log.splitlines() if "first step done; start-up phases" in line]
+    assert len(restarted) == 2, restarted  # both attempts trained
+    assert [r["step"] for r in job.steps()][-1] == 14
+
+
+def test_with_the_server_turned_off_every_rank_is_torchruns_own_child(tmp_path):
+    job = ElasticJob(tmp_path, base_config(maxSteps=100000), nodes=1, procs_per_node=2,
+                     env={"LLMTRAIN_FAULT_INJECT": PACE, Env.ZYGOTE: "0"}).start()
+    run_dir = job.running[0].run_dir
+    try:
+        ranks = wait_for(lambda: len(_ranks(run_dir)) == 2 and _ranks(run_dir), 120, 0.2, "two ranks beating")
+        for pid in ranks.values():
+            assert _parent(pid) == _agent(job.running[0].proc.pid), _cmdline(_parent(pid))
+        assert not any("llmtrain_trainer.zygote" in _cmdline(p) for p in attempts.children(job.running[0].proc.pid))
+    finally:
+        job.kill()

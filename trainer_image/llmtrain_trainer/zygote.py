@@ -1,0 +1,376 @@
+"""The pod's fork server: torch is imported once per pod, not once per rank and restart.
+
+torchrun starts every rank as a new ``python -m llmtrain_trainer``. Importing torch and the
+trainer costs about 3 s of CPU on a small node (torch._dynamo, which the optimizer needs,
+2 s more), and that sits on the critical path of every in-place restart: a crash, a hang,
+a rollback, a peer's replacement. The launcher binds a Unix socket and starts this server
+beside torchrun (``start``); the server imports once and then forks, for each rank, a
+child that runs the trainer with that rank's arguments, environment, working directory
+and standard streams (``serve``).
+
+The process torchrun started becomes the rank's stand-in (``run_forked``, called first
+thing by ``__main__``): it forwards signals to the child and exits as the child did (the
+same code, or killed by the same signal), so torchrun, the supervisor, the exit records
+and the heartbeat files (written by the child, with its pid) see what they saw before.
+When the stand-in dies (torchrun kills its process group), the server kills the child; when
+the server dies, its children die with it (``PR_SET_PDEATHSIG``) and the stand-ins exit.
+
+Fork safety: the server forks only while it runs a single Python thread, and checks it
+before it serves; otherwise it refuses and every rank imports on its own, as it does when
+no server answers at all (the stand-in then runs the trainer in its own process).
+Environment variables torchrun sets per rank (``RANK``, ``MASTER_ADDR``, ...) are read by
+torch when the process group starts, after the fork, so a forked rank sees its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+from llmtrain_contract.names import Env
+
+FIRST_STAGE = ("torch", "torch.distributed", "llmtrain_trainer.main", "llmtrain_trainer.dist", "llmtrain_trainer.trainer",
+               "llmtrain_trainer.checkpoint.restore", "llmtrain_trainer.data", "llmtrain_trainer.metrics")
+"""Imported before the server answers: what every rank needs before its first collective."""
+SECOND_STAGE = ("torch._dynamo",)
+"""Imported once the server has been idle for a second: a rank also imports these in a
+thread of its own (``main._warm_imports``) overlapping the process group's start, so a
+rank forked before they are loaded waits for nothing."""
+IDLE_SECONDS = 1.0
+REPLY_TIMEOUT_SECONDS = 120.0
+"""How long a stand-in waits for its child's pid (the server's first import included)
+before it gives up on the server and runs the trainer itself."""
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+MAX_MESSAGE = 1 << 20
+_PR_SET_PDEATHSIG = 1
+
+
+def runs_builtin_trainer(command: list[str]) -> bool:
+    """Whether ``command`` (torchrun's) runs the built-in trainer. A user's script gets no
+    server: it may import other things, or set variables torch reads at import."""
+    return any(arg == "-m" and nxt == "llmtrain_trainer" for arg, nxt in zip(command, command[1:]))
+
+
+class Server:
+    """The launcher's handle on a started server."""
+
+    def __init__(self, proc: Any, folder: Path):
+        self.proc, self.folder = proc, folder
+        self.socket = str(folder / "sock")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        for path in self.folder.iterdir():
+            path.unlink(missing_ok=True)
+        self.folder.rmdir()
+
+
+def start(python: str = sys.executable) -> Server | None:
+    """Bind the socket (so that a rank which starts before the server has imported still
+    connects, and waits) and start the server on it. None when no socket can be made: the
+    ranks then start on their own."""
+    import subprocess  # noqa: PLC0415 - the stand-in's path never needs it
+
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="llmtrain-zygote-"))  # 0700: only this user connects
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind(str(folder / "sock"))
+        listener.listen(64)
+    except OSError as err:
+        print(f"llmtrain launcher: no fork server ({err}); every rank imports torch itself", file=sys.stderr, flush=True)
+        return None
+    try:
+        proc = subprocess.Popen([python, "-m", "llmtrain_trainer.zygote", "--fd", str(listener.fileno())],
+                                pass_fds=[listener.fileno()])
+    finally:
+        listener.close()  # the server holds it now; if it dies, connecting fails and ranks start on their own
+    return Server(proc, folder)
+
+
+# ----------------------------------------------------------------------------- server
+
+
+def _set_parent_death_signal(sig: int) -> None:
+    import ctypes  # noqa: PLC0415
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+
+def _import(names: tuple[str, ...]) -> None:
+    import importlib  # noqa: PLC0415
+
+    for name in names:
+        importlib.import_module(name)
+
+
+def _send(conn: socket.socket, message: dict[str, Any]) -> None:
+    try:
+        conn.send(json.dumps(message).encode())
+    except OSError:
+        pass  # the stand-in is gone; its child is killed when its connection reads as closed
+
+
+def _peer_pid(conn: socket.socket) -> tuple[int, int]:
+    pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid
+
+
+def _receive_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    fds = array.array("i")
+    data, ancdata, _, _ = conn.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(3 * fds.itemsize))
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    try:
+        return json.loads(data), list(fds)
+    except ValueError:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def _run_child(request: dict[str, Any], fds: list[int], stand_in: int) -> None:
+    """In the forked child: become the rank and never return."""
+    code = 1
+    try:
+        _set_parent_death_signal(signal.SIGKILL)
+        for sig in (*FORWARDED, signal.SIGCHLD, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        for target, fd in zip(request["streams"], fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd not in request["streams"]:
+                os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ[Env.FORKED_FOR] = str(stand_in)
+        sys.argv = list(request["argv"])
+        import random  # noqa: PLC0415
+
+        random.seed()  # not the server's state: every child would draw the same numbers
+        import torch  # noqa: PLC0415 - already imported: a dictionary lookup
+
+        if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # read at import, before torchrun set it
+        from llmtrain_trainer.main import main  # noqa: PLC0415
+
+        code = main(sys.argv[1:])
+    except SystemExit as err:
+        code = err.code if isinstance(err.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the rank's own error, reported as a crash would be
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+class _Loop:
+    """Single-threaded: accepts, forks, and reports each child's end to its stand-in."""
+
+    def __init__(self, listener: socket.socket):
+        self.listener = listener
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(listener, selectors.EVENT_READ, ("accept", None))
+        self.children: dict[int, tuple[socket.socket, int]] = {}  # pid -> (connection, pidfd)
+        self._orphans: set[int] = set()  # children whose stand-in is gone
+
+    def run(self) -> None:
+        pending = list(SECOND_STAGE)
+        while True:
+            events = self.selector.select(timeout=IDLE_SECONDS if pending else None)
+            if not events and pending:
+                _import(tuple(pending))
+                pending = []
+                if threading.active_count() != 1:
+                    print("llmtrain zygote: a thread started while importing; no more forks", file=sys.stderr, flush=True)
+                    self.selector.unregister(self.listener)
+                    self.listener.close()
+                continue
+            for key, _ in events:
+                what, pid = key.data
+                if what == "accept":
+                    self._accept()
+                elif what == "exited":
+                    self._reap(pid)
+                else:
+                    self._stand_in_gone(pid)
+
+    def _accept(self) -> None:
+        conn, _ = self.listener.accept()
+        stand_in, uid = _peer_pid(conn)
+        if uid != os.getuid():
+            conn.close()
+            return
+        try:
+            conn.settimeout(10)
+            request, fds = _receive_request(conn)
+        except (OSError, ValueError):
+            conn.close()
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError as err:  # out of memory or processes: the stand-in sees no pid and trains itself
+            print(f"llmtrain zygote: cannot fork ({err})", file=sys.stderr, flush=True)
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return
+        if pid == 0:
+            self.listener.close()
+            for other, pidfd in self.children.values():
+                other.close()
+                os.close(pidfd)
+            self.selector.close()
+            conn.close()
+            _run_child(request, fds, stand_in)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        self.children[pid] = (conn, pidfd)
+        self.selector.register(pidfd, selectors.EVENT_READ, ("exited", pid))
+        self.selector.register(conn, selectors.EVENT_READ, ("stand-in", pid))
+        _send(conn, {"pid": pid})
+
+    def _reap(self, pid: int) -> None:
+        conn, pidfd = self.children.pop(pid)
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        _send(conn, {"signal": -code} if code < 0 else {"exit": code})
+        self.selector.unregister(pidfd)
+        if pid not in self._orphans:
+            self.selector.unregister(conn)
+        self._orphans.discard(pid)
+        os.close(pidfd)
+        conn.close()
+
+    def _stand_in_gone(self, pid: int) -> None:
+        conn, _ = self.children[pid]
+        try:
+            if conn.recv(1):
+                return
+        except OSError:
+            pass
+        # torchrun killed the stand-in (its process group): the rank goes with it. The
+        # pidfd reports the exit, which is then sent nowhere.
+        self.selector.unregister(conn)
+        self._orphans.add(pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def serve(fd: int) -> int:
+    _set_parent_death_signal(signal.SIGKILL)  # the launcher's end is the server's
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)  # a pod-wide SIGTERM is for the ranks; the launcher ends the server
+    listener = socket.socket(fileno=fd)
+    try:
+        _import(FIRST_STAGE)
+    except Exception as err:  # noqa: BLE001 - the ranks then import on their own, and fail there if they must
+        print(f"llmtrain zygote: import failed ({err}); every rank imports torch itself", file=sys.stderr, flush=True)
+        return 1
+    if threading.active_count() != 1:
+        print("llmtrain zygote: importing started a thread; forking would be unsafe, every rank imports torch itself",
+              file=sys.stderr, flush=True)
+        return 1
+    try:
+        os.close(os.pidfd_open(os.getpid()))  # Linux 5.3 and later; older kernels get no server
+    except (AttributeError, OSError) as err:
+        print(f"llmtrain zygote: no pidfd ({err}); every rank imports torch itself", file=sys.stderr, flush=True)
+        return 1
+    _Loop(listener).run()
+    return 0
+
+
+# -------------------------------------------------------------------------- stand-in
+
+
+def _receive(conn: socket.socket) -> dict[str, Any] | None:
+    data = conn.recv(MAX_MESSAGE)
+    return json.loads(data) if data else None
+
+
+def run_forked(path: str, argv: list[str]) -> int | None:
+    """Ask the server at ``path`` for a forked rank and stand in for it until it exits;
+    returns its exit code (or ends this process by its signal). None when no server
+    answered: the caller runs the trainer itself."""
+    streams = [fd for fd in (0, 1, 2) if _is_open(fd)]
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        conn.settimeout(REPLY_TIMEOUT_SECONDS)
+        conn.connect(path)
+        request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "streams": streams}
+        conn.sendmsg([json.dumps(request).encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", streams))])
+        first = _receive(conn)
+    except (OSError, ValueError):
+        conn.close()
+        return None
+    if not first or "pid" not in first:
+        conn.close()
+        return None
+    pid = int(first["pid"])
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    conn.settimeout(None)
+    try:
+        end = _receive(conn)
+    except (OSError, ValueError):
+        end = None
+    if end is None:
+        forward(signal.SIGKILL, None)
+        print(f"llmtrain: the fork server ended before rank process {pid}; it was killed", file=sys.stderr, flush=True)
+        return 1
+    if "signal" in end:
+        sig = int(end["signal"])
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # these two have no handler to reset
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)  # torchrun sees the rank killed by the same signal
+        return 128 + sig  # a signal that does not end a process by default
+    return int(end["exit"])
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="llmtrain_trainer.zygote")
+    parser.add_argument("--fd", type=int, required=True, help="the listening socket the launcher bound")
+    args = parser.parse_args(argv)
+    return serve(args.fd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
