@@ -12,6 +12,10 @@ KEEP_ALIVE_MAX_MISSED = 3
 """A node that stops renewing its rendezvous keep-alive for ~3 s is dropped from the
 round. torch's defaults (5 s x 3) make every survivor of a dead node wait 15 s before it
 can re-rendezvous."""
+MONITOR_INTERVAL_SECONDS = 0.25
+"""How often each torchrun agent polls its ranks and asks the store whether a node waits to
+join: a failed rank or a replacement node costs up to this much before the group restarts.
+torch's 0.1 s would put ten rendezvous-state reads a second per node on the job's store."""
 
 
 STORE = ("-m", "llmtrain_trainer.rdzv_store")
@@ -35,8 +39,8 @@ def torchrun_args(
     rdzv_id: str,
     max_restarts: int,
     join_timeout_seconds: int = 600,
-    last_call_seconds: int = 2,
-    monitor_interval_seconds: float = 1.0,
+    last_call_seconds: int = 1,
+    monitor_interval_seconds: float = MONITOR_INTERVAL_SECONDS,
 ) -> list[str]:
     """torchrun's flags for an elastic c10d rendezvous on an *external* store.
 
