@@ -137,9 +137,17 @@ class ElasticJob:
         return codes
 
     def kill(self) -> None:
+        """SIGKILL every node's whole process tree: torchrun starts its workers in sessions
+        of their own, which the launcher's process group does not reach."""
         for node in self.running:
             if node.proc.poll() is None:
+                tree = _descendants(node.proc.pid)
                 os.killpg(node.proc.pid, signal.SIGKILL)
+                for pid in tree:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
                 node.proc.wait()
         self.stop_store()
 
@@ -164,6 +172,22 @@ class ElasticJob:
 
     def termination(self, index: int) -> dict[str, Any]:
         return json.loads((self.node_dir(index) / "termination-log").read_text())
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        children.setdefault(int(text[text.rindex(")") + 2:].split()[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def run_job(root: Path, config: dict[str, Any], timeout: float = 300, **kwargs: Any) -> tuple[ElasticJob, list[int]]:

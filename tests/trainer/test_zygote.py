@@ -52,7 +52,7 @@ def _gone(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] == "Z"
 
 
-def test_ranks_are_forked_by_the_server_and_a_stand_in_killed_by_torchrun_takes_its_rank_along(tmp_path):
+def test_forked_ranks_die_with_their_stand_in_or_their_server_and_start_alone_without_one(tmp_path):
     job = ElasticJob(tmp_path, base_config(maxSteps=100000), nodes=1, procs_per_node=2, max_restarts=2,
                      env={"LLMTRAIN_FAULT_INJECT": PACE}).start()
     run_dir = job.running[0].run_dir
@@ -72,6 +72,16 @@ def test_ranks_are_forked_by_the_server_and_a_stand_in_killed_by_torchrun_takes_
                          120, 0.2, "the restarted ranks")
         for pid in fresh.values():
             assert "llmtrain_trainer.zygote" in _cmdline(_parent(pid))
+
+        # The server killed: its ranks die with it (PR_SET_PDEATHSIG), their stand-ins fail,
+        # torchrun restarts the group, and with no server answering each rank starts on its own.
+        server = _parent(fresh[0])
+        os.kill(server, signal.SIGKILL)
+        wait_for(lambda: all(_gone(pid) for pid in fresh.values()), 10, 0.1, "the forked ranks to die with their server")
+        alone = wait_for(lambda: (r := _ranks(run_dir)) and len(r) == 2 and set(r.values()).isdisjoint(fresh.values()) and r,
+                         120, 0.2, "ranks started without a server")
+        for pid in alone.values():
+            assert _parent(pid) == agent, _cmdline(_parent(pid))
     finally:
         job.kill()
 
@@ -102,3 +112,4 @@ def test_with_the_server_turned_off_every_rank_is_torchruns_own_child(tmp_path):
         assert not any("llmtrain_trainer.zygote" in _cmdline(p) for p in attempts.children(job.running[0].proc.pid))
     finally:
         job.kill()
+    wait_for(lambda: all(_gone(pid) for pid in ranks.values()), 10, 0.1, "the ranks to die with their node")
