@@ -15,9 +15,10 @@ and the heartbeat files (written by the child, with its pid) see what they saw b
 When the stand-in dies (torchrun kills its process group), the server kills the child; when
 the server dies, its children die with it (``PR_SET_PDEATHSIG``) and the stand-ins exit.
 
-Fork safety: the server forks only while it runs a single Python thread, and checks it
-before it serves; otherwise it refuses and every rank imports on its own, as it does when
-no server answers at all (the stand-in then runs the trainer in its own process).
+Fork safety: the server forks only while it runs a single Python thread and no CUDA
+context (it imports with torch's NVML-based CUDA check, which creates none), and checks
+both before it serves; otherwise it refuses and every rank imports on its own, as it does
+when no server answers at all (the stand-in then runs the trainer in its own process).
 Environment variables torchrun sets per rank (``RANK``, ``MASTER_ADDR``, ...) are read by
 torch when the process group starts, after the fork, so a forked rank sees its own.
 """
@@ -116,6 +117,13 @@ def _import(names: tuple[str, ...]) -> None:
         importlib.import_module(name)
 
 
+def _forkable() -> bool:
+    """One Python thread and no CUDA context: what a forked child can safely inherit."""
+    import torch  # noqa: PLC0415 - imported already
+
+    return threading.active_count() == 1 and not torch.cuda.is_initialized()
+
+
 def _send(conn: socket.socket, message: dict[str, Any]) -> None:
     try:
         conn.send(json.dumps(message).encode())
@@ -199,8 +207,8 @@ class _Loop:
             if not events and pending:
                 _import(tuple(pending))
                 pending = []
-                if threading.active_count() != 1:
-                    print("llmtrain zygote: a thread started while importing; no more forks", file=sys.stderr, flush=True)
+                if not _forkable():
+                    print("llmtrain zygote: a thread or CUDA started while importing; no more forks", file=sys.stderr, flush=True)
                     self.selector.unregister(self.listener)
                     self.listener.close()
                 continue
@@ -285,13 +293,17 @@ def serve(fd: int) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)  # a pod-wide SIGTERM is for the ranks; the launcher ends the server
     listener = socket.socket(fileno=fd)
+    # CUDA does not survive a fork once initialised. torch.cuda.is_available() answers from
+    # NVML with this set, which leaves the server forkable; the forked ranks get their own
+    # environment back and check CUDA as usual.
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     try:
         _import(FIRST_STAGE)
     except Exception as err:  # noqa: BLE001 - the ranks then import on their own, and fail there if they must
         print(f"llmtrain zygote: import failed ({err}); every rank imports torch itself", file=sys.stderr, flush=True)
         return 1
-    if threading.active_count() != 1:
-        print("llmtrain zygote: importing started a thread; forking would be unsafe, every rank imports torch itself",
+    if not _forkable():
+        print("llmtrain zygote: importing started a thread or CUDA; forking would be unsafe, every rank imports torch itself",
               file=sys.stderr, flush=True)
         return 1
     try:
