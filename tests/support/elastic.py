@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 from llmtrain_contract.command import store_command, torchrun_args, trainer_program, worker_command
+from llmtrain_operator.localrun.cluster import descendants
 
 PY = sys.executable
 
@@ -141,7 +142,7 @@ class ElasticJob:
         of their own, which the launcher's process group does not reach."""
         for node in self.running:
             if node.proc.poll() is None:
-                tree = _descendants(node.proc.pid)
+                tree = descendants(node.proc.pid)
                 os.killpg(node.proc.pid, signal.SIGKILL)
                 for pid in tree:
                     try:
@@ -172,22 +173,6 @@ class ElasticJob:
 
     def termination(self, index: int) -> dict[str, Any]:
         return json.loads((self.node_dir(index) / "termination-log").read_text())
-
-
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        children.setdefault(int(text[text.rindex(")") + 2:].split()[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def run_job(root: Path, config: dict[str, Any], timeout: float = 300, **kwargs: Any) -> tuple[ElasticJob, list[int]]:
