@@ -1,5 +1,5 @@
 """Faults around a node, on the cluster, one job through all of them: a worker's launcher
-frozen while its ranks run on, a network partition of a worker's node during training
+frozen while its ranks run on, a worker's torchrun agent frozen alone, a network partition of a worker's node during training
 (its processes keep running, cut off), and a worker's Node object deleted outright. Each
 is detected from outside, blamed on the right pod and node in the status and Events,
 charged once, and the job trains on and succeeds.
@@ -33,15 +33,17 @@ def _training_at_two(bed, after_step: int, what: str) -> dict:
                        and s.get("step", 0) > after_step, 300, what)
 
 
-def test_a_frozen_launcher_a_partitioned_node_and_a_deleted_node_are_each_blamed_once(operator):
+def test_a_frozen_launcher_a_frozen_agent_a_partitioned_node_and_a_deleted_node_are_each_blamed_once(operator):
     bed = operator
     # A shared tier (a ReadWriteMany PVC): a lost node must not take the only copy of the
     # newest checkpoint with it. Every step takes >= 0.5 s, so the job cannot finish before
-    # its faults are handled. The launcher fault fires on a trigger file the test writes
-    # into one pod's run dir, so that no replacement (with a fresh run dir) fires it again.
+    # its faults are handled. The launcher and agent faults fire on trigger files the test
+    # writes into one pod's run dir, so that no replacement (with a fresh run dir) fires
+    # them again.
     bed.kubectl("create", "namespace", NS, check=False)
     bed.kubectl("apply", "-n", NS, "-f", "-", input=PVC)
-    faults = "stop@trigger=freeze-launcher,rank=1,target=launcher;slow@step=1,seconds=0.5,steps=400"
+    faults = ("stop@trigger=freeze-launcher,rank=1,target=launcher;stop@trigger=freeze-agent,rank=0,target=agent;"
+              "slow@step=1,seconds=0.5,steps=400")
     create(bed, NS, job_manifest(NAME, {
         "spec.trainer.builtin.maxSteps": 110, "spec.checkpoint.intervalSteps": 5,
         "spec.checkpoint.shared": {"claimName": "ckpt-shared", "intervalSteps": 5},
@@ -65,7 +67,24 @@ def test_a_frozen_launcher_a_partitioned_node_and_a_deleted_node_are_each_blamed
     assert frozen["restartsByReason"] == {"Signal9": 1}, frozen["restartsByReason"]
     _training_at_two(bed, frozen.get("step", 0), "training at world size 2 after the launcher")
 
-    # 2. A partition: a worker's node stops its heartbeats and its pods lose their links,
+    # 2. Rank 0's torchrun agent alone is stopped: its ranks run on, but no process could
+    # restart them or report their failure, and the launcher still answers its liveness
+    # probe. The launcher's supervisor sees the agent stopped for longer than the ranks'
+    # timeout, ends the pod with the hang code and names the agent; the pod is replaced.
+    cause, _ = wait_for(lambda: rank_holder(bed, NS, NAME, 0), 60, 0.5, "rank 0's heartbeat")
+    (run_dir(bed, cause) / "freeze-agent").write_text("")
+    stopped = wait_status(bed, NS, NAME, lambda s: s.get("restartsByReason", {}).get("Hang", 0) >= 1, 300,
+                          "the frozen agent's pod ended")
+    failure = stopped["lastFailure"]
+    assert (failure["kind"], failure["pod"], failure["node"]) == ("Hang", cause["metadata"]["name"], cause["spec"]["nodeName"]), failure
+    assert "torchrun agent" in failure["message"], failure
+    where = f"pod {cause['metadata']['name']} on node {cause['spec']['nodeName']}"
+    wait_for(lambda: any(r == "PodFailed" and where in m and "Hang" in m for r, m in event_messages(bed, NS, NAME)), 30, 0.5,
+             f"a PodFailed Event naming {where}")
+    assert stopped["restartsByReason"] == {"Signal9": 1, "Hang": 1}, "the other pod's blocked ranks were victims"
+    _training_at_two(bed, stopped.get("step", 0), "training at world size 2 after the agent")
+
+    # 3. A partition: a worker's node stops its heartbeats and its pods lose their links,
     # their processes running on. Not the store's node: the rendezvous must survive.
     store_node = pods(bed, NS, NAME, role="rendezvous")[0]["spec"]["nodeName"]
     by_node = _worker_nodes(bed)
@@ -78,12 +97,12 @@ def test_a_frozen_launcher_a_partitioned_node_and_a_deleted_node_are_each_blamed
     assert "NotReady/unreachable" in failure["message"], failure
     assert cut in [q["node"] for q in parted["quarantinedNodes"]]
     assert any(cut in m and target_pod in m for m in _events(bed, "NodeFailure")), event_messages(bed, NS, NAME)
-    assert parted["restartsByReason"] == {"Signal9": 1, "NodeFailure": 1}, "the survivor's blocked ranks were victims"
+    assert parted["restartsByReason"] == {"Signal9": 1, "Hang": 1, "NodeFailure": 1}, "the survivor's blocked ranks were victims"
     bed.heal_node(cut)  # links back: the kubelet ends the pod the operator force-deleted
     bed.wait_nodes_ready(180)
     _training_at_two(bed, parted.get("step", 0), "training at world size 2 after the partition")
 
-    # 3. A worker's Node object deleted outright (`kubectl delete node`): no NotReady, no
+    # 4. A worker's Node object deleted outright (`kubectl delete node`): no NotReady, no
     # grace to wait for; the pods on it are lost at once.
     by_node = _worker_nodes(bed)
     candidates = sorted(((n == store_node, p, n) for p, n in by_node.items() if n != cut))
@@ -101,5 +120,5 @@ def test_a_frozen_launcher_a_partitioned_node_and_a_deleted_node_are_each_blamed
 
     done = wait_status(bed, NS, NAME, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, "finished")
     assert done["phase"] == "Succeeded", json.dumps(done)[:3000]
-    assert done["restartsByReason"] == {"Signal9": 1, "NodeFailure": 2}, done["restartsByReason"]
+    assert done["restartsByReason"] == {"Signal9": 1, "Hang": 1, "NodeFailure": 2}, done["restartsByReason"]
     assert done["step"] == 110
