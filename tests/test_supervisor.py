@@ -18,6 +18,8 @@ from llmtrain_contract.exitcodes import ExitCode
 from llmtrain_trainer import exitrecord, heartbeat
 from llmtrain_trainer.heartbeat import Heartbeat, State
 from llmtrain_trainer.launcher import decide
+from llmtrain_trainer.watchdog import Watchdog, first_step_limit
+from support.waiting import wait_for
 from llmtrain_trainer.supervisor import Supervisor, proc_info, serve_health
 
 TIMEOUT = 1.0
@@ -88,6 +90,28 @@ def test_heartbeat_round_trip_and_sections(tmp_path):
     hb.beat(8)  # a writer thread beating after the loop closed the page must not raise
     (tmp_path / "heartbeat" / "local-9.hb").write_bytes(b"garbage")
     assert len(heartbeat.read_all(tmp_path)) == 1
+
+
+def test_an_attempts_first_step_gets_a_longer_limit_then_the_hang_timeout_applies(tmp_path):
+    # The first step carries one-off work (NCCL connecting, warm-up, a loaded machine):
+    # the watchdog and, through the heartbeat, the supervisor allow it longer; the first
+    # completed step brings both down to hangTimeoutSeconds.
+    assert first_step_limit(10) == 70 and first_step_limit(300) == 600
+    fired: list[float] = []
+    hb = Heartbeat(tmp_path, rank=0, local_rank=0, attempt=0, timeout_seconds=first_step_limit(0.5))
+    dog = Watchdog(0.5, fired.append, poll_seconds=0.05, heartbeat=hb).start()
+    try:
+        time.sleep(1.2)
+        assert not fired, "a slow first step is not a hang"
+        assert heartbeat.read_all(tmp_path)[0].timeout == first_step_limit(0.5)
+        dog.beat()  # progress inside the step (a checkpoint's write) is not a finished step
+        assert heartbeat.read_all(tmp_path)[0].timeout == first_step_limit(0.5)
+        dog.beat(1)
+        assert heartbeat.read_all(tmp_path)[0].timeout == 0.5, "the supervisor reads the steady limit from now on"
+        wait_for(lambda: fired, 5, 0.05, "the watchdog firing on the second step")
+        assert 0.5 <= fired[0] < 1.5
+    finally:
+        dog.stop()
 
 
 @pytest.mark.parametrize("behaviour, kind", [("stop", "frozen"), ("gil", "spinning"), ("sleep", "stuck")])

@@ -26,13 +26,14 @@ from typing import Iterator
 
 _LAYOUT = struct.Struct("<4s6iqdd")
 """magic, version, pid, rank, local rank, attempt, state, step, beat (``clock()``), the
-rank's hang timeout."""
+rank's current hang limit (``watchdog.first_step_limit`` until its attempt's first step)."""
 _MAGIC = b"LTHB"
 _VERSION = 1
 _SIZE = 64
 _STATE_OFFSET = 4 + 5 * 4
 _STEP_OFFSET = 4 + 6 * 4
 _BEAT_OFFSET = _STEP_OFFSET + 8
+_TIMEOUT_OFFSET = _BEAT_OFFSET + 8
 
 
 def clock() -> float:
@@ -82,6 +83,11 @@ class Heartbeat:
             if step is not None:
                 struct.pack_into("<q", self._map, _STEP_OFFSET, step)
             struct.pack_into("<d", self._map, _BEAT_OFFSET, clock())
+
+    def set_timeout(self, seconds: float) -> None:
+        """Publish the rank's current limit (longer for an attempt's first step)."""
+        with contextlib.suppress(ValueError, TypeError):
+            struct.pack_into("<d", self._map, _TIMEOUT_OFFSET, float(seconds))
 
     def set_state(self, state: State) -> State:
         previous, self._state = self._state, state

@@ -113,7 +113,7 @@ class Verdict:
         }[self.kind]
         role = f"cause ({self.kind})" if self.cause else "victim"
         return (f"{role}: rank {self.beat.rank} (local {self.beat.local_rank}, pid {self.beat.pid}) {what}; "
-                f"no step progress for {self.stale:.1f}s after step {self.beat.step} (hangTimeoutSeconds={self.beat.timeout:g})")
+                f"no step progress for {self.stale:.1f}s after step {self.beat.step} (limit {self.beat.timeout:g}s: hangTimeoutSeconds, longer for an attempt's first step)")
 
 
 def judge(beat: Beat, info: ProcInfo, busy_fraction: float, stale: float) -> Verdict:

@@ -38,7 +38,7 @@ from .heartbeat import Heartbeat, State
 from .numerics import DataPosition, LossGuard
 from .schedule import lr_at
 from .stragglers import StragglerWatch
-from .watchdog import Watchdog, dump_stacks_and_exit
+from .watchdog import Watchdog, dump_stacks_and_exit, first_step_limit
 
 log = logging.getLogger("llmtrain.trainer")
 RESTORE_ROUNDS = 5
@@ -88,7 +88,8 @@ class Trainer:
         self._stop = threading.Event()
         hang_timeout = cfg.fault_tolerance.hang_timeout_seconds
         self.watchdog = Watchdog(
-            hang_timeout, self._on_hang, heartbeat=Heartbeat(run_dir, info.rank, info.local_rank, info.restart_count, hang_timeout),
+            hang_timeout, self._on_hang,
+            heartbeat=Heartbeat(run_dir, info.rank, info.local_rank, info.restart_count, first_step_limit(hang_timeout)),
             supervised=os.environ.get(Env.SUPERVISED) == "1",
         )
         self.engine: Any = None

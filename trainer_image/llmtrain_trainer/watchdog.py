@@ -1,4 +1,5 @@
-"""The hang watchdog: no step progress for ``hangTimeoutSeconds`` means a hang.
+"""The hang watchdog: no step progress for ``hangTimeoutSeconds`` means a hang (for an
+attempt's first step, ``first_step_limit``: longer).
 
 A stuck NCCL/gloo collective blocks the training thread in C++, where no Python
 exception can reach it. A daemon thread watches a heartbeat; when it goes stale, the
@@ -32,12 +33,27 @@ log = logging.getLogger("llmtrain.watchdog")
 
 SUPERVISOR_GRACE_SECONDS = 3.0
 """How much later than the supervisor this in-process watchdog fires when supervised."""
+FIRST_STEP_EXTRA_SECONDS = 60.0
+"""The least extra time an attempt's first step gets (``first_step_limit``)."""
+
+
+def first_step_limit(timeout_seconds: float) -> float:
+    """The limit for an attempt's first step: ``hangTimeoutSeconds`` plus as much again,
+    and at least a minute more. A first step carries one-off work that later steps do
+    not: NCCL connects its communicators in the first collective, CUDA and the allocator
+    warm up, a fresh process faults its pages in, and on a shared machine the pods that
+    start beside it compete for the CPU. Measured on the test bed: 10 s of a 2-core
+    machine under load for one first step, against a 10 s timeout."""
+    return timeout_seconds + max(timeout_seconds, FIRST_STEP_EXTRA_SECONDS)
 
 
 class Watchdog:
     def __init__(self, timeout_seconds: float, on_hang: Callable[[float], None], poll_seconds: float | None = None,
                  heartbeat: Heartbeat | None = None, supervised: bool = False):
-        self.timeout = timeout_seconds + (SUPERVISOR_GRACE_SECONDS if supervised else 0.0)
+        self._grace = SUPERVISOR_GRACE_SECONDS if supervised else 0.0
+        self._steady = timeout_seconds
+        self._first_step_done = False
+        self.timeout = first_step_limit(timeout_seconds) + self._grace
         self.on_hang = on_hang
         self.poll = poll_seconds or min(1.0, timeout_seconds / 10)
         self.heartbeat = heartbeat
@@ -57,6 +73,11 @@ class Watchdog:
         into the shared heartbeat page)."""
         self._last = time.monotonic()
         heartbeat = self.heartbeat  # stop() may clear it from another thread
+        if step is not None and not self._first_step_done:
+            self._first_step_done = True
+            self.timeout = self._steady + self._grace
+            if heartbeat is not None:
+                heartbeat.set_timeout(self._steady)
         if heartbeat is not None:
             heartbeat.beat(step)
 

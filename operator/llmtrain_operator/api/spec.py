@@ -338,8 +338,10 @@ class FaultToleranceSpec(Ruled):
     """No optimizer step for this long means a hang (a stuck NCCL/gloo collective, a
     frozen or GIL-holding rank). The launcher's supervisor sees it from outside the
     ranks, dumps the stacks and ends the cause with the hang code (its peers as victims);
-    the launcher's liveness probe fails after as long. Seconds, 10..86400. Default 300;
-    set it above your slowest step plus checkpoint."""
+    the launcher's liveness probe fails after as long. The first step after every
+    (re)start gets twice as long, and at least 60 s more (NCCL connects in it, caches
+    warm up). Seconds, 10..86400. Default 300; set it above your slowest step plus
+    checkpoint."""
 
     collective_timeout_seconds: int = Field(120, ge=5, le=7200)
     """Timeout of every collective and of process-group init, in seconds, 5..7200.
