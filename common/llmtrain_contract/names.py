@@ -153,6 +153,8 @@ class Termination:
 
 RDZV_PORT = 29400
 """The rendezvous store's port (its own pod, its own Service)."""
+RDZV_LEASE_PORT_OFFSET = 1
+"""The store's process holds the launchers' rendezvous leases on its port + this."""
 METRICS_PORT = 9400
 """Default port of local rank 0's metrics endpoint; local rank r serves on port + r."""
 HEALTH_PORT = 9399

@@ -106,7 +106,9 @@ class ElasticJob:
 
     def start(self) -> "ElasticJob":
         port = free_port()
-        self.store = subprocess.Popen(store_command(PY, port, "127.0.0.1"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.root.mkdir(parents=True, exist_ok=True)
+        with self.store_log.open("w") as fh:
+            self.store = subprocess.Popen(store_command(PY, port, "127.0.0.1"), stdout=fh, stderr=subprocess.STDOUT)
         env = {**os.environ, "LLMTRAIN_FAULT_STATE_DIR": str(self.root / "faults"), "LLMTRAIN_LOG_LEVEL": "WARNING", **self.env}
         flags = torchrun_args(
             nnodes_min=self.min_nodes or self.nodes, nnodes_max=self.nodes, nproc_per_node=self.procs_per_node,
@@ -137,19 +139,29 @@ class ElasticJob:
             self.stop_store()
         return codes
 
+    @property
+    def store_log(self) -> Path:
+        return self.root / "store.log"
+
+    def kill_node(self, index: int) -> None:
+        """SIGKILL node ``index``'s whole process tree, as when its pod dies: torchrun starts
+        its workers in sessions of their own, which the launcher's process group does not
+        reach."""
+        node = self.running[index]
+        if node.proc.poll() is None:
+            tree = descendants(node.proc.pid)
+            os.killpg(node.proc.pid, signal.SIGKILL)
+            for pid in tree:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            node.proc.wait()
+
     def kill(self) -> None:
-        """SIGKILL every node's whole process tree: torchrun starts its workers in sessions
-        of their own, which the launcher's process group does not reach."""
+        """SIGKILL every node's whole process tree."""
         for node in self.running:
-            if node.proc.poll() is None:
-                tree = descendants(node.proc.pid)
-                os.killpg(node.proc.pid, signal.SIGKILL)
-                for pid in tree:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                node.proc.wait()
+            self.kill_node(node.index)
         self.stop_store()
 
     def stop_store(self) -> None:

@@ -184,3 +184,28 @@ def test_the_builtin_shard_trains(tmp_path):
     job, codes = run_job(tmp_path, cfg, nodes=1, procs_per_node=1)
     assert codes == [0], job.logs()
     assert [r["step"] for r in job.steps()] == list(range(1, 7))
+
+
+def test_a_node_that_dies_whole_leaves_the_rendezvous_through_its_lease_and_the_survivor_trains_on(tmp_path):
+    # Two local nodes; the one not holding rank 0 loses its whole process tree (launcher,
+    # torchrun, fork server, ranks), as a pod SIGKILLed whole. Its launcher's lease on the
+    # store ends with it: the store takes its agent out of the rendezvous while the
+    # survivor still runs (the survivor's own lease ends only when it finishes).
+    cfg = base_config(maxSteps=40)
+    job = ElasticJob(tmp_path, cfg, nodes=2, min_nodes=1, max_restarts=3,
+                     env={"LLMTRAIN_FAULT_INJECT": "slow@step=1,seconds=0.3,steps=400"}).start()
+    try:
+        holder = wait_for(lambda: next((n for n in job.running if (n.run_dir / "steps.jsonl").exists()
+                                        and len((n.run_dir / "steps.jsonl").read_text().splitlines()) >= 5), None),
+                          240, 0.2, "five steps at world size 2")
+        job.kill_node(1 - holder.index)
+        wait_for(lambda: "is gone: removed from rendezvous 'test-job'" in job.store_log.read_text(), 10, 0.1,
+                 "the killed node's agent released by its lease")
+        assert holder.proc.poll() is None, "released while the survivor runs, not at its end"
+        codes = [holder.proc.wait(timeout=240)]
+    finally:
+        job.kill()
+    assert codes == [0], job.logs()
+    after = [s for s in job.steps() if s["attempt"] >= 1]  # torchrun's restart after the loss
+    assert after and all(s["world"] == 1 for s in after), after[:3]
+    assert after[-1]["step"] == 40

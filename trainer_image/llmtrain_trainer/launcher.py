@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import exitrecord, zygote
+from . import exitrecord, rdzv_leases, zygote
 from .attempts import AttemptTracker
 from .supervisor import Supervisor, serve_health
 from llmtrain_contract.exitcodes import ExitCode, classify_exit
@@ -124,7 +124,12 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda signum, _: child.send_signal(signum))
     supervisor.agent_pid = tracker.agent_pid = child.pid
     supervisor.start()
+    # While this pod lives, the store knows its agent: a pod that dies leaves the
+    # rendezvous at once, not when the agent's keep-alive lapses (rdzv_leases.py).
+    lease = rdzv_leases.hold(command, child.pid)
     returncode = child.wait()
+    if lease is not None:
+        lease.close()
     supervisor.stop()
     if server is not None:
         server.stop()

@@ -4,6 +4,10 @@ A c10d TCPStore that lives in its own pod (or process), apart from every worker.
 torchrun agents join it with ``--rdzv-backend c10d --rdzv-conf is_host=false``, so no
 worker hosts the rendezvous and losing any worker, rank 0 included, is survivable.
 (Kubeflow's PyTorchJob hosts it in worker 0: a single point of failure.)
+
+Beside it, on the next port, it holds the launchers' rendezvous leases
+(``rdzv_leases.py``): a worker pod that dies leaves the rendezvous at once instead of
+when its keep-alive lapses.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import datetime
 import signal
 import sys
 import threading
+
+from . import rdzv_leases
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,10 +34,13 @@ def main(argv: list[str] | None = None) -> int:
         timeout=datetime.timedelta(hours=24), use_libuv=True,
     )
     print(f"rendezvous store listening on {args.host}:{store.port}", flush=True)
+    leases = rdzv_leases.serve(args.host, store.port, store)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     done.wait()
+    if leases is not None:
+        leases.close()
     del store
     return 0
 

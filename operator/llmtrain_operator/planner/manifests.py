@@ -8,7 +8,7 @@ from typing import Any
 
 from llmtrain_contract.command import LAUNCHER, STORE, script_program, store_command, torchrun_args, trainer_program, worker_command
 from llmtrain_contract.cadence import CADENCE_FILE
-from llmtrain_contract.names import CONFIG_HASH_ANNOTATION, HEALTH_PORT, RDZV_PORT, TERMINATION_LOG
+from llmtrain_contract.names import CONFIG_HASH_ANNOTATION, HEALTH_PORT, RDZV_LEASE_PORT_OFFSET, RDZV_PORT, TERMINATION_LOG
 
 from ..api.job import API_VERSION, KIND, LLMTrainJob
 from ..api.observed import CADENCE_ANNOTATION, LABEL_ROLE, ROLE_WORKER
@@ -94,7 +94,8 @@ def workers_service(job: LLMTrainJob) -> dict[str, Any]:
 
 
 def store_service(job: LLMTrainJob) -> dict[str, Any]:
-    return headless_service(job, names.store_service(job.metadata.name), names.store_labels(job.metadata.name), [("rdzv", RDZV_PORT)])
+    return headless_service(job, names.store_service(job.metadata.name), names.store_labels(job.metadata.name),
+                            [("rdzv", RDZV_PORT), ("rdzv-leases", RDZV_PORT + RDZV_LEASE_PORT_OFFSET)])
 
 
 def config_map(job: LLMTrainJob, history: CadenceHistory | None = None) -> dict[str, Any] | None:
@@ -154,7 +155,8 @@ def store_pod(job: LLMTrainJob, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> d
         "image": job.spec.image,
         "imagePullPolicy": job.spec.image_pull_policy,
         "command": store_command(names.PYTHON, RDZV_PORT, entry=STORE),
-        "ports": [{"name": "rdzv", "containerPort": RDZV_PORT}],
+        "ports": [{"name": "rdzv", "containerPort": RDZV_PORT},
+                  {"name": "rdzv-leases", "containerPort": RDZV_PORT + RDZV_LEASE_PORT_OFFSET}],
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
         "securityContext": container_security,
     }

@@ -1,0 +1,197 @@
+"""Rendezvous leases (``llmtrain_trainer.rdzv_leases``) against a real c10d TCPStore and
+torchrun's own rendezvous state: a lease that ends takes its agent out of the state as
+torchrun's dead-node check would, a lease that is held does not, and nothing else in the
+state is touched."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pickle
+import socket
+import time
+
+import pytest
+from llmtrain_contract.command import torchrun_args
+from llmtrain_contract.names import RDZV_LEASE_PORT_OFFSET
+from llmtrain_trainer import rdzv_leases
+from support.waiting import wait_for
+
+from torch.distributed import TCPStore
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
+
+HOST = socket.gethostname()
+RUN = "job-uid"
+
+
+def _state(complete: bool, *nodes: _NodeDesc, waiting: tuple[_NodeDesc, ...] = ()) -> _RendezvousState:
+    state = _RendezvousState()
+    state.round, state.complete = 3, complete
+    now = datetime.datetime.now(datetime.timezone.utc)
+    for rank, node in enumerate(nodes):
+        state.participants[node] = rank
+        state.last_heartbeats[node] = now
+    for node in waiting:
+        state.wait_list.add(node)
+        state.last_heartbeats[node] = now
+    state.deadline = None if complete else now + datetime.timedelta(seconds=1)
+    return state
+
+
+A = _NodeDesc(f"{HOST}.pods.example.svc.cluster.local", 101, 0)
+B = _NodeDesc(f"{HOST}.pods.example.svc.cluster.local", 202, 0)
+C = _NodeDesc("other-pod.pods.example.svc.cluster.local", 202, 0)
+
+
+def test_a_gone_participant_leaves_a_finished_round_which_moves_on_when_empty():
+    state = _state(True, A, B)
+    assert rdzv_leases.drop_node(state, HOST, 202, min_nodes=1)
+    assert list(state.participants) == [A] and B not in state.last_heartbeats
+    assert (state.complete, state.round) == (True, 3), "the others keep the finished round"
+    assert rdzv_leases.drop_node(state, HOST, 101, min_nodes=1)
+    assert (state.participants, state.complete, state.round) == ({}, False, 4), "no one left: the next round opens"
+
+
+def test_an_alias_names_the_agent_when_torchrun_took_another_name_from_dns():
+    state = _state(True, _NodeDesc("localhost", 7, 0), A)
+    assert not rdzv_leases.drop_node(state, "vm", 7, min_nodes=1)
+    assert rdzv_leases.drop_node(state, ["vm", "localhost"], 7, min_nodes=1)
+    assert list(state.participants) == [A]
+
+
+def test_only_the_named_agent_goes_and_a_forming_round_below_its_minimum_loses_its_deadline():
+    state = _state(False, A, C, waiting=(B,))
+    assert rdzv_leases.drop_node(state, "other-pod", 202, min_nodes=2)  # C: same pid as B, another host
+    assert set(state.participants) == {A} and state.wait_list == {B}
+    assert state.deadline is None, "one participant left of the two needed"
+    assert rdzv_leases.drop_node(state, HOST, 202, min_nodes=2)  # B, from the wait list
+    assert state.wait_list == set() and set(state.last_heartbeats) == {A}
+    assert not rdzv_leases.drop_node(state, HOST, 999, min_nodes=2), "an agent not in the state changes nothing"
+
+
+def test_the_host_name_matches_whatever_fqdn_torchrun_got_and_an_address_only_itself():
+    assert rdzv_leases.same_host("w-0.workers.ns.svc.cluster.local", "w-0")
+    assert rdzv_leases.same_host("w-0", "w-0")
+    assert not rdzv_leases.same_host("w-01.workers.ns.svc.cluster.local", "w-0")
+    assert rdzv_leases.same_host("10.244.0.5", "10.244.0.5")
+    assert not rdzv_leases.same_host("10.244.0.6", "10.244.0.5"), "not by the first label of an address"
+    assert not rdzv_leases.same_host("10.host", "10.244.0.5")
+
+
+def test_the_launcher_finds_the_lease_in_torchruns_flags_and_only_for_an_external_c10d_store():
+    flags = torchrun_args(nnodes_min=2, nnodes_max=4, nproc_per_node=1, rdzv_endpoint="job-rdzv.ns.svc:29400", rdzv_id=RUN,
+                          max_restarts=3)
+    address, hello = rdzv_leases.lease_for(["python", "-m", "torch.distributed.run", *flags, "-m", "x"], 42)
+    assert address == ("job-rdzv.ns.svc", 29400 + RDZV_LEASE_PORT_OFFSET)
+    assert hello == {"run_id": RUN, "addr": HOST, "pid": 42, "min_nodes": 2, "aliases": None}, "the FQDN: resolved by the lease"
+    spaced = ["torchrun", "--rdzv_backend", "c10d", "--rdzv_endpoint", "[::1]:7000", "--rdzv_id", "r", "--rdzv_conf", "is_host=false"]
+    assert rdzv_leases.lease_for(spaced, 1)[0] == ("::1", 7001)
+    with_addr = [*flags[:-1], "--local-addr=10.244.0.7", flags[-1]]
+    assert rdzv_leases.lease_for(["torchrun", *with_addr, "train.py"], 7)[1] == \
+        {"run_id": RUN, "addr": "10.244.0.7", "pid": 7, "min_nodes": 2}, "a pod's agent is its IP, no alias"
+    assert rdzv_leases.lease_for(["torchrun", "--standalone", "train.py"], 1) is None
+    assert rdzv_leases.lease_for(["torchrun", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "--rdzv-id=r", "x.py"], 1) is None, \
+        "an agent that hosts the store itself has nobody to hold a lease with"
+
+
+@pytest.mark.parametrize("line", [b"not json\n", b"[1]\n", b'{"run_id": "r", "addr": "h", "pid": true, "min_nodes": 1}\n',
+                                  b'{"run_id": "r", "addr": "h", "pid": 1}\n',
+                                  b'{"run_id": "r", "addr": "h", "pid": 1, "min_nodes": 1, "aliases": "h2"}\n'])
+def test_a_bad_hello_is_refused_naming_what_is_wrong(line):
+    with pytest.raises(ValueError):
+        rdzv_leases.parse_hello(line)
+
+
+@pytest.fixture()
+def store():
+    master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=10), use_libuv=True)
+    yield master
+    del master
+
+
+def _write(store, state: _RendezvousState) -> None:
+    backend = C10dRendezvousBackend(store, RUN)
+    current = backend.get_state()
+    assert backend.set_state(pickle.dumps(state), current[1] if current else None)[2]
+
+
+def _read(store) -> _RendezvousState:
+    return pickle.loads(C10dRendezvousBackend(store, RUN).get_state()[0])  # noqa: S301
+
+
+def test_release_edits_the_state_in_the_store_and_retries_after_another_writer(store):
+    me = _NodeDesc(HOST, os.getpid(), 0)
+    _write(store, _state(True, A, me))
+    assert rdzv_leases.release(store, RUN, HOST, os.getpid(), 1)
+    assert list(_read(store).participants) == [A]
+    assert not rdzv_leases.release(store, RUN, HOST, os.getpid(), 1), "already gone"
+    assert not rdzv_leases.release(store, "another-run", HOST, 101, 1), "no state for that run"
+
+
+def test_a_lease_resolves_the_fqdn_torchrun_took_and_the_store_matches_it(store):
+    server = rdzv_leases.serve("127.0.0.1", store.port, store)
+    try:
+        fqdn_node = _NodeDesc(socket.getfqdn(), 303, 0)
+        _write(store, _state(True, A, fqdn_node))
+        flags = torchrun_args(nnodes_min=1, nnodes_max=2, nproc_per_node=1, rdzv_endpoint=f"127.0.0.1:{store.port}", rdzv_id=RUN,
+                              max_restarts=1)
+        lease = rdzv_leases.hold(["torchrun", *flags, "x.py"], 303)
+        wait_for(lambda: lease.conn is not None, 10, 0.05, "the lease connected")
+        lease.close()
+        wait_for(lambda: set(_read(store).participants) == {A}, 10, 0.05, "the agent named by torchrun's FQDN released")
+    finally:
+        server.close()
+
+
+def test_a_lease_that_ends_releases_its_agent_and_one_that_is_held_does_not(store, capsys):
+    server = rdzv_leases.serve("127.0.0.1", store.port, store)
+    assert server is not None and server.port == store.port + RDZV_LEASE_PORT_OFFSET
+    try:
+        _write(store, _state(True, A, B))
+        held = rdzv_leases.Lease(("127.0.0.1", server.port), {"run_id": RUN, "addr": HOST, "pid": 101, "min_nodes": 1})
+        ending = rdzv_leases.Lease(("127.0.0.1", server.port), {"run_id": RUN, "addr": HOST, "pid": 202, "min_nodes": 1})
+        wait_for(lambda: held.conn is not None and ending.conn is not None, 10, 0.05, "both leases connected")
+        time.sleep(0.3)
+        assert set(_read(store).participants) == {A, B}, "held leases release nobody"
+        ending.close()
+        wait_for(lambda: set(_read(store).participants) == {A}, 10, 0.05, "B released when its lease ended")
+        assert f"the agent {HOST} pid 202 is gone: removed from rendezvous '{RUN}'" in capsys.readouterr().out
+        time.sleep(0.3)
+        assert set(_read(store).participants) == {A}, "A's lease is still held"
+
+        # A client that dies without a word (its socket closed by the kernel) ends its lease too.
+        raw = socket.create_connection(("127.0.0.1", server.port))
+        raw.sendall((json.dumps({"run_id": RUN, "addr": HOST, "pid": 101, "min_nodes": 1}) + "\n").encode())
+        time.sleep(0.2)
+        raw.close()
+        wait_for(lambda: _read(store).participants == {}, 10, 0.05, "A released")
+        assert _read(store).round == 4
+        held.close()
+    finally:
+        server.close()
+
+
+def test_a_bad_hello_is_dropped_and_the_server_serves_on(store, capsys):
+    server = rdzv_leases.serve("127.0.0.1", store.port, store)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)) as bad:
+            bad.sendall(b"hello?\n")
+            assert bad.recv(1) == b"", "the server hangs up"
+        assert "no valid hello" in capsys.readouterr().err
+        _write(store, _state(True, A))
+        with socket.create_connection(("127.0.0.1", server.port)) as good:
+            good.sendall((json.dumps({"run_id": RUN, "addr": HOST, "pid": 101, "min_nodes": 1}) + "\n").encode())
+        wait_for(lambda: _read(store).participants == {}, 10, 0.05, "released after the bad client")
+    finally:
+        server.close()
+
+
+def test_a_lease_port_in_use_leaves_leases_off_with_a_note(store, capsys):
+    taken = socket.create_server(("127.0.0.1", store.port + RDZV_LEASE_PORT_OFFSET))
+    try:
+        assert rdzv_leases.serve("127.0.0.1", store.port, store) is None
+        assert f"rendezvous leases: off, port {store.port + RDZV_LEASE_PORT_OFFSET}" in capsys.readouterr().err
+    finally:
+        taken.close()

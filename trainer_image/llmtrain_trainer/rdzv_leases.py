@@ -1,0 +1,265 @@
+"""Rendezvous leases: a worker pod that is gone leaves the rendezvous at once.
+
+torchrun's c10d rendezvous drops a node only when its keep-alive beats have stopped for
+``keep_alive_interval × keep_alive_max_attempt`` (3 s here). When a whole worker pod dies
+(SIGKILL of its processes, the OOM killer, a deleted pod), the survivors' agents re-join
+at once, find the dead agent still listed as a participant of the finished round, wait in
+the next round's wait list until its beats lapse, then poll the state once a second:
+seconds of a recovery spent waiting for a node that everybody could know is gone.
+
+Each worker pod's launcher holds a *lease*: one TCP connection to the store's process
+(the rendezvous port + 1) that names its torchrun agent as torchrun's node descriptor
+does (its ``--local-addr``, a pod's IP, or the host's name, and the agent's pid). The connection ends when the pod's processes
+die (the kernel closes their sockets) or the launcher exits; the store then removes that
+agent from the rendezvous state itself, with the same compare-and-set and the same
+epilogue as torchrun's own dead-node check. A frozen or partitioned pod keeps its
+connection open, so for those the keep-alive still decides, as before.
+
+Everything here is best effort: a store that cannot serve leases, a launcher that cannot
+reach it, a state that cannot be edited, each leaves the rendezvous to the keep-alive.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import pickle
+import socket
+import sys
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+from llmtrain_contract.names import RDZV_LEASE_PORT_OFFSET as PORT_OFFSET
+
+HELLO_LIMIT = 4096
+RECONNECT_SECONDS = (0.5, 5.0)
+"""First and longest wait before the launcher connects again."""
+
+
+# --- the store's side -----------------------------------------------------------------
+
+def same_host(node_addr: str, addr: str) -> bool:
+    """Whether torchrun's node address names the agent's host ``addr``: equal, or, for a
+    host name, the first labels match. Without ``--local-addr`` torchrun takes
+    ``socket.getfqdn()``, which depends on DNS at the moment it asked (a pod's record may
+    not exist yet); the host name does not, and a pod's is its name, unique in the job."""
+    if node_addr == addr:
+        return True
+    try:
+        ipaddress.ip_address(addr.strip("[]"))
+        return False  # an address (``--local-addr``) must match exactly
+    except ValueError:
+        return node_addr.split(".")[0] == addr.split(".")[0]
+
+
+def drop_node(state: Any, addr: str | list[str], pid: int, min_nodes: int) -> bool:
+    """Remove the agent ``(addr, pid)`` (``addr``: its name, or a list of its names) from
+    torchrun's rendezvous ``state`` in place, as
+    torchrun's dead-node check does: from the participants, the wait and redundancy lists
+    and the heartbeats; a finished round left without participants moves to the next one,
+    an unfinished one below ``min_nodes`` loses its deadline. True if anything changed."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _remove_participant_epilogue  # noqa: PLC0415
+
+    lists = [state.wait_list, getattr(state, "redundancy_list", set())]
+    known = set(state.participants) | set(state.last_heartbeats) | set().union(*lists)
+    names = [addr] if isinstance(addr, str) else addr
+    gone = [node for node in known if node.pid == pid and any(same_host(node.addr, name) for name in names)]
+    if not gone:
+        return False
+    removed = False
+    for node in gone:
+        state.last_heartbeats.pop(node, None)
+        for members in lists:
+            members.discard(node)
+        if node in state.participants:
+            del state.participants[node]
+            removed = True
+    if removed:
+        _remove_participant_epilogue(state, SimpleNamespace(min_nodes=min_nodes))
+    return True
+
+
+def release(store: Any, run_id: str, addr: str | list[str], pid: int, min_nodes: int, attempts: int = 20) -> bool:
+    """Take the agent out of run ``run_id``'s rendezvous held in ``store`` (a c10d
+    Store); retries when another node wrote the state in between. True if removed."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend  # noqa: PLC0415
+
+    backend = C10dRendezvousBackend(store, run_id)
+    for _ in range(attempts):
+        current = backend.get_state()
+        if current is None:
+            return False
+        bits, token = current
+        state = pickle.loads(bits)  # noqa: S301 - torchrun's own state, in our own store
+        if not drop_node(state, addr, pid, min_nodes):
+            return False
+        written = backend.set_state(pickle.dumps(state), token)
+        if written is not None and written[2]:
+            return True
+    return False
+
+
+def parse_hello(line: bytes) -> dict[str, Any]:
+    """A launcher's first line: ``{"run_id", "addr", "pid", "min_nodes"}`` and optional
+    ``"aliases"`` (other names of the host); ValueError names what is wrong."""
+    hello = json.loads(line)
+    if not isinstance(hello, dict):
+        raise ValueError("not a JSON object")
+    for key, kind in (("run_id", str), ("addr", str), ("pid", int), ("min_nodes", int)):
+        if not isinstance(hello.get(key), kind) or isinstance(hello.get(key), bool):
+            raise ValueError(f"{key!r} missing or not {kind.__name__}")
+    aliases = hello.setdefault("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise ValueError("'aliases' not a list of names")
+    return hello
+
+
+class LeaseServer:
+    """Accepts leases on ``port`` beside ``store`` (the c10d store holding the rendezvous
+    states) and releases each agent whose lease ends."""
+
+    def __init__(self, host: str, port: int, store: Any):
+        self.sock = socket.create_server((host, port))
+        self.port = self.sock.getsockname()[1]
+        self.store: Any = store
+        self.lock = threading.Lock()  # one client connection to the store, one edit at a time
+        threading.Thread(target=self._accept, name="rdzv-leases", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._hold, args=(conn,), name="rdzv-lease", daemon=True).start()
+
+    def _hold(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.settimeout(10)
+                hello = parse_hello(conn.makefile("rb").readline(HELLO_LIMIT))
+            except (OSError, ValueError) as err:
+                print(f"rendezvous leases: no valid hello, connection dropped: {err}", file=sys.stderr, flush=True)
+                return
+            conn.settimeout(None)
+            try:
+                while conn.recv(1024):
+                    pass  # a launcher sends nothing more: only the end of the connection matters
+            except OSError:
+                pass  # reset: ended as well
+        self.release(hello)
+
+    def release(self, hello: dict[str, Any]) -> None:
+        who = f"{hello['addr']} pid {hello['pid']}"
+        with self.lock:
+            if self.store is None:
+                return  # closing
+            try:
+                removed = release(self.store, hello["run_id"], [hello["addr"], *hello["aliases"]], hello["pid"], hello["min_nodes"])
+            except Exception as err:  # noqa: BLE001 - best effort: the keep-alive still drops the node
+                print(f"rendezvous leases: could not release {who}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+                return
+        outcome = "removed from" if removed else "no longer in"
+        print(f"rendezvous leases: the agent {who} is gone: {outcome} rendezvous {hello['run_id']!r}", flush=True)
+
+    def close(self) -> None:
+        """Stop accepting and drop the store, so that its owner can destroy it."""
+        self.sock.close()
+        with self.lock:
+            self.store = None
+
+
+def serve(host: str, store_port: int, store: Any) -> LeaseServer | None:
+    """Serve leases beside ``store`` (the c10d store on ``store_port``) on the next port;
+    None (and a note) if it cannot be bound, which leaves dead nodes to the keep-alive."""
+    try:
+        return LeaseServer(host, store_port + PORT_OFFSET, store)
+    except OSError as err:
+        print(f"rendezvous leases: off, port {store_port + PORT_OFFSET}: {err}", file=sys.stderr, flush=True)
+        return None
+
+
+# --- the launcher's side --------------------------------------------------------------
+
+def _flag(command: list[str], name: str) -> str | None:
+    """torchrun's ``--a-b=value`` or ``--a-b value``, either spelling (``--a_b``)."""
+    spellings = {name, "--" + name[2:].replace("-", "_")}
+    for i, arg in enumerate(command):
+        key, eq, value = arg.partition("=")
+        if key in spellings:
+            return value if eq else (command[i + 1] if i + 1 < len(command) else None)
+    return None
+
+
+def lease_for(command: list[str], agent_pid: int) -> tuple[tuple[str, int], dict[str, Any]] | None:
+    """Where to hold the lease of the torchrun ``command`` and its hello; None when it
+    uses no external c10d store (no lease to hold)."""
+    if _flag(command, "--rdzv-backend") != "c10d" or "is_host=false" not in (_flag(command, "--rdzv-conf") or ""):
+        return None
+    endpoint, run_id = _flag(command, "--rdzv-endpoint"), _flag(command, "--rdzv-id")
+    if not endpoint or not run_id:
+        return None
+    host, _, port = endpoint.rpartition(":")
+    try:
+        address = (host.strip("[]"), int(port) + PORT_OFFSET)
+        min_nodes = int((_flag(command, "--nnodes") or "1").split(":")[0])
+    except ValueError:
+        return None
+    # torchrun's node address: ``--local-addr`` (a pod's IP), else ``socket.getfqdn()``,
+    # which asks DNS: the lease's thread adds what it answers there as an alias, beside the
+    # host name (``same_host``), since DNS may answer differently a moment later (a pod's
+    # record not there yet) or with another name altogether ("localhost").
+    local = _flag(command, "--local-addr")
+    hello = {"run_id": run_id, "addr": local or socket.gethostname(), "pid": agent_pid, "min_nodes": min_nodes}
+    return address, hello if local else {**hello, "aliases": None}
+
+
+class Lease:
+    """The launcher's lease for its torchrun agent, held open by a daemon thread; a store
+    that restarts or cannot be reached is tried again, with backoff, quietly."""
+
+    def __init__(self, address: tuple[str, int], hello: dict[str, Any]):
+        self.address, self.hello, self.line = address, dict(hello), b""
+        self.stopped = threading.Event()
+        self.conn: socket.socket | None = None
+        threading.Thread(target=self._hold, name="rdzv-lease", daemon=True).start()
+
+    def _hold(self) -> None:
+        if self.hello.get("aliases", []) is None:
+            self.hello["aliases"] = [socket.getfqdn()]  # here, not in the launcher's main thread: DNS may take seconds
+        self.line = (json.dumps(self.hello) + "\n").encode()
+        delay = RECONNECT_SECONDS[0]
+        while not self.stopped.is_set():
+            try:
+                with socket.create_connection(self.address, timeout=5) as conn:
+                    conn.sendall(self.line)
+                    conn.settimeout(None)
+                    self.conn = conn
+                    if self.stopped.is_set():
+                        return
+                    delay = RECONNECT_SECONDS[0]
+                    while conn.recv(1):
+                        pass  # returns b"" (or raises) when the store goes away or close() shuts it
+            except OSError:
+                pass
+            self.conn = None
+            self.stopped.wait(delay)
+            delay = min(delay * 2, RECONNECT_SECONDS[1])
+
+    def close(self) -> None:
+        """End the lease now: the store releases the agent at once."""
+        self.stopped.set()
+        conn = self.conn
+        if conn is not None:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def hold(command: list[str], agent_pid: int) -> Lease | None:
+    """A lease for the torchrun agent ``agent_pid`` running ``command``, or None when it
+    uses no external c10d store."""
+    lease = lease_for(command, agent_pid)
+    return Lease(*lease) if lease is not None else None
