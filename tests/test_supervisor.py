@@ -18,9 +18,9 @@ from llmtrain_contract.exitcodes import ExitCode
 from llmtrain_trainer import exitrecord, heartbeat
 from llmtrain_trainer.heartbeat import Heartbeat, State
 from llmtrain_trainer.launcher import decide
+from llmtrain_trainer.supervisor import Supervisor, proc_info, serve_health
 from llmtrain_trainer.watchdog import Watchdog, first_step_limit
 from support.waiting import wait_for
-from llmtrain_trainer.supervisor import Supervisor, proc_info, serve_health
 
 TIMEOUT = 1.0
 

@@ -63,6 +63,17 @@ def torchrun_args(
     ]
 
 
+def torchrun_flag(command: list[str], name: str) -> str | None:
+    """The value of torchrun's flag ``name`` (``--a-b``) in ``command``: ``--a-b=value``
+    or ``--a-b value``, either spelling (``--a_b``); None when absent."""
+    spellings = {name, "--" + name[2:].replace("-", "_")}
+    for i, arg in enumerate(command):
+        key, eq, value = arg.partition("=")
+        if key in spellings:
+            return value if eq else (command[i + 1] if i + 1 < len(command) else None)
+    return None
+
+
 def trainer_program(config_path: str) -> list[str]:
     return ["-m", "llmtrain_trainer", "--config", config_path]
 

@@ -1,4 +1,5 @@
-"""Hangs, SIGTERM and bad input: each ends with its documented exit code."""
+"""Hangs, SIGTERM and bad input: each ends with its documented exit code; a node lost
+whole leaves the rendezvous through its lease."""
 
 from __future__ import annotations
 

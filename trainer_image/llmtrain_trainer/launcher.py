@@ -31,6 +31,7 @@ from pathlib import Path
 from . import exitrecord, rdzv_leases, zygote
 from .attempts import AttemptTracker
 from .supervisor import Supervisor, serve_health
+from llmtrain_contract.command import torchrun_flag
 from llmtrain_contract.exitcodes import ExitCode, classify_exit
 from llmtrain_contract.names import TERMINATION_LOG, Env, Termination
 
@@ -68,17 +69,11 @@ def _checkpoints(records: list[dict]) -> dict[str, int]:
 
 def max_restarts(command: list[str]) -> int | None:
     """torchrun's ``--max-restarts`` (either spelling, ``=`` or a separate value), or None."""
-    for i, arg in enumerate(command):
-        name, _, value = arg.partition("=")
-        if name not in ("--max-restarts", "--max_restarts"):
-            continue
-        if not value and i + 1 < len(command):
-            value = command[i + 1]
-        try:
-            return int(value)
-        except ValueError:
-            return None
-    return None
+    value = torchrun_flag(command, "--max-restarts")
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:

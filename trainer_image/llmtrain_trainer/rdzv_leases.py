@@ -9,9 +9,9 @@ seconds of a recovery spent waiting for a node that everybody could know is gone
 
 Each worker pod's launcher holds a *lease*: one TCP connection to the store's process
 (the rendezvous port + 1) that names its torchrun agent as torchrun's node descriptor
-does (its ``--local-addr``, a pod's IP, or the host's name, and the agent's pid). The connection ends when the pod's processes
-die (the kernel closes their sockets) or the launcher exits; the store then removes that
-agent from the rendezvous state itself, with the same compare-and-set and the same
+does (its ``--local-addr``, a pod's IP, or the host's names, and the agent's pid). The
+connection ends when the pod's processes die (the kernel closes their sockets) or the
+launcher exits; the store then removes that agent from the rendezvous state itself, with the same compare-and-set and the same
 epilogue as torchrun's own dead-node check. A frozen or partitioned pod keeps its
 connection open, so for those the keep-alive still decides, as before.
 
@@ -30,6 +30,7 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
+from llmtrain_contract.command import torchrun_flag
 from llmtrain_contract.names import RDZV_LEASE_PORT_OFFSET as PORT_OFFSET
 
 HELLO_LIMIT = 4096
@@ -55,9 +56,8 @@ def same_host(node_addr: str, addr: str) -> bool:
 
 def drop_node(state: Any, addr: str | list[str], pid: int, min_nodes: int) -> bool:
     """Remove the agent ``(addr, pid)`` (``addr``: its name, or a list of its names) from
-    torchrun's rendezvous ``state`` in place, as
-    torchrun's dead-node check does: from the participants, the wait and redundancy lists
-    and the heartbeats; a finished round left without participants moves to the next one,
+    torchrun's rendezvous ``state`` in place, as torchrun's dead-node check does: from the
+    participants, the wait and redundancy lists and the heartbeats; a finished round left without participants moves to the next one,
     an unfinished one below ``min_nodes`` loses its deadline. True if anything changed."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _remove_participant_epilogue  # noqa: PLC0415
 
@@ -182,35 +182,25 @@ def serve(host: str, store_port: int, store: Any) -> LeaseServer | None:
 
 # --- the launcher's side --------------------------------------------------------------
 
-def _flag(command: list[str], name: str) -> str | None:
-    """torchrun's ``--a-b=value`` or ``--a-b value``, either spelling (``--a_b``)."""
-    spellings = {name, "--" + name[2:].replace("-", "_")}
-    for i, arg in enumerate(command):
-        key, eq, value = arg.partition("=")
-        if key in spellings:
-            return value if eq else (command[i + 1] if i + 1 < len(command) else None)
-    return None
-
-
 def lease_for(command: list[str], agent_pid: int) -> tuple[tuple[str, int], dict[str, Any]] | None:
     """Where to hold the lease of the torchrun ``command`` and its hello; None when it
     uses no external c10d store (no lease to hold)."""
-    if _flag(command, "--rdzv-backend") != "c10d" or "is_host=false" not in (_flag(command, "--rdzv-conf") or ""):
+    if torchrun_flag(command, "--rdzv-backend") != "c10d" or "is_host=false" not in (torchrun_flag(command, "--rdzv-conf") or ""):
         return None
-    endpoint, run_id = _flag(command, "--rdzv-endpoint"), _flag(command, "--rdzv-id")
+    endpoint, run_id = torchrun_flag(command, "--rdzv-endpoint"), torchrun_flag(command, "--rdzv-id")
     if not endpoint or not run_id:
         return None
     host, _, port = endpoint.rpartition(":")
     try:
         address = (host.strip("[]"), int(port) + PORT_OFFSET)
-        min_nodes = int((_flag(command, "--nnodes") or "1").split(":")[0])
+        min_nodes = int((torchrun_flag(command, "--nnodes") or "1").split(":")[0])
     except ValueError:
         return None
     # torchrun's node address: ``--local-addr`` (a pod's IP), else ``socket.getfqdn()``,
     # which asks DNS: the lease's thread adds what it answers there as an alias, beside the
     # host name (``same_host``), since DNS may answer differently a moment later (a pod's
     # record not there yet) or with another name altogether ("localhost").
-    local = _flag(command, "--local-addr")
+    local = torchrun_flag(command, "--local-addr")
     hello = {"run_id": run_id, "addr": local or socket.gethostname(), "pid": agent_pid, "min_nodes": min_nodes}
     return address, hello if local else {**hello, "aliases": None}
 
@@ -220,7 +210,7 @@ class Lease:
     that restarts or cannot be reached is tried again, with backoff, quietly."""
 
     def __init__(self, address: tuple[str, int], hello: dict[str, Any]):
-        self.address, self.hello, self.line = address, dict(hello), b""
+        self.address, self.hello = address, dict(hello)
         self.stopped = threading.Event()
         self.conn: socket.socket | None = None
         threading.Thread(target=self._hold, name="rdzv-lease", daemon=True).start()
@@ -228,12 +218,12 @@ class Lease:
     def _hold(self) -> None:
         if self.hello.get("aliases", []) is None:
             self.hello["aliases"] = [socket.getfqdn()]  # here, not in the launcher's main thread: DNS may take seconds
-        self.line = (json.dumps(self.hello) + "\n").encode()
+        line = (json.dumps(self.hello) + "\n").encode()
         delay = RECONNECT_SECONDS[0]
         while not self.stopped.is_set():
             try:
                 with socket.create_connection(self.address, timeout=5) as conn:
-                    conn.sendall(self.line)
+                    conn.sendall(line)
                     conn.settimeout(None)
                     self.conn = conn
                     if self.stopped.is_set():
