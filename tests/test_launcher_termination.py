@@ -4,8 +4,11 @@ the last metrics scrape the operator could see)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from llmtrain_trainer import exitrecord
-from llmtrain_trainer.launcher import decide
+from llmtrain_trainer.launcher import agent_command, agent_error, decide
 
 
 def test_a_success_reports_the_newest_commit_per_tier_over_the_local_ranks(tmp_path):
@@ -28,3 +31,36 @@ def test_without_records_nothing_is_invented():
     assert decide(0, []) == (0, {"code": 0, "reason": "Completed"})
     code, message = decide(-9, [])
     assert code == 137 and "checkpoints" not in message
+
+
+def test_torchruns_own_error_names_every_cause_when_no_rank_wrote_a_record(tmp_path):
+    # What torch's @record writes for an agent that could not reach the rendezvous store.
+    stack = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n    connect()\n"
+             "torch.distributed.DistNetworkError: The client socket has timed out while trying to connect to (10.0.0.9, 29400).\n\n"
+             "The above exception was the direct cause of the following exception:\n\nTraceback (most recent call last):\n"
+             "  File \"y.py\", line 2, in g\n    raise RendezvousConnectionError(msg) from e\n"
+             "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store has failed.\n")
+    error = tmp_path / "torchrun-error.json"
+    error.write_text(json.dumps({"message": {"message": "RendezvousConnectionError: The connection to the C10d store has failed.",
+                                             "extraInfo": {"py_callstack": stack, "timestamp": "1"}}}))
+    said = agent_error(error)
+    assert said == ("DistNetworkError: The client socket has timed out while trying to connect to (10.0.0.9, 29400). <- "
+                    "RendezvousConnectionError: The connection to the C10d store has failed.")
+    code, message = decide(1, [], torchrun_error=said)
+    assert code == 1 and message["message"] == f"torchrun exited without an exit record: {said}"
+    # One exception, no chain: its own message.
+    error.write_text(json.dumps({"message": {"message": "RendezvousClosedError: ", "extraInfo": {"py_callstack": "Traceback ...\n"}}}))
+    assert agent_error(error) == "RendezvousClosedError:"
+    for broken in ("", "{", "[]", '{"message": 3}'):
+        error.write_text(broken)
+        assert agent_error(error) in (None, "3")
+    assert agent_error(tmp_path / "absent.json") is None
+
+
+def test_the_launcher_runs_torchrun_as_the_agent_that_leaves_the_rendezvous_open():
+    torchrun = ["/usr/bin/python3", "-m", "torch.distributed.run", "--nnodes=1:2", "-m", "llmtrain_trainer"]
+    command = agent_command(torchrun)
+    assert command[0] == "/usr/bin/python3" and command[2:] == torchrun[3:]
+    assert Path(command[1]).name == "torchrun_agent.py" and Path(command[1]).is_file()
+    other = ["/usr/bin/python3", "train.py"]
+    assert agent_command(other) == other

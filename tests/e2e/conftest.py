@@ -4,6 +4,7 @@ applied with kubectl, a real Prometheus scraping both."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from support.specs import ROOT
@@ -11,10 +12,43 @@ from support.specs import ROOT
 OPERATOR_NS = "llmtrain-system"
 
 
+POD_LOG_LINES = 25
+POD_LOGS_SHOWN = 10
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if "/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.e2e)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed end-to-end test's report ends with the last lines of the job pods it ran
+    (the local cluster's container logs, newest first), since a CI run's cluster is gone by
+    the time anyone reads it."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed and "/e2e/" in str(item.fspath):
+        report.sections.append(("pod logs (newest first)", _pod_log_tails(call.start)))
+
+
+def _pod_log_tails(since: float) -> str:
+    from localcluster.cluster import LocalCluster
+
+    logs = [p for p in (LocalCluster.default().state / "pods").glob("*/*.log")
+            if p.stem != "operator" and p.stat().st_mtime >= since]  # the operator's own logs are kept whole (below)
+    logs.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    parts = []
+    for path in logs[:POD_LOGS_SHOWN]:
+        try:
+            pod = json.loads(path.with_suffix(".json").read_text()).get("hostname", path.parent.name)
+            lines = path.read_text(errors="replace").splitlines()[-POD_LOG_LINES:]
+        except (OSError, ValueError):
+            continue
+        stamp = time.strftime("%H:%M:%S", time.gmtime(path.stat().st_mtime))
+        parts.append(f"----- pod {pod}, container {path.stem} (last written {stamp} UTC) -----\n" + "\n".join(lines))
+    return "\n".join(parts) or "no pod wrote a log during the test"
 
 
 @pytest.fixture(scope="session")

@@ -76,6 +76,8 @@ class ElasticJob:
     procs_per_node: int = 1
     min_nodes: int | None = None
     max_restarts: int = 0
+    node_max_restarts: dict[int, int] = field(default_factory=dict)
+    """Node -> its torchrun's ``--max-restarts``, where not ``max_restarts``."""
     shared_tier: bool = False
     shared_keep: int = 3
     extra_tiers: list[dict[str, Any]] = field(default_factory=list)
@@ -119,7 +121,9 @@ class ElasticJob:
             cfg_path = self._node_config(index)
             run_dir = self.node_dir(index) / "run"
             log = self.node_dir(index) / "node.log"
-            cmd = worker_command(PY, str(run_dir), flags, trainer_program(str(cfg_path)), str(self.node_dir(index) / "termination-log"),
+            restarts = self.node_max_restarts.get(index, self.max_restarts)
+            node_flags = [f"--max-restarts={restarts}" if f.startswith("--max-restarts=") else f for f in flags]
+            cmd = worker_command(PY, str(run_dir), node_flags, trainer_program(str(cfg_path)), str(self.node_dir(index) / "termination-log"),
                                  self.health_port + index if self.health_port else None)
             with log.open("w") as fh:
                 proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -210,3 +210,24 @@ def test_a_node_that_dies_whole_leaves_the_rendezvous_through_its_lease_and_the_
     after = [s for s in job.steps() if s["attempt"] >= 1]  # torchrun's restart after the loss
     assert after and all(s["world"] == 1 for s in after), after[:3]
     assert after[-1]["step"] == 40
+
+
+def test_a_node_whose_torchrun_gives_up_leaves_the_rendezvous_open_and_the_others_train_on(tmp_path):
+    # Node 1's torchrun may not restart its ranks (--max-restarts=0): its rank's crash at
+    # step 8 ends its agent with a failure. Plain torchrun then marks the job's rendezvous
+    # closed, and node 0, re-forming its group after the lost peer, would fail with
+    # RendezvousClosedError (as would every replacement node). Run as torchrun_agent.py,
+    # the failed agent leaves it open: node 0 goes on alone and finishes.
+    cfg = base_config(maxSteps=30)
+    job = ElasticJob(tmp_path, cfg, nodes=2, min_nodes=1, max_restarts=3, node_max_restarts={1: 0},
+                     env={"LLMTRAIN_FAULT_INJECT": "crash@step=8,rank=1;slow@step=1,seconds=0.2,steps=400"}).start()
+    try:
+        codes = [node.proc.wait(timeout=240) for node in job.running]
+    finally:
+        job.kill()
+    logs = job.logs()
+    assert codes[0] == 0 and codes[1] != 0, logs
+    assert "RendezvousClosedError" not in logs, logs
+    assert "the rendezvous stays open" in job.running[1].output(), logs
+    steps = job.steps()
+    assert steps[-1]["step"] == 30 and steps[-1]["world"] == 1, steps[-3:]

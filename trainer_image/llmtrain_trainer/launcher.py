@@ -6,7 +6,12 @@ torchrun exits 1 for any failed worker group, which would hide the trainer's doc
 exit codes (hang, preempted, config error ...). The launcher forwards SIGTERM/SIGINT to
 torchrun, and when it exits, picks the most significant exit record the ranks wrote in
 the latest attempt, exits with that code and writes it to the termination-message file
-(``/dev/termination-log`` in Kubernetes), where the operator reads it.
+(``/dev/termination-log`` in Kubernetes), where the operator reads it. When no rank wrote
+one (torchrun itself failed, in its rendezvous say), the message carries torchrun's own
+error, from the error file its ``@record`` writes.
+
+``python -m torch.distributed.run`` is run as ``torchrun_agent.py``, the same torchrun
+but one whose failure leaves the job's rendezvous open for the other nodes.
 
 While torchrun runs, the launcher's supervisor (``supervisor.py``) watches every local
 rank's heartbeat from outside the trainer processes, so that a frozen rank, a rank
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,9 +42,43 @@ from llmtrain_contract.exitcodes import ExitCode, classify_exit
 from llmtrain_contract.names import TERMINATION_LOG, Env, Termination
 
 
-def decide(returncode: int, records: list[dict], agent_hang: str | None = None) -> tuple[int, dict]:
+AGENT = Path(__file__).with_name("torchrun_agent.py")
+ERROR_FILE = "torchrun-error.json"
+"""In the run dir: where torchrun's ``@record`` writes the agent's own exception."""
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*): (.+)$")
+
+
+def agent_command(command: list[str]) -> list[str]:
+    """``command`` with ``python -m torch.distributed.run`` replaced by ``python
+    torchrun_agent.py`` (same arguments); any other command as it is."""
+    if len(command) > 2 and command[1:3] == ["-m", "torch.distributed.run"]:
+        return [command[0], str(AGENT), *command[3:]]
+    return command
+
+
+def agent_error(path: Path) -> str | None:
+    """The exception torchrun's agent recorded in ``path`` (its ``@record`` error file),
+    each cause first ("DistNetworkError: ... timed out ... <- RendezvousConnectionError:
+    ... See inner exception"), or None when there is none or it cannot be read."""
+    try:
+        message = json.loads(path.read_text())["message"]
+        if not isinstance(message, dict):
+            return str(message).strip() or None
+        text = str(message.get("message") or "").strip()
+        stack = str((message.get("extraInfo") or {}).get("py_callstack") or "")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    # A chained traceback ends each exception, cause first, with an unindented
+    # "module.Name: message" line.
+    causes = [f"{m[1].rsplit('.', 1)[-1]}: {m[2]}" for m in map(_EXCEPTION_LINE.match, stack.splitlines()) if m]
+    if len(causes) > 1:
+        return " <- ".join(causes)
+    return text or None
+
+
+def decide(returncode: int, records: list[dict], agent_hang: str | None = None, torchrun_error: str | None = None) -> tuple[int, dict]:
     """The pod's exit code and termination message from torchrun's code and the records
-    (or why the supervisor ended a stopped torchrun agent)."""
+    (or why the supervisor ended a stopped torchrun agent, or torchrun's own error)."""
     T = Termination
     committed = _checkpoints(records)
     extra = {T.CHECKPOINTS: committed} if committed else {}
@@ -53,7 +93,8 @@ def decide(returncode: int, records: list[dict], agent_hang: str | None = None) 
         return code, {T.CODE: code, T.REASON: classify_exit(code).reason, T.RANK: best["rank"],
                       T.STEP: best.get("step"), T.MESSAGE: best.get("message", "")[:2000], **extra}
     code = 128 - returncode if returncode < 0 else returncode
-    return code, {T.CODE: code, T.REASON: classify_exit(code).reason, T.MESSAGE: "torchrun exited without an exit record", **extra}
+    said = f"torchrun exited without an exit record: {torchrun_error[:1500]}" if torchrun_error else "torchrun exited without an exit record"
+    return code, {T.CODE: code, T.REASON: classify_exit(code).reason, T.MESSAGE: said, **extra}
 
 
 def _checkpoints(records: list[dict]) -> dict[str, int]:
@@ -102,6 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     # job's external store, so no node is a single point of failure either way.
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     env[Env.SUPERVISED] = "1"
+    # torchrun's agent records its own exception here (workers get files of their own).
+    if "TORCHELASTIC_ERROR_FILE" not in env:
+        env["TORCHELASTIC_ERROR_FILE"] = str(run_dir / ERROR_FILE)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / ERROR_FILE).unlink(missing_ok=True)  # an earlier container's
+        except OSError:
+            pass  # then torchrun cannot write it either, and the message says less
+    error_file = Path(env["TORCHELASTIC_ERROR_FILE"])
     supervisor = Supervisor(run_dir, started=started)
     tracker = AttemptTracker(run_dir, max_restarts=max_restarts(command))
     try:
@@ -114,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     server = zygote.start() if env.get(Env.ZYGOTE) != "0" and zygote.runs_builtin_trainer(command) else None
     if server is not None:
         env[Env.ZYGOTE] = server.socket
-    child = subprocess.Popen(command, env=env)
+    child = subprocess.Popen(agent_command(command), env=env)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _: child.send_signal(signum))
     supervisor.agent_pid = tracker.agent_pid = child.pid
@@ -135,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     attempt = supervisor.permanent[0] if supervisor.permanent is not None else exitrecord.latest_attempt(run_dir)
     records = [r for r in exitrecord.read_attempt(run_dir, attempt)] if attempt is not None else []
     records = [r for r in records if r.get("time", 0) >= started]  # ignore an older container's
-    code, message = decide(returncode, records, supervisor.agent_hang)
+    code, message = decide(returncode, records, supervisor.agent_hang, agent_error(error_file) if returncode else None)
     if code == ExitCode.HANG and attempt is not None and tracker.counted_early(attempt):
         message[Termination.COUNTED_IN_PLACE] = tracker.failed_attempts()["hang"]
     try:
