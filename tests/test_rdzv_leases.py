@@ -10,6 +10,8 @@ import json
 import os
 import pickle
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -195,3 +197,87 @@ def test_a_lease_port_in_use_leaves_leases_off_with_a_note(store, capsys):
         assert f"rendezvous leases: off, port {store.port + RDZV_LEASE_PORT_OFFSET}" in capsys.readouterr().err
     finally:
         taken.close()
+
+
+def _hello(addr: str, pid: int, min_nodes: int = 1) -> dict:
+    return {"run_id": RUN, "addr": addr, "pid": pid, "min_nodes": min_nodes, "aliases": []}
+
+
+def test_a_forming_round_completes_once_every_lease_holder_joined_and_not_before():
+    state = _state(False, B, waiting=())
+    holders = [_hello(HOST, 101), _hello(HOST, 202)]
+    assert not rdzv_leases.complete_if_all_joined(state, holders), "A holds a lease and has not joined"
+    assert not state.complete and state.deadline is not None
+    state.participants[A] = 0
+    assert rdzv_leases.complete_if_all_joined(state, holders)
+    assert (state.complete, state.deadline, state.round) == (True, None, 3)
+    assert state.participants == {node: rank for rank, node in enumerate(sorted([A, B]))}, "ranks as torchrun assigns them"
+
+    # Below min_nodes, with no lease at all, or once complete or closed: left to torchrun.
+    assert not rdzv_leases.complete_if_all_joined(_state(False, A), [_hello(HOST, 101, min_nodes=2)])
+    assert not rdzv_leases.complete_if_all_joined(_state(False, A), [])
+    assert not rdzv_leases.complete_if_all_joined(_state(True, A), [_hello(HOST, 101)])
+    closed = _state(False, A)
+    closed.closed = True
+    assert not rdzv_leases.complete_if_all_joined(closed, [_hello(HOST, 101)])
+    # A participant the store holds no lease for (its launcher could not connect) does not
+    # stop the others' round; an agent neither joined nor known joins the next one.
+    assert rdzv_leases.complete_if_all_joined(_state(False, A, C), [_hello(HOST, 101)])
+
+
+def test_the_store_completes_a_round_when_the_last_lease_holder_joins(store, capsys):
+    server = rdzv_leases.LeaseServer("127.0.0.1", store.port + RDZV_LEASE_PORT_OFFSET, store, round_poll_seconds=0.02)
+    leases = [rdzv_leases.Lease(("127.0.0.1", server.port), {"run_id": RUN, "addr": HOST, "pid": pid, "min_nodes": 1})
+              for pid in (101, 202)]
+    try:
+        wait_for(lambda: len(server.held) == 2, 10, 0.02, "both leases held")
+        forming = _state(False, A)
+        forming.deadline += datetime.timedelta(seconds=60)  # no last call ends during the test
+        _write(store, forming)
+        time.sleep(0.3)
+        assert not _read(store).complete, "B holds a lease and has not joined"
+        joined = _read(store)
+        joined.participants[B] = 0
+        _write(store, joined)
+        wait_for(lambda: _read(store).complete, 5, 0.02, "the round completed by the store")
+        assert _read(store).participants == {A: 0, B: 1}
+        assert f"round 3 of rendezvous '{RUN}' complete: all 2 lease holders joined (2 nodes)" in capsys.readouterr().out
+    finally:
+        for lease in leases:
+            lease.close()
+        server.close()
+
+
+def test_the_agent_shim_polls_a_rendezvous_four_times_a_second_and_keeps_its_cache_otherwise():
+    # In a child process: the patch changes torch's module for the process that applies it.
+    probe = r"""
+import time
+from datetime import timedelta
+from torch.distributed import TCPStore
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from llmtrain_trainer import torchrun_agent
+
+assert torchrun_agent.poll_faster()
+began = time.monotonic(); dr._delay(seconds=1); slept = time.monotonic() - began
+assert 0.2 <= slept < 0.6, slept
+store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+settings = dr.RendezvousSettings("run", 1, 2, dr.RendezvousTimeout(), timedelta(seconds=1), 3)
+holder = dr._BackendRendezvousStateHolder(C10dRendezvousBackend(store, "run"), settings)
+node = dr._NodeDesc("host", 1, 0)
+executor = dr._DistributedRendezvousOpExecutor(node, holder, settings)
+seen = []
+def op(ctx, deadline):
+    seen.append(holder._cache_duration)
+    return dr._Action.FINISH
+executor.run(op, time.monotonic() + 5)
+class Beat(dr._RendezvousKeepAliveOp):
+    def __call__(self, ctx, deadline):
+        seen.append(holder._cache_duration)
+        return dr._Action.FINISH
+executor.run(Beat(), time.monotonic() + 5)
+print(seen, holder._cache_duration)
+"""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[0,", "1]", "1"], out.stdout

@@ -210,6 +210,9 @@ def test_a_node_that_dies_whole_leaves_the_rendezvous_through_its_lease_and_the_
     after = [s for s in job.steps() if s["attempt"] >= 1]  # torchrun's restart after the loss
     assert after and all(s["world"] == 1 for s in after), after[:3]
     assert after[-1]["step"] == 40
+    # The survivor was the only lease holder left: the store completed its round without
+    # the 1 s last call.
+    assert "complete: all 1 lease holders joined (1 nodes)" in job.store_log.read_text(), job.store_log.read_text()
 
 
 def test_a_node_whose_torchrun_gives_up_leaves_the_rendezvous_open_and_the_others_train_on(tmp_path):

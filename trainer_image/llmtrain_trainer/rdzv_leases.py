@@ -15,8 +15,17 @@ launcher exits; the store then removes that agent from the rendezvous state itse
 epilogue as torchrun's own dead-node check. A frozen or partitioned pod keeps its
 connection open, so for those the keep-alive still decides, as before.
 
+The leases also end a round's *last call* early. torchrun completes a round once
+``min_nodes`` agents joined and the last call (1 s) has passed, in case more join. The
+store knows every pod that holds a lease: once each of them has joined the forming round,
+no other agent it knows of could, so it completes the round at once, as torchrun would
+(ranks by sorted node). A survivor re-forming its group after a crash gains the last call;
+an agent the store does not know (no lease yet) joins the next round, as one that came
+after the last call does.
+
 Everything here is best effort: a store that cannot serve leases, a launcher that cannot
-reach it, a state that cannot be edited, each leaves the rendezvous to the keep-alive.
+reach it, a state that cannot be edited, each leaves the rendezvous to the keep-alive and
+the last call.
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ from llmtrain_contract.command import torchrun_flag
 from llmtrain_contract.names import RDZV_LEASE_PORT_OFFSET as PORT_OFFSET
 
 HELLO_LIMIT = 4096
+ROUND_POLL_SECONDS = 0.1
+"""How often the store looks for a forming round that every lease holder has joined."""
 RECONNECT_SECONDS = (0.5, 5.0)
 """First and longest wait before the launcher connects again."""
 
@@ -80,24 +91,52 @@ def drop_node(state: Any, addr: str | list[str], pid: int, min_nodes: int) -> bo
     return True
 
 
-def release(store: Any, run_id: str, addr: str | list[str], pid: int, min_nodes: int, attempts: int = 20) -> bool:
-    """Take the agent out of run ``run_id``'s rendezvous held in ``store`` (a c10d
-    Store); retries when another node wrote the state in between. True if removed."""
+def _holds(node: Any, hello: dict[str, Any]) -> bool:
+    """Whether torchrun's node descriptor ``node`` is the agent of lease ``hello``."""
+    return node.pid == hello["pid"] and any(same_host(node.addr, name) for name in [hello["addr"], *hello["aliases"]])
+
+
+def complete_if_all_joined(state: Any, hellos: list[dict[str, Any]]) -> bool:
+    """Complete torchrun's forming round in ``state`` in place, as its last participant
+    would after the last call, when the agent of every lease in ``hellos`` (those held for
+    this run) has joined it and it has ``min_nodes`` participants. True if completed."""
+    if not hellos or state.closed or state.complete or state.deadline is None:
+        return False
+    if len(state.participants) < max(h["min_nodes"] for h in hellos):
+        return False
+    if not all(any(_holds(node, hello) for node in state.participants) for hello in hellos):
+        return False
+    state.complete, state.deadline = True, None
+    for rank, node in enumerate(sorted(state.participants)):
+        state.participants[node] = rank
+    return True
+
+
+def _edit(store: Any, run_id: str, change: Any, attempts: int = 20) -> Any:
+    """Apply ``change(state) -> bool`` to run ``run_id``'s rendezvous state in ``store``
+    with compare-and-set, again when another node wrote it in between; the state written,
+    or None when ``change`` changed nothing (or no state exists)."""
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend  # noqa: PLC0415
 
     backend = C10dRendezvousBackend(store, run_id)
     for _ in range(attempts):
         current = backend.get_state()
         if current is None:
-            return False
+            return None
         bits, token = current
         state = pickle.loads(bits)  # noqa: S301 - torchrun's own state, in our own store
-        if not drop_node(state, addr, pid, min_nodes):
-            return False
+        if not change(state):
+            return None
         written = backend.set_state(pickle.dumps(state), token)
         if written is not None and written[2]:
-            return True
-    return False
+            return state
+    return None
+
+
+def release(store: Any, run_id: str, addr: str | list[str], pid: int, min_nodes: int, attempts: int = 20) -> bool:
+    """Take the agent out of run ``run_id``'s rendezvous held in ``store`` (a c10d
+    Store); retries when another node wrote the state in between. True if removed."""
+    return _edit(store, run_id, lambda state: drop_node(state, addr, pid, min_nodes), attempts) is not None
 
 
 def parse_hello(line: bytes) -> dict[str, Any]:
@@ -117,14 +156,20 @@ def parse_hello(line: bytes) -> dict[str, Any]:
 
 class LeaseServer:
     """Accepts leases on ``port`` beside ``store`` (the c10d store holding the rendezvous
-    states) and releases each agent whose lease ends."""
+    states), releases each agent whose lease ends, and completes a forming round once
+    every lease holder of its run has joined it."""
 
-    def __init__(self, host: str, port: int, store: Any):
+    def __init__(self, host: str, port: int, store: Any, round_poll_seconds: float = ROUND_POLL_SECONDS):
         self.sock = socket.create_server((host, port))
         self.port = self.sock.getsockname()[1]
         self.store: Any = store
         self.lock = threading.Lock()  # one client connection to the store, one edit at a time
+        self.held: dict[int, dict[str, Any]] = {}  # open leases by connection
+        self.held_lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.reported: set[str] = set()
         threading.Thread(target=self._accept, name="rdzv-leases", daemon=True).start()
+        threading.Thread(target=self._complete_rounds, args=(round_poll_seconds,), name="rdzv-rounds", daemon=True).start()
 
     def _accept(self) -> None:
         while True:
@@ -143,12 +188,41 @@ class LeaseServer:
                 print(f"rendezvous leases: no valid hello, connection dropped: {err}", file=sys.stderr, flush=True)
                 return
             conn.settimeout(None)
+            with self.held_lock:
+                self.held[id(conn)] = hello
             try:
                 while conn.recv(1024):
                     pass  # a launcher sends nothing more: only the end of the connection matters
             except OSError:
                 pass  # reset: ended as well
+            finally:
+                with self.held_lock:
+                    del self.held[id(conn)]
         self.release(hello)
+
+    def _complete_rounds(self, poll: float) -> None:
+        """Every ``poll`` seconds, for each run with leases held: complete its forming
+        round if every holder has joined (``complete_if_all_joined``)."""
+        while not self.stopped.wait(poll):
+            with self.held_lock:
+                runs: dict[str, list[dict[str, Any]]] = {}
+                for hello in self.held.values():
+                    runs.setdefault(hello["run_id"], []).append(hello)
+            for run_id, hellos in runs.items():
+                with self.lock:
+                    if self.store is None:
+                        return  # closing
+                    try:
+                        state = _edit(self.store, run_id, lambda st, hs=hellos: complete_if_all_joined(st, hs))
+                    except Exception as err:  # noqa: BLE001 - best effort: the last call still completes it
+                        said = f"rendezvous leases: could not check rendezvous {run_id!r}: {type(err).__name__}: {err}"
+                        if said not in self.reported:  # once, not ten times a second
+                            self.reported.add(said)
+                            print(said, file=sys.stderr, flush=True)
+                        continue
+                if state is not None:
+                    print(f"rendezvous leases: round {state.round} of rendezvous {run_id!r} complete: all {len(hellos)} "
+                          f"lease holders joined ({len(state.participants)} nodes)", flush=True)
 
     def release(self, hello: dict[str, Any]) -> None:
         who = f"{hello['addr']} pid {hello['pid']}"
@@ -165,6 +239,7 @@ class LeaseServer:
 
     def close(self) -> None:
         """Stop accepting and drop the store, so that its owner can destroy it."""
+        self.stopped.set()
         self.sock.close()
         with self.lock:
             self.store = None

@@ -1,4 +1,5 @@
-"""torchrun, except that an agent that fails leaves the job's rendezvous open.
+"""torchrun, except that an agent that fails leaves the job's rendezvous open, and that
+an agent in a rendezvous reads its state four times a second, not once.
 
 torchrun's ``launch_agent`` shuts the rendezvous handler down whenever its agent ends for
 any reason but a signal, and for the c10d rendezvous that marks the run's state *closed*
@@ -10,6 +11,14 @@ are the operator's to end, so here the rendezvous is closed only as torchrun clo
 after its workers *succeeded* (then all ranks are done and a node still waiting should
 stop); an agent that failed leaves it open, and the launcher's lease takes the agent out
 of it at once (``rdzv_leases.py``).
+
+While it joins or leaves a round, torchrun's agent re-reads the rendezvous state once a
+second (a 1 s sleep between reads, and a 1 s cache of the state). A round that the store
+completes early (``rdzv_leases.py``), or a last call that ends, was so seen up to a second
+late, by every agent re-forming its group after a failure. Here the agent sleeps
+``JOIN_POLL_SECONDS`` between reads and reads fresh while it joins or leaves a round. Its
+keep-alive beats and its check for waiting nodes (every ``--monitor-interval``) keep the
+cache, so the load on the store grows only while a group re-forms.
 
 The launcher runs this file by its path in place of ``python -m torch.distributed.run``,
 with the same arguments. It imports only torch and the standard library, so it runs from a
@@ -58,8 +67,48 @@ def keep_open_on_failure() -> bool:
     return True
 
 
+JOIN_POLL_SECONDS = 0.25
+
+
+def poll_faster(poll: float = JOIN_POLL_SECONDS) -> bool:
+    """Patch torch's rendezvous so that its operations re-read the state every ``poll``
+    seconds; False (nothing patched) when this torch has not what is relied on."""
+    try:
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+    except ImportError:
+        return False
+    delay, executor = getattr(dr, "_delay", None), getattr(dr, "_DistributedRendezvousOpExecutor", None)
+    run = getattr(executor, "run", None)
+    if delay is None or run is None:
+        return False
+
+    def shorter_delay(seconds):
+        # The join loop's 1 s between reads; a (low, high) jitter range passes as it is.
+        return delay(min(seconds, poll) if isinstance(seconds, (int, float)) else seconds)
+
+    keep_alive = getattr(dr, "_RendezvousKeepAliveOp", ())
+
+    def run_reading_fresh(self, state_handler, *args, **kwargs):
+        holder = getattr(self, "_state_holder", None)
+        if isinstance(state_handler, keep_alive) or holder is None or not hasattr(holder, "_cache_duration"):
+            return run(self, state_handler, *args, **kwargs)
+        # The keep-alive timer's thread runs operations too: restore the value from before
+        # any operation, not whatever the other thread had set.
+        base = holder.__dict__.setdefault("_llmtrain_cache_duration", holder._cache_duration)
+        holder._cache_duration = 0  # 0: every sync reads the store
+        try:
+            return run(self, state_handler, *args, **kwargs)
+        finally:
+            holder._cache_duration = base
+
+    dr._delay = shorter_delay
+    executor.run = run_reading_fresh
+    return True
+
+
 def main() -> None:
     keep_open_on_failure()
+    poll_faster()
     from torch.distributed.run import main as torchrun  # noqa: PLC0415 - after the patch
 
     torchrun()
