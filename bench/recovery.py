@@ -6,8 +6,10 @@ could see, by the same clock:
 
 - detection: the failure appears in the job's status (``restarts``, ``lastFailure`` or
   ``status.numerics`` changes, polled every 0.2 s with kubectl);
-- recovery: the first training step finished after the fault, seen as a new line in the
-  step log of the pod holding rank 0 (read from the pod's run volume, polled every 0.1 s).
+- recovery: the first training step finished after the fault by the re-formed group, seen
+  as a new line of a restarted attempt in the step log of the pod holding rank 0 (read
+  from the pod's run volume, polled every 0.1 s); a step of the old group that was in
+  flight at the fault does not count.
 
 No figure subtracts two stamps written by the components under test.
 
@@ -81,18 +83,32 @@ class Watch:
 
         return run_dir(self.bed, pod)
 
-    def step_lines(self) -> dict[str, int]:
-        """Pod uid -> lines in its step log (rank 0's pod writes one; a replacement starts
-        its own, and a deleted pod's log goes with it)."""
+    def step_records(self) -> dict[str, list[dict[str, Any]]]:
+        """Pod uid -> the records of its step log (rank 0's pod writes one; a replacement
+        starts its own, and a deleted pod's log goes with it). A line still being written
+        is left for the next read."""
         out = {}
         for pod in self.pods():
             log = self.run_dir(pod) / "steps.jsonl"
             if log.exists():
-                out[pod["metadata"]["uid"]] = len(log.read_bytes().splitlines())
+                lines = log.read_bytes().split(b"\n")[:-1]  # only whole lines
+                out[pod["metadata"]["uid"]] = [json.loads(line) for line in lines if line.strip()]
         return out
 
-    def new_step(self, before: dict[str, int]) -> bool:
-        return any(n > before.get(uid, 0) for uid, n in self.step_lines().items())
+    def step_lines(self) -> dict[str, tuple[int, int]]:
+        """Pod uid -> (lines in its step log, the newest torchrun attempt in it)."""
+        return {uid: (len(records), max((r.get("attempt", 0) for r in records), default=-1))
+                for uid, records in self.step_records().items()}
+
+    def new_step(self, before: dict[str, tuple[int, int]]) -> bool:
+        """A step logged after ``before`` by a restarted attempt (or by a pod that had
+        logged none): the group re-formed after the fault and trained. A step of the old
+        attempt, in flight when the fault came, does not count."""
+        for uid, records in self.step_records().items():
+            count, attempt = before.get(uid, (0, -1))
+            if any(r.get("attempt", 0) > attempt for r in records[count:]):
+                return True
+        return False
 
     def failure_mark(self, status: dict[str, Any]) -> tuple:
         return (status.get("restarts", 0), json.dumps(status.get("lastFailure"), sort_keys=True))
@@ -142,9 +158,9 @@ def run_kind(bed: Any, ns: str, kind: str, common: dict[str, Any]) -> dict[str, 
     running = wait_status(bed, ns, name, lambda s: s.get("phase") == "Running" and s.get("step", 0) >= 15 and s.get("worldSize") == 2,
                           300, f"{name} running at world size 2")
     before = watch.failure_mark(running)
-    lines = watch.step_lines()
     store_nodes = {p["spec"].get("nodeName") for p in pods(bed, ns, name, role="rendezvous")}
     out: dict[str, float] = {}
+    lines = watch.step_lines()  # read last before the fault: a newer line is not a recovery
     if kind == "crash":
         pod = watch.pods()[-1]
         t0 = time.time()

@@ -607,7 +607,7 @@ def test_the_pod_template_merges_over_the_worker_pod_and_operator_fields_win():
     assert labels["team"] == "nlp" and labels["llmtrain.io/slot"] == "1"  # the operator's label wins
     assert pod["metadata"]["annotations"]["note"] == "x"
     # Volumes and mounts merge by key (strategic merge): the operator's own stay.
-    assert {v["name"] for v in spec["volumes"]} == {"run", "dshm", "config", "ckpt-local", "data"}
+    assert {v["name"] for v in spec["volumes"]} == {"run", "dshm", "tmp", "config", "ckpt-local", "data"}
     trainer = next(c for c in spec["containers"] if c["name"] == "trainer")
     assert {m["mountPath"] for m in trainer["volumeMounts"]} >= {"/run/llmtrain", "/etc/llmtrain", "/ckpt/local", "/data"}
     assert trainer["command"][:3] == ["python", "-m", "llmtrain_trainer.launcher"]  # the command is the operator's
@@ -618,7 +618,7 @@ def test_the_pod_template_merges_over_the_worker_pod_and_operator_fields_win():
 
 
 RESTRICTED_POD = {"runAsNonRoot": True, "fsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}}
-RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
 
 
 def test_worker_and_store_pods_are_pod_security_restricted_unless_the_template_says_otherwise():
@@ -637,7 +637,29 @@ def test_worker_and_store_pods_are_pod_security_restricted_unless_the_template_s
     for pod in (worker_pod(as_root, 0, 0), store_pod(as_root)):
         assert pod["spec"]["securityContext"] == {**RESTRICTED_POD, "runAsNonRoot": False, "runAsUser": 0}
         first = pod["spec"]["containers"][0]["securityContext"]
-        assert first == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]}}
+        assert first == {**RESTRICTED_CONTAINER, "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]}}
+
+
+def test_the_builtin_trainer_and_the_store_run_on_a_read_only_root_with_a_writable_tmp_and_a_script_need_not():
+    from llmtrain_operator.api import parse_job
+    from llmtrain_operator.planner.manifests import store_pod, worker_pod
+
+    for pod in (worker_pod(parse_job(job()), 0, 0), store_pod(parse_job(job()))):
+        container = pod["spec"]["containers"][0]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+        assert {"name": "tmp", "emptyDir": {}} in pod["spec"]["volumes"]
+    # DeepSpeed builds its ops at first use: under /tmp, not in the image's home folder.
+    zero = worker_pod(parse_job(job({"spec.trainer.builtin.strategy": {"kind": "deepspeed", "zeroStage": 2}})), 0, 0)
+    assert {"name": "TORCH_EXTENSIONS_DIR", "value": "/tmp/torch_extensions"} in zero["spec"]["containers"][0]["env"]
+    assert all(e["name"] != "TORCH_EXTENSIONS_DIR" for e in worker_pod(parse_job(job()), 0, 0)["spec"]["containers"][0]["env"])
+    mine = worker_pod(parse_job(job({"spec.trainer.builtin.strategy": {"kind": "deepspeed"},
+                                     "spec.env": [{"name": "TORCH_EXTENSIONS_DIR", "value": "/cache/ops"}]})), 0, 0)
+    assert [e["value"] for e in mine["spec"]["containers"][0]["env"] if e["name"] == "TORCH_EXTENSIONS_DIR"] == ["/cache/ops"]
+    # A template may turn it off.
+    writable = worker_pod(parse_job(job({"spec.podTemplate": {"spec": {"containers": [
+        {"name": "trainer", "securityContext": {"readOnlyRootFilesystem": False}}]}}})), 0, 0)
+    assert writable["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is False
 
 
 def test_a_host_path_tier_runs_as_root_to_write_the_folder_the_kubelet_creates():

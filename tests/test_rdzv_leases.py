@@ -281,3 +281,20 @@ print(seen, holder._cache_duration)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["[0,", "1]", "1"], out.stdout
+
+
+def test_a_held_lease_probes_its_peer_so_that_a_powered_off_node_ends_it(store):
+    server = rdzv_leases.serve("127.0.0.1", store.port, store)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)) as client:
+            client.sendall((json.dumps({"run_id": RUN, "addr": HOST, "pid": 101, "min_nodes": 1}) + "\n").encode())
+            wait_for(lambda: len(server.held) == 1, 10, 0.02, "the lease held")
+            # The server's end of the connection in /proc/net/tcp: its timer is the
+            # keep-alive timer (kind 2) while the connection is idle.
+            local, remote = f"{server.port:04X}", f"{client.getsockname()[1]:04X}"
+            rows = [line.split() for line in open("/proc/net/tcp").read().splitlines()[1:]]
+            ends = [r for r in rows if r[1].endswith(":" + local) and r[2].endswith(":" + remote)]
+            assert len(ends) == 1, ends
+            assert ends[0][5].startswith("02:"), f"timer {ends[0][5]} (02: keep-alive)"
+    finally:
+        server.close()

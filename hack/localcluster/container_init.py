@@ -2,7 +2,8 @@
 ``ip netns exec <pod-netns> unshare --mount --uts --propagation private python container_init.py SPEC``.
 
 Inside the pod's private mount and UTS namespaces (the agent put it in the container's
-cgroup already) it sets the pod hostname, bind-mounts the volumes at their mount paths, and execs the command,
+cgroup already) it sets the pod hostname, bind-mounts the volumes at their mount paths,
+makes the root read-only if the container's securityContext asks, and execs the command,
 so the command's PID is what the agent signals (like PID 1 of a real container).
 
 Mount points that do not exist on the host are created as empty directories (or files)
@@ -34,6 +35,11 @@ def main(spec_path: str) -> None:
         subprocess.run(["mount", "--bind", src, dst], check=True)
         if mount.get("readOnly"):
             subprocess.run(["mount", "-o", "remount,bind,ro", dst], check=True)
+    if spec.get("readOnlyRoot"):
+        # securityContext.readOnlyRootFilesystem: the host's root, which stands in for the
+        # image's, read-only in this mount namespace alone; the volumes (mounts of their
+        # own) stay as they are.
+        subprocess.run(["mount", "-o", "remount,bind,ro", "/"], check=True)
     os.chdir(spec.get("workingDir") or "/")
     argv = spec["argv"]
     try:

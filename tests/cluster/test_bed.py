@@ -44,6 +44,36 @@ def test_a_plain_pod_succeeds_with_its_exit_code_and_env(bed):
     assert bed.pod_log(NS, "hello").split() == ["hello", status["podIP"], NS]
 
 
+def test_a_read_only_root_refuses_writes_outside_the_volumes(bed):
+    apply(bed, textwrap.dedent("""
+        apiVersion: v1
+        kind: Pod
+        metadata: {name: read-only-root}
+        spec:
+          restartPolicy: Never
+          volumes: [{name: tmp, emptyDir: {}}]
+          containers:
+          - name: main
+            image: unused
+            securityContext: {readOnlyRootFilesystem: true}
+            volumeMounts: [{name: tmp, mountPath: /tmp}]
+            command:
+            - python
+            - -c
+            - |
+              import errno, pathlib
+              pathlib.Path("/tmp/ok").write_text("x")
+              try:
+                  pathlib.Path("/root/llmtrain-bed-read-only-probe").write_text("x")
+              except OSError as err:
+                  print("root:", errno.errorcode[err.errno])
+              else:
+                  print("root: written")
+    """), NS)
+    wait_for(lambda: phase(bed, "read-only-root", NS) == "Succeeded", 60, what="read-only-root Succeeded")
+    assert bed.pod_log(NS, "read-only-root").split() == ["root:", "EROFS"]
+
+
 def test_a_pod_waits_for_a_missing_config_map_and_starts_once_it_exists(bed):
     # The kubelet keeps retrying a missing ConfigMap; the operator relies on that when it
     # creates a job's pods and ConfigMap in one round.

@@ -45,6 +45,9 @@ from llmtrain_contract.names import RDZV_LEASE_PORT_OFFSET as PORT_OFFSET
 HELLO_LIMIT = 4096
 ROUND_POLL_SECONDS = 0.1
 """How often the store looks for a forming round that every lease holder has joined."""
+KEEPALIVE = (10, 5, 3)
+"""TCP keep-alive of a held lease: the first probe after 10 s idle, then one every 5 s;
+3 unanswered end it (about 25 s)."""
 RECONNECT_SECONDS = (0.5, 5.0)
 """First and longest wait before the launcher connects again."""
 
@@ -154,6 +157,17 @@ def parse_hello(line: bytes) -> dict[str, Any]:
     return hello
 
 
+def _keep_alive(conn: socket.socket) -> None:
+    """TCP keep-alive probes on a held lease: a pod whose node lost power sends no FIN,
+    and its lease would stay held for good (the store would then never again complete a
+    round early, waiting for it to join). The probes end it in about 25 s (``KEEPALIVE``)."""
+    idle, interval, count = KEEPALIVE
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count)):
+        if hasattr(socket, option):  # Linux; elsewhere the system's defaults
+            conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
 class LeaseServer:
     """Accepts leases on ``port`` beside ``store`` (the c10d store holding the rendezvous
     states), releases each agent whose lease ends, and completes a forming round once
@@ -188,6 +202,7 @@ class LeaseServer:
                 print(f"rendezvous leases: no valid hello, connection dropped: {err}", file=sys.stderr, flush=True)
                 return
             conn.settimeout(None)
+            _keep_alive(conn)
             with self.held_lock:
                 self.held[id(conn)] = hello
             try:

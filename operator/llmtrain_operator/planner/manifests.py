@@ -24,16 +24,29 @@ TORCHRUN_MAX_RESTARTS = 1_000_000
 collective fails; the *job-wide* budget is enforced by the operator, not by torchrun."""
 
 
+TMP_VOLUME: dict[str, Any] = {"name": "tmp", "emptyDir": {}}
+TMP_MOUNT: dict[str, Any] = {"name": "tmp", "mountPath": "/tmp"}
+"""/tmp, writable under a read-only root: torchrun's log folders, the fork server's
+socket, the hang watchdog's stack dumps, DeepSpeed's JIT-built ops."""
+TORCH_EXTENSIONS_DIR = "/tmp/torch_extensions"
+"""Where DeepSpeed builds its ops at first use when the root is read-only (the images put
+them under the home folder, part of the root filesystem)."""
+
 IMAGE_UID = 65532
 """The uid/gid the project's images run as (``Dockerfile``): the group of the pods'
 volumes, so that a non-root trainer can write the tiers."""
 
 
-def security_contexts(job: LLMTrainJob) -> tuple[dict[str, Any], dict[str, Any]]:
+def security_contexts(job: LLMTrainJob, read_only_root: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """(pod, container) securityContext of the pods the operator creates: Pod Security
     "restricted" (non-root, RuntimeDefault seccomp, no privilege escalation, no
     capabilities). The image's own numeric USER runs; an image that would run as root is
     refused by the kubelet, and the job reports it (``policies/validity.py``).
+
+    ``read_only_root``: the container's root filesystem is read-only, for the code of
+    this project, which writes only to its volumes (``/tmp`` among them). A user's script
+    may write anywhere (a model cache in its home, say), so its trainer container keeps a
+    writable root unless the template says otherwise.
 
     A ``hostPath`` local tier cannot be restricted (not even "baseline" admits hostPath)
     and the kubelet creates its folder owned by root: such pods run as root, as they must
@@ -42,6 +55,8 @@ def security_contexts(job: LLMTrainJob) -> tuple[dict[str, Any], dict[str, Any]]
     store alike."""
     pod: dict[str, Any] = {"runAsNonRoot": True, "fsGroup": IMAGE_UID, "seccompProfile": {"type": "RuntimeDefault"}}
     container: dict[str, Any] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    if read_only_root:
+        container["readOnlyRootFilesystem"] = True
     if job.spec.checkpoint.enabled and job.spec.checkpoint.local.host_path:
         pod.update(runAsNonRoot=False, runAsUser=0)
     template = job.spec.pod_template.to_wire() if job.spec.pod_template is not None else {}
@@ -128,7 +143,7 @@ def uses_runtime_bundle(job: LLMTrainJob) -> bool:
 def runtime_bundle(job: LLMTrainJob, runtime_image: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(init container, volume, mount): ``python -m llmtrain_trainer.bundle`` run in the
     runtime image copies what the pod runs of this project into an emptyDir."""
-    _, container_security = security_contexts(job)
+    _, container_security = security_contexts(job, read_only_root=True)
     mount = {"name": names.RUNTIME_VOLUME, "mountPath": names.RUNTIME_MOUNT}
     init = {
         "name": names.RUNTIME_INIT_CONTAINER,
@@ -149,7 +164,7 @@ def _entry(filename: str) -> tuple[str, ...]:
 
 def store_pod(job: LLMTrainJob, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> dict[str, Any]:
     job_name = job.metadata.name
-    pod_security, container_security = security_contexts(job)
+    pod_security, container_security = security_contexts(job, read_only_root=True)
     container: dict[str, Any] = {
         "name": "rendezvous",
         "image": job.spec.image,
@@ -159,6 +174,7 @@ def store_pod(job: LLMTrainJob, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> d
                   {"name": "rdzv-leases", "containerPort": RDZV_PORT + RDZV_LEASE_PORT_OFFSET}],
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
         "securityContext": container_security,
+        "volumeMounts": [TMP_MOUNT],
     }
     pod: dict[str, Any] = {
         "apiVersion": "v1",
@@ -168,13 +184,15 @@ def store_pod(job: LLMTrainJob, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> d
             "restartPolicy": "Always",
             "securityContext": pod_security,
             "containers": [container],
+            "volumes": [TMP_VOLUME],
         },
     }
     if uses_runtime_bundle(job):
         init, volume, mount = runtime_bundle(job, runtime_image)
         container["command"] = store_command(names.PYTHON, RDZV_PORT, entry=_entry("rdzv_store.py"))
-        container["volumeMounts"] = [mount]
-        pod["spec"].update(initContainers=[init], volumes=[volume])
+        container["volumeMounts"].append(mount)
+        pod["spec"]["initContainers"] = [init]
+        pod["spec"]["volumes"].append(volume)
     sched = job.spec.scheduling
     if sched is not None:
         if sched.tolerations:
@@ -205,8 +223,10 @@ def _volumes(job: LLMTrainJob) -> tuple[list[dict[str, Any]], list[dict[str, Any
         {"name": "run", "emptyDir": {}},
         # PyTorch workers exchange tensors through /dev/shm; the runtime default is 64 MiB.
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        TMP_VOLUME,
     ]
-    mounts: list[dict[str, Any]] = [{"name": "run", "mountPath": names.RUN_DIR}, {"name": "dshm", "mountPath": "/dev/shm"}]
+    mounts: list[dict[str, Any]] = [{"name": "run", "mountPath": names.RUN_DIR}, {"name": "dshm", "mountPath": "/dev/shm"},
+                                    TMP_MOUNT]
     if spec.trainer.builtin is not None:
         volumes.append({"name": "config", "configMap": {"name": names.config_map(job.metadata.name)}})
         mounts.append({"name": "config", "mountPath": names.CONFIG_MOUNT, "readOnly": True})
@@ -312,13 +332,17 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: list[s
         mounts.append(mount)
     ports = [{"name": f"metrics-{r}" if r else "metrics", "containerPort": spec.metrics.port + r} for r in range(spec.procs_per_node)]
     ports.append({"name": "health", "containerPort": HEALTH_PORT})
-    pod_security, container_security = security_contexts(job)
+    pod_security, container_security = security_contexts(job, read_only_root=spec.trainer.builtin is not None)
+    env = worker_env(job, tier_paths(job), names.RUN_DIR)
+    if container_security.get("readOnlyRootFilesystem") and spec.trainer.builtin is not None \
+            and spec.trainer.builtin.strategy.kind == "deepspeed" and all(e["name"] != "TORCH_EXTENSIONS_DIR" for e in env):
+        env.append({"name": "TORCH_EXTENSIONS_DIR", "value": TORCH_EXTENSIONS_DIR})
     container = {
         "name": "trainer",
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": _command(job),
-        "env": worker_env(job, tier_paths(job), names.RUN_DIR),
+        "env": env,
         "ports": ports,
         "volumeMounts": mounts,
         "resources": _resources(job),
