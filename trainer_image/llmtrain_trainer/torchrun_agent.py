@@ -68,6 +68,7 @@ def keep_open_on_failure() -> bool:
 
 
 JOIN_POLL_SECONDS = 0.25
+"""Between two reads of the rendezvous state while joining or leaving a round (torch: 1 s)."""
 
 
 def poll_faster(poll: float = JOIN_POLL_SECONDS) -> bool:
