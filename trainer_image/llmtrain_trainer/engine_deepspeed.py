@@ -33,6 +33,7 @@ from llmtrain_store.manifest import ENGINE_FILES, FileEntry
 from llmtrain_store.sources import MemorySource
 
 from llmtrain_contract.config import TrainerConfig
+from . import build_locks
 from .dist import DistInfo
 from .checkpoint.tensorio import HashingFile
 from .engine import Batch, make_model
@@ -202,6 +203,7 @@ class DeepSpeedEngine:
         return cls(cfg, info, load_universal=restoring_universal)
 
     def __init__(self, cfg: TrainerConfig, info: DistInfo, load_universal: bool = False):
+        build_locks.clear_stale(build_locks.build_root())  # else a killed build's lock hangs the op's load
         import deepspeed  # noqa: PLC0415 - heavy; only when this strategy is chosen
 
         self.cfg = cfg
