@@ -174,7 +174,7 @@ def store_pod(job: LLMTrainJob, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> d
                   {"name": "rdzv-leases", "containerPort": RDZV_PORT + RDZV_LEASE_PORT_OFFSET}],
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
         "securityContext": container_security,
-        "volumeMounts": [TMP_MOUNT],
+        "volumeMounts": [dict(TMP_MOUNT)],
     }
     pod: dict[str, Any] = {
         "apiVersion": "v1",
@@ -184,7 +184,7 @@ def store_pod(job: LLMTrainJob, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> d
             "restartPolicy": "Always",
             "securityContext": pod_security,
             "containers": [container],
-            "volumes": [TMP_VOLUME],
+            "volumes": [copy.deepcopy(TMP_VOLUME)],
         },
     }
     if uses_runtime_bundle(job):
@@ -223,10 +223,10 @@ def _volumes(job: LLMTrainJob) -> tuple[list[dict[str, Any]], list[dict[str, Any
         {"name": "run", "emptyDir": {}},
         # PyTorch workers exchange tensors through /dev/shm; the runtime default is 64 MiB.
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
-        TMP_VOLUME,
+        copy.deepcopy(TMP_VOLUME),
     ]
     mounts: list[dict[str, Any]] = [{"name": "run", "mountPath": names.RUN_DIR}, {"name": "dshm", "mountPath": "/dev/shm"},
-                                    TMP_MOUNT]
+                                    dict(TMP_MOUNT)]
     if spec.trainer.builtin is not None:
         volumes.append({"name": "config", "configMap": {"name": names.config_map(job.metadata.name)}})
         mounts.append({"name": "config", "mountPath": names.CONFIG_MOUNT, "readOnly": True})
