@@ -36,9 +36,14 @@ def pytest_runtest_makereport(item, call):
 def _pod_log_tails(since: float) -> str:
     from localcluster.cluster import LocalCluster
 
-    logs = [p for p in (LocalCluster.default().state / "pods").glob("*/*.log")
-            if p.stem != "operator" and p.stat().st_mtime >= since]  # the operator's own logs are kept whole (below)
-    logs.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    written = {}
+    for path in (LocalCluster.default().state / "pods").glob("*/*.log"):
+        try:
+            written[path] = path.stat().st_mtime
+        except OSError:
+            continue  # the bed removed the pod's folder meanwhile
+    # The operator's own logs are kept whole (the operator fixture's teardown).
+    logs = sorted((p for p, t in written.items() if p.stem != "operator" and t >= since), key=written.get, reverse=True)
     parts = []
     for path in logs[:POD_LOGS_SHOWN]:
         try:
@@ -46,7 +51,7 @@ def _pod_log_tails(since: float) -> str:
             lines = path.read_text(errors="replace").splitlines()[-POD_LOG_LINES:]
         except (OSError, ValueError):
             continue
-        stamp = time.strftime("%H:%M:%S", time.gmtime(path.stat().st_mtime))
+        stamp = time.strftime("%H:%M:%S", time.gmtime(written[path]))
         parts.append(f"----- pod {pod}, container {path.stem} (last written {stamp} UTC) -----\n" + "\n".join(lines))
     return "\n".join(parts) or "no pod wrote a log during the test"
 

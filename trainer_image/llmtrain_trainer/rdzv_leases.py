@@ -68,17 +68,24 @@ def same_host(node_addr: str, addr: str) -> bool:
         return node_addr.split(".")[0] == addr.split(".")[0]
 
 
+def is_agent(node: Any, names: list[str], pid: int) -> bool:
+    """Whether torchrun's node descriptor ``node`` is the agent ``pid`` on the host called
+    any of ``names``."""
+    return node.pid == pid and any(same_host(node.addr, name) for name in names)
+
+
 def drop_node(state: Any, addr: str | list[str], pid: int, min_nodes: int) -> bool:
     """Remove the agent ``(addr, pid)`` (``addr``: its name, or a list of its names) from
     torchrun's rendezvous ``state`` in place, as torchrun's dead-node check does: from the
-    participants, the wait and redundancy lists and the heartbeats; a finished round left without participants moves to the next one,
-    an unfinished one below ``min_nodes`` loses its deadline. True if anything changed."""
+    participants, the wait and redundancy lists and the heartbeats; a finished round left
+    without participants moves to the next one, an unfinished one below ``min_nodes``
+    loses its deadline. True if anything changed."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _remove_participant_epilogue  # noqa: PLC0415
 
     lists = [state.wait_list, getattr(state, "redundancy_list", set())]
     known = set(state.participants) | set(state.last_heartbeats) | set().union(*lists)
     names = [addr] if isinstance(addr, str) else addr
-    gone = [node for node in known if node.pid == pid and any(same_host(node.addr, name) for name in names)]
+    gone = [node for node in known if is_agent(node, names, pid)]
     if not gone:
         return False
     removed = False
@@ -96,7 +103,7 @@ def drop_node(state: Any, addr: str | list[str], pid: int, min_nodes: int) -> bo
 
 def _holds(node: Any, hello: dict[str, Any]) -> bool:
     """Whether torchrun's node descriptor ``node`` is the agent of lease ``hello``."""
-    return node.pid == hello["pid"] and any(same_host(node.addr, name) for name in [hello["addr"], *hello["aliases"]])
+    return is_agent(node, [hello["addr"], *hello["aliases"]], hello["pid"])
 
 
 def complete_if_all_joined(state: Any, hellos: list[dict[str, Any]]) -> bool:
@@ -115,13 +122,18 @@ def complete_if_all_joined(state: Any, hellos: list[dict[str, Any]]) -> bool:
     return True
 
 
-def _edit(store: Any, run_id: str, change: Any, attempts: int = 20) -> Any:
-    """Apply ``change(state) -> bool`` to run ``run_id``'s rendezvous state in ``store``
-    with compare-and-set, again when another node wrote it in between; the state written,
-    or None when ``change`` changed nothing (or no state exists)."""
+def backend_for(store: Any, run_id: str) -> Any:
+    """torchrun's own view of run ``run_id``'s rendezvous state in ``store`` (its c10d
+    backend: made once per run, it writes the key's initial value)."""
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend  # noqa: PLC0415
 
-    backend = C10dRendezvousBackend(store, run_id)
+    return C10dRendezvousBackend(store, run_id)
+
+
+def _edit(backend: Any, change: Any, attempts: int = 20) -> Any:
+    """Apply ``change(state) -> bool`` to the rendezvous state of ``backend`` with
+    compare-and-set, again when another node wrote it in between; the state written, or
+    None when ``change`` changed nothing (or no state exists)."""
     for _ in range(attempts):
         current = backend.get_state()
         if current is None:
@@ -139,7 +151,7 @@ def _edit(store: Any, run_id: str, change: Any, attempts: int = 20) -> Any:
 def release(store: Any, run_id: str, addr: str | list[str], pid: int, min_nodes: int, attempts: int = 20) -> bool:
     """Take the agent out of run ``run_id``'s rendezvous held in ``store`` (a c10d
     Store); retries when another node wrote the state in between. True if removed."""
-    return _edit(store, run_id, lambda state: drop_node(state, addr, pid, min_nodes), attempts) is not None
+    return _edit(backend_for(store, run_id), lambda state: drop_node(state, addr, pid, min_nodes), attempts) is not None
 
 
 def parse_hello(line: bytes) -> dict[str, Any]:
@@ -182,6 +194,7 @@ class LeaseServer:
         self.held_lock = threading.Lock()
         self.stopped = threading.Event()
         self.reported: set[str] = set()
+        self.backends: dict[str, Any] = {}  # run -> its backend, for the round checks ten times a second
         threading.Thread(target=self._accept, name="rdzv-leases", daemon=True).start()
         threading.Thread(target=self._complete_rounds, args=(round_poll_seconds,), name="rdzv-rounds", daemon=True).start()
 
@@ -228,7 +241,9 @@ class LeaseServer:
                     if self.store is None:
                         return  # closing
                     try:
-                        state = _edit(self.store, run_id, lambda st, hs=hellos: complete_if_all_joined(st, hs))
+                        if run_id not in self.backends:
+                            self.backends[run_id] = backend_for(self.store, run_id)
+                        state = _edit(self.backends[run_id], lambda st, hs=hellos: complete_if_all_joined(st, hs))
                     except Exception as err:  # noqa: BLE001 - best effort: the last call still completes it
                         said = f"rendezvous leases: could not check rendezvous {run_id!r}: {type(err).__name__}: {err}"
                         if said not in self.reported:  # once, not ten times a second
