@@ -106,8 +106,14 @@ def test_an_attempts_first_step_gets_a_longer_limit_then_the_hang_timeout_applie
         assert heartbeat.read_all(tmp_path)[0].timeout == first_step_limit(0.5)
         dog.beat()  # progress inside the step (a checkpoint's write) is not a finished step
         assert heartbeat.read_all(tmp_path)[0].timeout == first_step_limit(0.5)
+        assert heartbeat.read_all(tmp_path)[0].first_step == 0.0
+        before = heartbeat.clock()
         dog.beat(1)
         assert heartbeat.read_all(tmp_path)[0].timeout == 0.5, "the supervisor reads the steady limit from now on"
+        stamped = heartbeat.read_all(tmp_path)[0].first_step
+        assert before <= stamped <= heartbeat.clock(), "the torchrun agent reads when the first step ended"
+        dog.beat(2)
+        assert heartbeat.read_all(tmp_path)[0].first_step == stamped, "only the first step is stamped"
         wait_for(lambda: fired, 5, 0.05, "the watchdog firing on the second step")
         assert 0.5 <= fired[0] < 1.5
     finally:

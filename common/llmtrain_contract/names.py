@@ -40,6 +40,10 @@ class Env:
     ZYGOTE = "LLMTRAIN_ZYGOTE"
     """The socket of the pod's fork server (``llmtrain_trainer.zygote``), set by the launcher
     for the built-in trainer; a user may set it to ``0`` to start every rank from scratch."""
+    ADMIT_AFTER_FIRST_STEP = "LLMTRAIN_ADMIT_AFTER_FIRST_STEP"
+    """The run dir whose heartbeat files the torchrun agent reads before it admits a
+    waiting node (set by the launcher for the built-in trainer). ``torchrun_agent.py``
+    spells it too: it imports nothing of this project's packages."""
     FORKED_FOR = "LLMTRAIN_FORKED_FOR"
     """In a rank forked by the zygote: the pid torchrun started (the rank's stand-in), whose
     parent is the torchrun agent."""

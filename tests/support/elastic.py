@@ -111,24 +111,34 @@ class ElasticJob:
         self.root.mkdir(parents=True, exist_ok=True)
         with self.store_log.open("w") as fh:
             self.store = subprocess.Popen(store_command(PY, port, "127.0.0.1"), stdout=fh, stderr=subprocess.STDOUT)
-        env = {**os.environ, "LLMTRAIN_FAULT_STATE_DIR": str(self.root / "faults"), "LLMTRAIN_LOG_LEVEL": "WARNING", **self.env}
-        flags = torchrun_args(
+        self._flags = torchrun_args(
             nnodes_min=self.min_nodes or self.nodes, nnodes_max=self.nodes, nproc_per_node=self.procs_per_node,
             rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id="test-job", max_restarts=self.max_restarts,
             join_timeout_seconds=120, last_call_seconds=1,
         )
         for index in range(self.nodes):
-            cfg_path = self._node_config(index)
-            run_dir = self.node_dir(index) / "run"
-            log = self.node_dir(index) / "node.log"
-            restarts = self.node_max_restarts.get(index, self.max_restarts)
-            node_flags = [f"--max-restarts={restarts}" if f.startswith("--max-restarts=") else f for f in flags]
-            cmd = worker_command(PY, str(run_dir), node_flags, trainer_program(str(cfg_path)), str(self.node_dir(index) / "termination-log"),
-                                 self.health_port + index if self.health_port else None)
-            with log.open("w") as fh:
-                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            self.running.append(Node(index, proc, log, run_dir))
+            self.running.append(self._start_node(index))
         return self
+
+    def _start_node(self, index: int, log_mode: str = "w") -> Node:
+        env = {**os.environ, "LLMTRAIN_FAULT_STATE_DIR": str(self.root / "faults"), "LLMTRAIN_LOG_LEVEL": "WARNING", **self.env}
+        cfg_path = self._node_config(index)
+        run_dir = self.node_dir(index) / "run"
+        log = self.node_dir(index) / "node.log"
+        restarts = self.node_max_restarts.get(index, self.max_restarts)
+        node_flags = [f"--max-restarts={restarts}" if f.startswith("--max-restarts=") else f for f in self._flags]
+        cmd = worker_command(PY, str(run_dir), node_flags, trainer_program(str(cfg_path)), str(self.node_dir(index) / "termination-log"),
+                             self.health_port + index if self.health_port else None)
+        with log.open(log_mode) as fh:
+            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return Node(index, proc, log, run_dir)
+
+    def replace_node(self, index: int) -> Node:
+        """Start node ``index`` again after ``kill_node``, as the pod that replaces a lost
+        one: the same node folder (its tier 1 and run dir survive, as on the same host),
+        its output appended to the same log."""
+        self.running[index] = self._start_node(index, log_mode="a")
+        return self.running[index]
 
     def wait(self, timeout: float = 300) -> list[int]:
         deadline = time.monotonic() + timeout

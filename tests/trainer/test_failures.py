@@ -234,3 +234,39 @@ def test_a_node_whose_torchrun_gives_up_leaves_the_rendezvous_open_and_the_other
     assert "the rendezvous stays open" in job.running[1].output(), logs
     steps = job.steps()
     assert steps[-1]["step"] == 30 and steps[-1]["world"] == 1, steps[-3:]
+
+
+def test_a_regrouped_survivor_admits_a_replacement_only_after_its_first_step_and_keeps_that_step(tmp_path):
+    # Node 1 dies whole at world size 2. Node 0's torchrun re-forms its group alone
+    # (attempt 1), whose ranks take 6 s to start (a start-up fault, attempt 1 only), and a
+    # replacement node 1 joins meanwhile. Plain torchrun restarts the group for it at once,
+    # killing ranks that had not even started (no step at world size 1, one more start-up
+    # and restore). The agent holds the newcomer back until the group has finished a step;
+    # the restart for it then stops at a step boundary with an emergency checkpoint, so the
+    # world-size-2 group goes on from that step.
+    cfg = base_config(maxSteps=40)
+    faults = "slow@step=1,seconds=0.3,steps=400;slow@step=0,seconds=6,attempt=1"
+    job = ElasticJob(tmp_path, cfg, nodes=2, min_nodes=1, max_restarts=3, env={"LLMTRAIN_FAULT_INJECT": faults}).start()
+    try:
+        holder = wait_for(lambda: next((n for n in job.running if (n.run_dir / "steps.jsonl").exists()
+                                        and len((n.run_dir / "steps.jsonl").read_text().splitlines()) >= 5), None),
+                          240, 0.2, "five steps at world size 2")
+        lost = 1 - holder.index
+        killed_at = time.time()
+        job.kill_node(lost)
+        # The survivor's group re-formed: its rank marks itself started in attempt 1.
+        wait_for(lambda: (holder.run_dir / "exit" / "attempt-1" / "local-0.started").exists(), 60, 0.1,
+                 "the survivor's re-formed group starting")
+        job.replace_node(lost)
+        codes = [node.proc.wait(timeout=240) for node in job.running]
+    finally:
+        job.kill()
+    logs = job.logs()
+    assert codes == [0, 0], logs
+    assert "node(s) waiting to join; admitted once this group has finished a step" in job.running[holder.index].output(), logs
+    after = [s for s in job.steps() if s["time"] > killed_at]
+    alone = [s for s in after if s["world"] == 1]
+    assert alone, f"no step at world size 1 before the replacement was admitted: {after[:4]}"
+    together = [s for s in after if s["world"] == 2 and s["time"] > alone[-1]["time"]]
+    assert together and together[0]["step"] == alone[-1]["step"] + 1, (alone, together[:2])
+    assert together[-1]["step"] == 40

@@ -9,6 +9,9 @@ Off unless the environment variable ``LLMTRAIN_FAULT_INJECT`` is set. Its value 
     slow@step=20,seconds=1,steps=70
                                   pace every rank: each of steps 20..89 takes >= 1 s
                                   (every time it runs; tests that must outlast a failure)
+    slow@step=0,seconds=6,attempt=1
+                                  step 0 is start-up: sleep 6 s before the process group
+                                  starts, in torchrun's first restart only
     exit@step=5,rank=0,code=64    exit with a given code
     sigterm@step=12,rank=0        send SIGTERM to this process (emergency checkpoint path)
     stop@step=15,rank=1           SIGSTOP this process (frozen: its own threads stop too)

@@ -24,16 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-_LAYOUT = struct.Struct("<4s6iqdd")
+_LAYOUT = struct.Struct("<4s6iqddd")
 """magic, version, pid, rank, local rank, attempt, state, step, beat (``clock()``), the
-rank's current hang limit (``watchdog.first_step_limit`` until its attempt's first step)."""
+rank's current hang limit (``watchdog.first_step_limit`` until its attempt's first step),
+when its first step ended (``clock()``; 0 before)."""
 _MAGIC = b"LTHB"
-_VERSION = 1
+_VERSION = 2
 _SIZE = 64
 _STATE_OFFSET = 4 + 5 * 4
 _STEP_OFFSET = 4 + 6 * 4
 _BEAT_OFFSET = _STEP_OFFSET + 8
 _TIMEOUT_OFFSET = _BEAT_OFFSET + 8
+_FIRST_STEP_OFFSET = _TIMEOUT_OFFSET + 8
 
 
 def clock() -> float:
@@ -71,7 +73,7 @@ class Heartbeat:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         tmp.write_bytes(_LAYOUT.pack(_MAGIC, _VERSION, os.getpid(), rank, local_rank, attempt, State.STARTING, 0,
-                                     clock(), float(timeout_seconds)).ljust(_SIZE, b"\0"))
+                                     clock(), float(timeout_seconds), 0.0).ljust(_SIZE, b"\0"))
         tmp.replace(path)  # a reader never sees a half-written record of a new run
         self.path = path
         with path.open("r+b") as fh:
@@ -88,6 +90,12 @@ class Heartbeat:
         """Publish the rank's current limit (longer for an attempt's first step)."""
         with contextlib.suppress(ValueError, TypeError):
             struct.pack_into("<d", self._map, _TIMEOUT_OFFSET, float(seconds))
+
+    def mark_first_step(self) -> None:
+        """The process's first step is done (the torchrun agent admits waiting nodes only
+        then: ``torchrun_agent.admit_after_first_step``)."""
+        with contextlib.suppress(ValueError, TypeError):
+            struct.pack_into("<d", self._map, _FIRST_STEP_OFFSET, clock())
 
     def set_state(self, state: State) -> State:
         previous, self._state = self._state, state
@@ -124,6 +132,8 @@ class Beat:
     step: int
     beat: float
     timeout: float
+    first_step: float = 0.0
+    """When the process's first step ended (``clock()``), 0 before."""
 
     def stale_for(self, now: float | None = None) -> float:
         return (clock() if now is None else now) - self.beat
@@ -132,7 +142,7 @@ class Beat:
 def read(path: Path) -> Beat | None:
     try:
         data = path.read_bytes()[:_LAYOUT.size]
-        magic, version, pid, rank, local_rank, attempt, state, step, beat, timeout = _LAYOUT.unpack(data)
+        magic, version, pid, rank, local_rank, attempt, state, step, beat, timeout, first_step = _LAYOUT.unpack(data)
     except (OSError, struct.error):
         return None
     if magic != _MAGIC or version != _VERSION:
@@ -141,7 +151,7 @@ def read(path: Path) -> Beat | None:
         state = State(state)
     except ValueError:
         return None
-    return Beat(pid, rank, local_rank, attempt, state, step, beat, timeout)
+    return Beat(pid, rank, local_rank, attempt, state, step, beat, timeout, first_step)
 
 
 def read_all(run_dir: Path) -> list[Beat]:

@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import exitrecord, rdzv_leases, zygote
+from . import exitrecord, rdzv_leases, torchrun_agent, zygote
 from .attempts import AttemptTracker
 from .supervisor import Supervisor, serve_health
 from llmtrain_contract.command import torchrun_flag
@@ -161,7 +161,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(ExitCode.CONFIG_ERROR)
     # One torch import per pod, not one per rank and restart (zygote.py). A user may opt
     # out with LLMTRAIN_ZYGOTE=0; a user's script never gets one.
-    server = zygote.start() if env.get(Env.ZYGOTE) != "0" and zygote.runs_builtin_trainer(command) else None
+    builtin = zygote.runs_builtin_trainer(command)
+    server = zygote.start() if env.get(Env.ZYGOTE) != "0" and builtin else None
+    if builtin:
+        # Its ranks stamp their first step into the heartbeat files: a re-formed group
+        # admits a waiting node only after one step (torchrun_agent.admit_after_first_step).
+        env[torchrun_agent.ADMIT_AFTER_FIRST_STEP] = str(run_dir)
     if server is not None:
         env[Env.ZYGOTE] = server.socket
     child = subprocess.Popen(agent_command(command), env=env)

@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from . import exitrecord
+from .faults import FaultInjector
 from .peers import is_collective_failure
 from llmtrain_contract.config import TrainerConfig, WorldSizeInvalid
 from llmtrain_contract.exitcodes import ExitCode
@@ -118,6 +119,8 @@ def run(cfg: TrainerConfig, config_dir: Path | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     trainer = None
     try:
+        # Test faults for step 0: start-up, before the process group (faults.py).
+        FaultInjector.from_env(_rank(), _attempt(), run_dir).at_step(0)
         began = time.perf_counter()
         info = distmod.init(cfg.fault_tolerance.collective_timeout_seconds)
         STARTUP["dist_init"] = time.perf_counter() - began

@@ -20,16 +20,30 @@ late, by every agent re-forming its group after a failure. Here the agent sleeps
 keep-alive beats and its check for waiting nodes (every ``--monitor-interval``) keep the
 cache, so the load on the store grows only while a group re-forms.
 
+A group that re-formed after a failure admits a node that is waiting to join only once it
+has finished a step (``admit_after_first_step``), for the built-in trainer, whose ranks say
+so in their heartbeat files. torchrun restarts a healthy group as soon as it sees a waiting
+node; a replacement pod that joined while the survivors were restoring or inside their
+first step at the smaller world size then cost that whole attempt, and the step was seen
+only after one more restart and restore (10.7 s instead of about 4 s from a pod's crash to
+the next step, docs/benchmarks.md). After one step, the restart for the newcomer stops at
+a step boundary (SIGTERM: an emergency checkpoint), so the step is kept. The hold lasts at
+most ``ADMIT_AFTER_SECONDS``, so a group stuck before its first step does not keep a node
+out longer than that.
+
 The launcher runs this file by its path in place of ``python -m torch.distributed.run``,
-with the same arguments. It imports only torch and the standard library, so it runs from a
-bundle in a user's image too; should that torch lack what is patched here, torchrun runs
-unpatched.
+with the same arguments. It imports only torch, the standard library and ``heartbeat.py``
+beside it (by path), so it runs from a bundle in a user's image too; should that torch lack
+what is patched here, torchrun runs unpatched.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
+from types import ModuleType
+from typing import Callable, Iterable
 
 if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
     # Run by path, Python put this package's folder first: its modules (data.py, dist.py,
@@ -107,9 +121,92 @@ def poll_faster(poll: float = JOIN_POLL_SECONDS) -> bool:
     return True
 
 
+ADMIT_AFTER_FIRST_STEP = "LLMTRAIN_ADMIT_AFTER_FIRST_STEP"
+"""Set by the launcher to the pod's run dir when its ranks write heartbeat files (the
+built-in trainer): waiting nodes are admitted after the group's first step. Unset (a
+user's script, which writes none): torchrun's own rule, at once."""
+ADMIT_AFTER_SECONDS = 60.0
+"""The longest a waiting node is held back, from the end of the group's rendezvous."""
+
+
+class FirstStepGate:
+    """Whether the worker group that formed last has finished a step yet.
+
+    ``formed`` is called when a rendezvous completes; a heartbeat whose first step ended
+    after that is one of the group's ranks (the group's earlier ranks are gone by then, and
+    had stamped their own first step before it)."""
+
+    def __init__(self, read_first_steps: Callable[[], Iterable[float]], clock: Callable[[], float],
+                 limit: float = ADMIT_AFTER_SECONDS):
+        self._read, self._clock, self._limit = read_first_steps, clock, limit
+        self._formed: float | None = None
+        self.holding = False
+
+    def formed(self) -> None:
+        self._formed = self._clock()
+
+    def holds(self) -> bool:
+        """True while waiting nodes should stay out: a step of this group is still to come
+        and the limit has not passed."""
+        if self._formed is None or self._clock() - self._formed >= self._limit:
+            return False
+        return not any(stamp >= self._formed for stamp in self._read())
+
+
+def _sibling(name: str) -> ModuleType:
+    """This package's module ``name``, loaded by path: this file runs outside the package."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_llmtrain_agent_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def admit_after_first_step(run_dir: str, limit: float = ADMIT_AFTER_SECONDS) -> FirstStepGate | None:
+    """Patch torch so that the agent reports no waiting node while its group has not
+    finished a step (``FirstStepGate``); None (nothing patched) when this torch has not
+    what is relied on."""
+    try:
+        from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+    except ImportError:
+        return None
+    rendezvous = getattr(SimpleElasticAgent, "_rendezvous", None)
+    waiting = getattr(DynamicRendezvousHandler, "num_nodes_waiting", None)
+    if rendezvous is None or waiting is None:
+        return None
+    heartbeat = _sibling("heartbeat")
+    gate = FirstStepGate(lambda: [b.first_step for b in heartbeat.read_all(run_dir)], heartbeat.clock, limit)
+
+    def rendezvous_then_note(self, *args, **kwargs):
+        result = rendezvous(self, *args, **kwargs)
+        gate.formed()
+        return result
+
+    def waiting_after_first_step(self):
+        count = waiting(self)
+        if count > 0 and gate.holds():
+            if not gate.holding:
+                print(f"llmtrain torchrun agent: {count} node(s) waiting to join; admitted once this group has "
+                      f"finished a step (at most {limit:.0f} s)", file=sys.stderr, flush=True)
+            gate.holding = True
+            return 0
+        if count > 0 and gate.holding:
+            print(f"llmtrain torchrun agent: admitting {count} waiting node(s)", file=sys.stderr, flush=True)
+        gate.holding = False
+        return count
+
+    SimpleElasticAgent._rendezvous = rendezvous_then_note
+    DynamicRendezvousHandler.num_nodes_waiting = waiting_after_first_step
+    return gate
+
+
 def main() -> None:
     keep_open_on_failure()
     poll_faster()
+    if os.environ.get(ADMIT_AFTER_FIRST_STEP):
+        admit_after_first_step(os.environ[ADMIT_AFTER_FIRST_STEP])
     from torch.distributed.run import main as torchrun  # noqa: PLC0415 - after the patch
 
     torchrun()

@@ -78,6 +78,7 @@ class Watchdog:
             self.timeout = self._steady + self._grace
             if heartbeat is not None:
                 heartbeat.set_timeout(self._steady)
+                heartbeat.mark_first_step()
         if heartbeat is not None:
             heartbeat.beat(step)
 
