@@ -23,11 +23,12 @@ cache, so the load on the store grows only while a group re-forms.
 A group that re-formed after a failure admits a node that is waiting to join only once it
 has finished a step (``admit_after_first_step``), for the built-in trainer, whose ranks say
 so in their heartbeat files. torchrun restarts a healthy group as soon as it sees a waiting
-node; a replacement pod that joined while the survivors were restoring or inside their
-first step at the smaller world size then cost that whole attempt, and the step was seen
-only after one more restart and restore (10.7 s instead of about 4 s from a pod's crash to
-the next step, docs/benchmarks.md). After one step, the restart for the newcomer stops at
-a step boundary (SIGTERM: an emergency checkpoint), so the step is kept. The hold lasts at
+node; a replacement pod that joined while the survivors' ranks were still starting (before
+they handle SIGTERM) killed them, so the re-formed group did no step at all and the next
+step came only after one more start-up and restore (10.7 s instead of about 4 s from a
+pod's crash to the next step, docs/benchmarks.md). After one step, the restart for the
+newcomer stops the ranks at a step boundary (SIGTERM: an emergency checkpoint), so the
+step is kept. The hold lasts at
 most ``ADMIT_AFTER_SECONDS``, so a group stuck before its first step does not keep a node
 out longer than that.
 
@@ -176,7 +177,12 @@ def admit_after_first_step(run_dir: str, limit: float = ADMIT_AFTER_SECONDS) -> 
     waiting = getattr(DynamicRendezvousHandler, "num_nodes_waiting", None)
     if rendezvous is None or waiting is None:
         return None
-    heartbeat = _sibling("heartbeat")
+    try:
+        heartbeat = _sibling("heartbeat")
+    except (OSError, ImportError, AttributeError, SyntaxError) as err:
+        print(f"llmtrain torchrun agent: cannot read heartbeats ({err}); waiting nodes are admitted at once",
+              file=sys.stderr, flush=True)
+        return None
     gate = FirstStepGate(lambda: [b.first_step for b in heartbeat.read_all(run_dir)], heartbeat.clock, limit)
 
     def rendezvous_then_note(self, *args, **kwargs):
