@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import exitrecord, rdzv_leases, torchrun_agent, zygote
+from . import exitrecord, rdzv_leases, zygote
 from .attempts import AttemptTracker
 from .supervisor import Supervisor, serve_health
 from llmtrain_contract.command import torchrun_flag
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if builtin:
         # Its ranks stamp their first step into the heartbeat files: a re-formed group
         # admits a waiting node only after one step (torchrun_agent.admit_after_first_step).
-        env[torchrun_agent.ADMIT_AFTER_FIRST_STEP] = str(run_dir)
+        env[Env.ADMIT_AFTER_FIRST_STEP] = str(run_dir)
     if server is not None:
         env[Env.ZYGOTE] = server.socket
     child = subprocess.Popen(agent_command(command), env=env)
