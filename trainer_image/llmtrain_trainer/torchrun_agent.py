@@ -20,17 +20,17 @@ late, by every agent re-forming its group after a failure. Here the agent sleeps
 keep-alive beats and its check for waiting nodes (every ``--monitor-interval``) keep the
 cache, so the load on the store grows only while a group re-forms.
 
-A group that re-formed after a failure admits a node that is waiting to join only once it
-has finished a step (``admit_after_first_step``), for the built-in trainer, whose ranks say
-so in their heartbeat files. torchrun restarts a healthy group as soon as it sees a waiting
-node; a replacement pod that joined while the survivors' ranks were still starting (before
-they handle SIGTERM) killed them, so the re-formed group did no step at all and the next
-step came only after one more start-up and restore (10.7 s instead of about 4 s from a
-pod's crash to the next step, docs/benchmarks.md). After one step, the restart for the
-newcomer stops the ranks at a step boundary (SIGTERM: an emergency checkpoint), so the
-step is kept. The hold lasts at
-most ``ADMIT_AFTER_SECONDS``, so a group stuck before its first step does not keep a node
-out longer than that.
+Every worker group (the first one too, and every one re-formed after a failure) admits a
+node that is waiting to join only once it has finished a step (``admit_after_first_step``),
+for the built-in trainer, whose ranks say so in their heartbeat files. torchrun restarts a
+healthy group as soon as it sees a waiting node; a replacement pod that joined while the
+survivors' ranks were still starting (before they handle SIGTERM) killed them, so the
+re-formed group did no step at all and the next step came only after one more start-up and
+restore (10.7 s instead of about 4 s from a pod's crash to the next step,
+docs/benchmarks.md). After one step, the restart for the newcomer stops the ranks at a step
+boundary (SIGTERM: an emergency checkpoint), so the step is kept. The hold lasts at most
+``ADMIT_AFTER_SECONDS``, so a group stuck before its first step does not keep a node out
+longer than that.
 
 The launcher runs this file by its path in place of ``python -m torch.distributed.run``,
 with the same arguments. It imports only torch, the standard library and ``heartbeat.py``
