@@ -1,42 +1,246 @@
-"""Operator scale: N LLMTrainJobs reconciled by the real operator (kopf) against the real
-API server of the local cluster. ``reconcile_p50_s``/``reconcile_p99_s`` cover every pass
-of the run (the ramp-up that creates all children included); ``steady_p99_s`` only the
-passes after every job was reconciled.
+"""Operator scale: N jobs whose pods run, our operator and Kubeflow's training-operator
+side by side, every latency timed from outside by this script's own clock and watches.
 
-The bed runs without nodes, so pods stay Pending and the measurement is the operator's
-own work: every job gets its services, config, rendezvous store and worker pods created
-and its status written, then keeps being re-planned every resync. Pass durations come
-from the operator's ``llmtrain_operator_reconcile_duration_seconds`` histogram (log
-buckets, x1.5 apart, interpolated), memory from /proc. ``queue_p99_s`` is the wait of a
-due pass for one of the operator's reconcile slots (controller-runtime reports the same
-split: reconcile time apart from work-queue wait).
+Each controller gets a fresh local cluster (real kube-apiserver, etcd, scheduler and
+controller-manager) whose nodes are kwok's (``hack/cluster-tools/kwok``): pods the
+scheduler binds there go Running with an address in 127.64.0.0/16 and no process behind
+it, and ``bench/_standin_pods.py`` answers on those addresses what a worker serves (the
+real trainer's metrics page, a step a second, and the launcher's). So every pass of our
+operator scrapes its trainers and has progress to write, as on a cluster of trainers.
 
-    python bench/operator_scale.py [--quick] [--jobs N]
-    RESULT jobs=500 reconcile_p50_s=... reconcile_p99_s=... queue_p99_s=... rss_mb=... all_created_s=...
+For each controller, in one run:
+
+1. *create*: N jobs created by 16 threads at once; ``create_to_first_pod`` is from a
+   job's create acknowledged to its first pod in the watch; ``all_running_s`` from the
+   first create to every pod Running;
+2. *steady state*: its pass and queue histograms over a quiet window, its CPU (from
+   /proc, cores) and RSS;
+3. *kills*: K worker pods, one every ``--kill-every`` seconds, are marked Failed with
+   exit code 137 (what a kubelet reports for a SIGKILLed container) through the status
+   subresource. From that write, by this script's clock: ``kill_to_status`` (the job's
+   status records the restart: our ``status.restarts`` grows; Kubeflow's ``Restarting``
+   condition turns True), ``kill_to_delete`` (the pod's DELETED event) and
+   ``kill_to_replacement`` (a new worker pod of the job in the watch). A kill that gets
+   no answer within ``--kill-timeout`` counts as that timeout and is reported apart.
+
+Our operator also reports ``llmtrain_operator_event_to_action_seconds`` (a watch event
+received to the writes it caused acknowledged, its wait for a slot and any failed
+attempts included); those percentiles are interpolated from its buckets. The
+headlines are the outside figures.
+
+Both controllers run with the settings their own installs use (ours: the chart's
+defaults; Kubeflow: its manifests' defaults, one worker thread). Kubeflow's webhook
+Secret is issued by its own cert-controller; the benchmark copies it into the webhook's
+certificate folder (the kubelet's part) and registers the webhook to select no object
+(the bed has no kube-proxy to route the API server to a Service).
+
+    python bench/operator_scale.py [--quick] [--jobs N] [--kills K] [--no-peer]
+    RESULT jobs=500 kill_to_status_p50_s=... kill_to_status_p99_s=... event_to_action_p99_s=... reconcile_p99_s=... queue_p99_s=... rss_mb=... cpu_cores=... kubeflow_kill_to_status_p99_s=... ...
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import math
+import os
+import random
+import shutil
+import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "hack"), str(ROOT / "tests")]
 from _common import parser, result  # noqa: E402
+from _kube import ApiError, Kube, watch_in_thread  # noqa: E402
 
 NS = "scale"
-METRICS_PORT = 18080
+PODS_PER_NODE = 200
+OUR_METRICS_PORT = 18080
+KF_METRICS_PORT, KF_PROBE_PORT, KF_WEBHOOK_PORT = 18081, 18082, 19443
+KF_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
+"""Hard-coded in training-operator v1.8.1 (pkg/cert)."""
+KF_MODULE = "github.com/kubeflow/training-operator@v1.8.1"
+KWOK_MODULE = "sigs.k8s.io/kwok@v0.8.0"
+KWOK_STAGES = ("node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+               "pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml", "pod/fast/pod-delete.yaml")
+"""kwok's own stage set for nodes that initialise at once and heartbeat through a Lease,
+and pods that go Running at once and vanish when deleted (as ``kwokctl`` configures it)."""
 
 
-def quantile(buckets: list[tuple[float, float]], q: float) -> float:
-    """Prometheus-style quantile from cumulative (le, count) buckets."""
-    total = buckets[-1][1]
-    rank = q * total
-    prev_le, prev_count = 0.0, 0.0
+def module_dir(module: str) -> Path:
+    """A module's files in the Go module cache (``build_tools`` downloaded it)."""
+    cache = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True).stdout.strip()
+    return Path(cache) / module
+
+
+# ---------------------------------------------------------------- what differs per controller
+
+
+@dataclass
+class Controller:
+    name: str
+    collection: str
+    """The jobs' API path in the namespace."""
+    pods_per_job: int
+    job_label: str
+    worker: Callable[[dict[str, Any]], bool]
+    restart_mark: Callable[[dict[str, Any]], int]
+    """A number that grows when the job's status records a restart."""
+    manifest: Callable[[int], dict[str, Any]]
+    metrics_port: int
+
+
+def _our_job(i: int) -> dict[str, Any]:
+    from support.specs import apply_set, load_job  # noqa: PLC0415
+
+    job = apply_set(load_job(), {
+        # The bed's fake nodes have room for any request; tiny ones keep the scheduler's
+        # arithmetic out of the picture. Everything else is example 01 as written.
+        "spec.resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+        "spec.trainer.builtin.maxSteps": 1_000_000,
+    })
+    job["metadata"] = {"name": f"job-{i:04d}", "namespace": NS}
+    return job
+
+
+def _kubeflow_job(i: int) -> dict[str, Any]:
+    def replica() -> dict[str, Any]:
+        return {"replicas": 1, "restartPolicy": "ExitCode", "template": {"spec": {"containers": [{
+            "name": "pytorch", "image": "ghcr.io/llmtrain/trainer:0.1.0", "command": ["python", "-m", "llmtrain_trainer"],
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}}}
+
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": f"job-{i:04d}", "namespace": NS},
+            "spec": {"pytorchReplicaSpecs": {"Master": replica(), "Worker": replica()}, "runPolicy": {"backoffLimit": 1000}}}
+
+
+def _kubeflow_restarting(job: dict[str, Any]) -> int:
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return int(any(c.get("type") == "Restarting" and c.get("status") == "True" for c in conditions))
+
+
+OURS = Controller(
+    name="llmtrain", collection=f"/apis/llmtrain.io/v1alpha1/namespaces/{NS}/llmtrainjobs", pods_per_job=3,
+    job_label="llmtrain.io/job", worker=lambda pod: pod["metadata"]["labels"].get("llmtrain.io/role") == "worker",
+    restart_mark=lambda job: int((job.get("status") or {}).get("restarts") or 0), manifest=_our_job,
+    metrics_port=OUR_METRICS_PORT)
+KUBEFLOW = Controller(
+    name="kubeflow", collection=f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs", pods_per_job=2,
+    job_label="training.kubeflow.org/job-name",
+    worker=lambda pod: pod["metadata"]["labels"].get("training.kubeflow.org/replica-type") == "worker",
+    restart_mark=_kubeflow_restarting, manifest=_kubeflow_job, metrics_port=KF_METRICS_PORT)
+
+
+# ---------------------------------------------------------------- the benchmark's own record
+
+
+@dataclass
+class Record:
+    controller: Controller
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    created: dict[str, float] = field(default_factory=dict)
+    first_pod: dict[str, float] = field(default_factory=dict)
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Live pods by uid (a replacement may reuse its predecessor's name): job, worker or
+    not, phase, the object."""
+    added: dict[str, float] = field(default_factory=dict)
+    owner: dict[str, tuple[str | None, bool]] = field(default_factory=dict)
+    """Every pod seen, live or gone, by uid: (job, worker or not)."""
+    deleted: dict[str, float] = field(default_factory=dict)
+    marks: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    """Per job: (arrival, value) each time its restart mark changed."""
+
+    def on_pod(self, when: float, kind: str, pod: dict[str, Any]) -> None:
+        uid = pod["metadata"]["uid"]
+        job = pod["metadata"].get("labels", {}).get(self.controller.job_label)
+        with self.lock:
+            if kind == "DELETED":
+                self.pods.pop(uid, None)
+                self.deleted.setdefault(uid, when)
+                return
+            if uid not in self.added:
+                self.added[uid] = when
+                self.owner[uid] = (job, self.controller.worker(pod))
+                if job is not None:
+                    self.first_pod.setdefault(job, when)
+            self.pods[uid] = {"job": job, "worker": self.controller.worker(pod),
+                              "phase": (pod.get("status") or {}).get("phase"), "pod": pod}
+
+    def on_job(self, when: float, kind: str, job: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            return
+        name, value = job["metadata"]["name"], self.controller.restart_mark(job)
+        with self.lock:
+            marks = self.marks.setdefault(name, [])
+            if not marks or marks[-1][1] != value:
+                marks.append((when, value))
+
+    def mark_now(self, job: str) -> int:
+        with self.lock:
+            marks = self.marks.get(job) or [(0.0, 0)]
+            return marks[-1][1]
+
+    def mark_after(self, job: str, since: float, above: int) -> float | None:
+        with self.lock:
+            return next((t for t, v in self.marks.get(job, []) if t >= since and v > above), None)
+
+    def running(self) -> int:
+        with self.lock:
+            return sum(1 for p in self.pods.values() if p["phase"] == "Running")
+
+    def replacement_after(self, job: str, since: float, killed: str) -> float | None:
+        with self.lock:
+            times = [t for uid, t in self.added.items() if t >= since and uid != killed and self.owner[uid] == (job, True)]
+        return min(times) if times else None
+
+
+# ---------------------------------------------------------------- measuring a process
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def scrape_buckets(port: int, name: str, labels: dict[str, str] | None = None) -> list[tuple[float, float]]:
+    """Cumulative (le, count) of one histogram, summed over its series matching ``labels``."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    sums: dict[float, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(name + "_bucket{"):
+            continue
+        inside = line[line.index("{") + 1:line.rindex("}")]
+        pairs = dict(p.split("=", 1) for p in inside.split('",') if "=" in p)
+        pairs = {k.strip(): v.strip('"') for k, v in pairs.items()}
+        if labels and any(pairs.get(k) != v for k, v in labels.items()):
+            continue
+        le = float("inf") if pairs["le"] == "+Inf" else float(pairs["le"])
+        sums[le] = sums.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
+    return sorted(sums.items())
+
+
+def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """Prometheus' histogram_quantile over cumulative buckets (None without samples). At
+    the +Inf bucket it answers the largest finite bound, as Prometheus does."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank, prev_le, prev_count = q * buckets[-1][1], 0.0, 0.0
     for le, count in buckets:
         if count >= rank:
             if le == float("inf"):
@@ -47,87 +251,310 @@ def quantile(buckets: list[tuple[float, float]], q: float) -> float:
     return prev_le
 
 
-def histogram(name: str = "llmtrain_operator_reconcile_duration_seconds") -> list[tuple[float, float]]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode()
-    out = []
-    for line in text.splitlines():
-        if line.startswith(name + "_bucket"):
-            le = line.split('le="')[1].split('"')[0]
-            out.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
-    return sorted(out)
+def minus(after: list[tuple[float, float]], before: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    earlier = dict(before)
+    return [(le, count - earlier.get(le, 0.0)) for le, count in after]
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+def pct(values: list[float], q: float) -> float | None:
+    """The q-quantile of measured values, nearest rank (a p99 of 40 values is the worst)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+# ---------------------------------------------------------------- the bed
+
+
+def fake_nodes(kube: Kube, count: int) -> None:
+    for i in range(count):
+        name = f"kwok-{i}"
+        kube.request("POST", "/api/v1/nodes", {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
+                         "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "type": "kwok",
+                                    "llmtrain.io/pool": "gpu"}},
+            "spec": {"podCIDR": f"127.64.{i + 1}.0/24", "podCIDRs": [f"127.64.{i + 1}.0/24"]},
+            "status": {"allocatable": {"cpu": "1000", "memory": "4Ti", "pods": str(PODS_PER_NODE)},
+                       "capacity": {"cpu": "1000", "memory": "4Ti", "pods": str(PODS_PER_NODE)},
+                       "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux", "kubeletVersion": "fake"}}})
+
+
+def wait(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except (OSError, ApiError, KeyError, ValueError):
+            value = None
+        if value:
+            return value
+        time.sleep(every)
+    raise TimeoutError(f"{what} within {timeout:.0f}s")
+
+
+class Bed:
+    """A fresh local cluster with kwok's nodes and the stand-in pods' server."""
+
+    def __init__(self, nodes: int, logs: Path):
+        from localcluster.cluster import LocalCluster, build_tools  # noqa: PLC0415
+
+        self.tools = build_tools("kwok", "training-operator")
+        self.cluster = LocalCluster.default()
+        self.cluster.nodes = []  # kwok's nodes only: no pod runs as a process
+        self.nodes, self.logs, self.procs = nodes, logs, []
+
+    def up(self) -> Kube:
+        self.cluster.up()
+        kube = Kube(self.cluster.kubeconfig)
+        stages = module_dir(KWOK_MODULE) / "kustomize" / "stage"
+        config = self.logs / "kwok-stages.yaml"
+        config.write_text("---\n".join((stages / s).read_text() for s in KWOK_STAGES))
+        self.start("kwok", [str(self.tools / "kwok"), f"--kubeconfig={self.cluster.kubeconfig}", f"--config={config}",
+                            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake", "--cidr=127.64.0.0/24",
+                            "--node-lease-duration-seconds=40"])
+        fake_nodes(kube, self.nodes)
+        wait(lambda: sum(1 for n in kube.request("GET", "/api/v1/nodes")["items"]
+                         if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", [])))
+             == self.nodes, 120, f"{self.nodes} kwok nodes Ready")
+        self.start("standin-pods", [sys.executable, str(ROOT / "bench" / "_standin_pods.py")])
+        kube.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        return kube
+
+    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = (self.logs / f"{name}.log").open("w")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or self.cluster.env(), start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def down(self) -> None:
+        for proc in reversed(self.procs):
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.procs.clear()
+        self.cluster.down()
+
+
+def start_ours(bed: Bed, kube: Kube) -> subprocess.Popen:
+    kube_apply_file(bed, ROOT / "crds" / "llmtrain.io_llmtrainjobs.yaml")
+    env = {**bed.cluster.env(), "LLMTRAIN_OPERATOR_METRICS_PORT": str(OUR_METRICS_PORT), "PYTHONUNBUFFERED": "1"}
+    proc = bed.start("operator-llmtrain", [sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces",
+                                            "-m", "llmtrain_operator.handlers"], env)
+    wait(lambda: urllib.request.urlopen(f"http://127.0.0.1:{OUR_METRICS_PORT}/metrics", timeout=2).status == 200
+         and "llmtrain_operator_leader 1.0" in urllib.request.urlopen(f"http://127.0.0.1:{OUR_METRICS_PORT}/metrics").read().decode(),
+         120, "our operator leading")
+    return proc
+
+
+def kube_apply_file(bed: Bed, path: Path) -> None:
+    bed.cluster.kubectl("apply", "--server-side", "-f", str(path))
+
+
+def start_kubeflow(bed: Bed, kube: Kube) -> subprocess.Popen:
+    module = module_dir(KF_MODULE)
+    kube_apply_file(bed, module / "manifests" / "base" / "crds" / "kubeflow.org_pytorchjobs.yaml")
+    kube.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kubeflow"}})
+    kube.request("POST", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations", {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "validator.training-operator.kubeflow.org"},
+        "webhooks": [{"name": "validator.pytorchjob.training-operator.kubeflow.org", "admissionReviewVersions": ["v1"],
+                      "sideEffects": "None", "failurePolicy": "Ignore",
+                      "clientConfig": {"url": f"https://127.0.0.1:{KF_WEBHOOK_PORT}/validate-kubeflow-org-v1-pytorchjob"},
+                      "objectSelector": {"matchExpressions": [{"key": "bench.llmtrain.io/never", "operator": "Exists"}]},
+                      "rules": [{"apiGroups": ["kubeflow.org"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+                                 "resources": ["pytorchjobs"]}]}]})
+    shutil.rmtree(KF_CERT_DIR, ignore_errors=True)
+    proc = bed.start("operator-kubeflow", [str(bed.tools / "training-operator"), f"--kubeconfig={bed.cluster.kubeconfig}",
+                                           "--enable-scheme=pytorchjob", f"--metrics-bind-address=127.0.0.1:{KF_METRICS_PORT}",
+                                           f"--health-probe-bind-address=127.0.0.1:{KF_PROBE_PORT}",
+                                           f"--webhook-server-port={KF_WEBHOOK_PORT}"])
+    secret = wait(lambda: kube.request("GET", "/api/v1/namespaces/kubeflow/secrets/training-operator-webhook-cert").get("data"),
+                  120, "Kubeflow's webhook Secret")
+    KF_CERT_DIR.mkdir(parents=True, exist_ok=True)
+    for key, value in secret.items():
+        (KF_CERT_DIR / key).write_bytes(base64.b64decode(value))
+    wait(lambda: urllib.request.urlopen(f"http://127.0.0.1:{KF_PROBE_PORT}/readyz", timeout=2).status == 200, 120,
+         "Kubeflow's training-operator ready")
+    wait(lambda: "controller_runtime_reconcile_total" in urllib.request.urlopen(
+        f"http://127.0.0.1:{KF_METRICS_PORT}/metrics", timeout=2).read().decode(), 120, "Kubeflow's controller started")
+    return proc
+
+
+# ---------------------------------------------------------------- one controller's run
+
+
+def histograms(c: Controller) -> dict[str, list[tuple[float, float]]]:
+    if c is OURS:
+        return {"reconcile": scrape_buckets(c.metrics_port, "llmtrain_operator_reconcile_duration_seconds"),
+                "queue": scrape_buckets(c.metrics_port, "llmtrain_operator_reconcile_queue_seconds"),
+                "event_to_action": scrape_buckets(c.metrics_port, "llmtrain_operator_event_to_action_seconds")}
+    return {"reconcile": scrape_buckets(c.metrics_port, "controller_runtime_reconcile_time_seconds", {"controller": "pytorchjob-controller"}),
+            "queue": scrape_buckets(c.metrics_port, "workqueue_queue_duration_seconds", {"name": "pytorchjob-controller"})}
+
+
+def create_all(kube: Kube, c: Controller, rec: Record, jobs: int) -> float:
+    began = time.monotonic()
+
+    def create(i: int) -> None:
+        manifest = c.manifest(i)
+        kube.request("POST", c.collection, manifest, timeout=300)
+        with rec.lock:
+            rec.created[manifest["metadata"]["name"]] = time.monotonic()
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(create, range(jobs)))
+    return began
+
+
+def kill(kube: Kube, pod: dict[str, Any]) -> None:
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    statuses = [{"name": ct["name"], "image": ct["image"], "imageID": "", "ready": False, "restartCount": 0,
+                 "state": {"terminated": {"exitCode": 137, "reason": "Error", "startedAt": now, "finishedAt": now}}}
+                for ct in pod["spec"]["containers"]]
+    kube.request("PATCH", f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}/status",
+                 {"status": {"phase": "Failed", "containerStatuses": statuses,
+                             "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now}]}},
+                 content_type="application/merge-patch+json")
+
+
+def run_kills(kube: Kube, c: Controller, rec: Record, count: int, every: float, timeout: float) -> dict[str, Any]:
+    rng = random.Random(7)
+    shots = []
+    hit: set[str] = set()
+    for _ in range(count):
+        with rec.lock:
+            candidates = [(uid, p) for uid, p in rec.pods.items() if p["worker"] and p["phase"] == "Running" and p["job"] not in hit]
+        if not candidates:
+            break
+        uid, pod = rng.choice(sorted(candidates, key=lambda x: x[0]))
+        hit.add(pod["job"])
+        before = rec.mark_now(pod["job"])
+        t0 = time.monotonic()
+        kill(kube, pod["pod"])
+        shots.append((pod["job"], uid, t0, before))
+        time.sleep(every)
+    deadline = time.monotonic() + timeout
+    out: dict[str, list[float]] = {"status": [], "delete": [], "replacement": []}
+    missed = {k: 0 for k in out}
+    pending = list(shots)
+    while pending:
+        still = []
+        for job, uid, t0, before in pending:
+            got = {"status": rec.mark_after(job, t0, before), "delete": rec.deleted.get(uid),
+                   "replacement": rec.replacement_after(job, t0, uid)}
+            if all(v is not None for v in got.values()) or time.monotonic() > max(deadline, t0 + timeout):
+                for key, t in got.items():
+                    if t is None:
+                        missed[key] += 1
+                        out[key].append(timeout)
+                    else:
+                        out[key].append(t - t0)
+            else:
+                still.append((job, uid, t0, before))
+        pending = still
+        time.sleep(0.05)
+    return {"latencies": out, "missed": missed, "kills": len(shots)}
+
+
+def measure(c: Controller, args: Any, logs: Path) -> dict[str, Any]:
+    nodes = math.ceil(args.jobs * c.pods_per_job * 1.25 / PODS_PER_NODE)
+    bed = Bed(nodes, logs)
+    print(f"[{c.name}] bed: fresh local cluster, {nodes} kwok nodes", flush=True)
+    stop = threading.Event()
+    try:
+        kube = bed.up()
+        proc = start_ours(bed, kube) if c is OURS else start_kubeflow(bed, kube)
+        rec = Record(c)
+        watch_in_thread(kube, f"/api/v1/namespaces/{NS}/pods", rec.on_pod, stop)
+        watch_in_thread(kube, c.collection, rec.on_job, stop)
+        began = create_all(kube, c, rec, args.jobs)
+        print(f"[{c.name}] {args.jobs} jobs created in {time.monotonic() - began:.1f}s", flush=True)
+        want = args.jobs * c.pods_per_job
+        last = [0.0]
+
+        def all_running() -> bool:
+            n = rec.running()
+            if time.monotonic() - last[0] > 15:
+                print(f"[{c.name}]   {n}/{want} pods Running", flush=True)
+                last[0] = time.monotonic()
+            return n >= want
+
+        wait(all_running, args.ramp_timeout, f"{want} pods Running", every=0.2)
+        all_running_s = time.monotonic() - began
+        first = [rec.first_pod[j] - rec.created[j] for j in rec.created if j in rec.first_pod]
+        print(f"[{c.name}] every pod Running {all_running_s:.1f}s after the first create; steady state for {args.steady:.0f}s",
+              flush=True)
+        time.sleep(min(10.0, args.steady))  # the ramp's stragglers settle
+        h0, cpu0, t0 = histograms(c), cpu_seconds(proc.pid), time.monotonic()
+        time.sleep(args.steady)
+        h1, cpu1, t1 = histograms(c), cpu_seconds(proc.pid), time.monotonic()
+        steady = {k: minus(h1[k], h0[k]) for k in h1}
+        cores, rss = (cpu1 - cpu0) / (t1 - t0), rss_mb(proc.pid)
+        print(f"[{c.name}] {args.kills} kills, one every {args.kill_every:.1f}s", flush=True)
+        kills = run_kills(kube, c, rec, args.kills, args.kill_every, args.kill_timeout)
+        h2 = histograms(c)
+        during = {k: minus(h2[k], h1[k]) for k in h2}
+        if proc.poll() is not None:
+            raise RuntimeError(f"{c.name} exited during the run: see {logs}")
+        lat = kills["latencies"]
+        out = {
+            "jobs": args.jobs, "pods": want, "all_running_s": all_running_s,
+            "create_to_first_pod_p50_s": pct(first, 0.5), "create_to_first_pod_p99_s": pct(first, 0.99),
+            "kills": kills["kills"],
+            **{f"kill_to_{k}_p50_s": pct(v, 0.5) for k, v in lat.items()},
+            **{f"kill_to_{k}_p99_s": pct(v, 0.99) for k, v in lat.items()},
+            **{f"kill_to_{k}_unanswered": n for k, n in kills["missed"].items()},
+            "reconcile_p50_s": quantile(steady["reconcile"], 0.5), "reconcile_p99_s": quantile(steady["reconcile"], 0.99),
+            "queue_p99_s": quantile(steady["queue"], 0.99),
+            "passes_per_s": (steady["reconcile"][-1][1] / (t1 - t0)) if steady["reconcile"] else None,
+            "reconcile_during_kills_p99_s": quantile(during["reconcile"], 0.99),
+            "queue_during_kills_p99_s": quantile(during["queue"], 0.99),
+            "rss_mb": rss, "cpu_cores": cores,
+        }
+        if "event_to_action" in during:
+            out["event_to_action_p50_s"] = quantile(during["event_to_action"], 0.5)
+            out["event_to_action_p99_s"] = quantile(during["event_to_action"], 0.99)
+            out["event_to_action_steady_p99_s"] = quantile(steady["event_to_action"], 0.99)
+        for key, value in out.items():
+            print(f"[{c.name}]   {key} = {value if not isinstance(value, float) else round(value, 4)}", flush=True)
+        return out
+    finally:
+        stop.set()
+        bed.down()
 
 
 def main() -> None:
     p = parser(__doc__.split("\n")[0])
-    p.add_argument("--jobs", type=int, default=None, help="number of jobs (default 500, quick 50)")
-    p.add_argument("--steady-seconds", type=float, default=None, help="steady-state window after creation (default 60, quick 20)")
+    p.add_argument("--jobs", type=int, default=None, help="jobs per controller (default 500, quick 30)")
+    p.add_argument("--kills", type=int, default=None, help="worker pods failed per controller (default 40, quick 8)")
+    p.add_argument("--kill-every", type=float, default=2.0, help="seconds between kills")
+    p.add_argument("--kill-timeout", type=float, default=120.0, help="seconds a kill's answer is waited for")
+    p.add_argument("--steady", type=float, default=None, help="seconds of steady state measured (default 60, quick 20)")
+    p.add_argument("--ramp-timeout", type=float, default=1200.0)
+    p.add_argument("--no-peer", action="store_true", help="skip Kubeflow's training-operator")
     args = p.parse_args()
-    jobs = args.jobs or (50 if args.quick else 500)
-    steady = args.steady_seconds or (20 if args.quick else 60)
+    args.jobs = args.jobs or (30 if args.quick else 500)
+    args.kills = args.kills or (8 if args.quick else 40)
+    args.steady = args.steady or (20.0 if args.quick else 60.0)
+    logs = ROOT / ".cache" / "operator-scale"
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
+    print(f"logs in {logs}", flush=True)
+    ours = measure(OURS, args, logs)
+    peer = {} if args.no_peer else measure(KUBEFLOW, args, logs)
 
-    from localcluster.cluster import LocalCluster  # noqa: PLC0415
-    from support.specs import load_job  # noqa: PLC0415
+    def r(v: Any) -> Any:
+        return round(v, 4) if isinstance(v, float) else ("na" if v is None else v)
 
-    import yaml  # noqa: PLC0415
-
-    bed = LocalCluster.default()
-    bed.nodes = []  # no nodes: pods stay Pending; the operator's work is what is measured
-    bed.up()
-    operator = None
-    try:
-        bed.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "llmtrain.io_llmtrainjobs.yaml"))
-        bed.kubectl("create", "namespace", NS)
-        env = {**bed.env(), "LLMTRAIN_OPERATOR_LEADER_ELECTION": "false", "LLMTRAIN_OPERATOR_PROBES": "false",
-               "LLMTRAIN_OPERATOR_METRICS_PORT": str(METRICS_PORT), "LLMTRAIN_OPERATOR_RESYNC_SECONDS": "10"}
-        log = (bed.state / "logs" / "scale-operator.log").open("w")
-        operator = subprocess.Popen([sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces", "-m", "llmtrain_operator.handlers"],
-                                    env=env, stdout=log, stderr=subprocess.STDOUT)
-        time.sleep(5)
-        base = load_job()
-        docs = []
-        for i in range(jobs):
-            doc = json.loads(json.dumps(base))
-            doc["metadata"] = {"name": f"job-{i:04d}", "namespace": NS}
-            docs.append(doc)
-        started = time.monotonic()
-        bed.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs), timeout=600)
-        print(f"applied {jobs} jobs in {time.monotonic() - started:.1f}s", flush=True)
-        deadline = time.monotonic() + 1800
-        while time.monotonic() < deadline:
-            items = json.loads(bed.kubectl("get", "ltj", "-n", NS, "-o", "json", timeout=300).stdout)["items"]
-            created = sum(1 for i in items if (i.get("status") or {}).get("phase") == "Created")
-            if created == jobs:
-                break
-            print(f"  {created}/{jobs} jobs reconciled", flush=True)
-            time.sleep(5)
-        all_created = time.monotonic() - started
-        pods = len(json.loads(bed.kubectl("get", "pods", "-n", NS, "-o", "json", timeout=300).stdout)["items"])
-        print(f"all {jobs} jobs Created after {all_created:.1f}s ({pods} pods); steady state for {steady:.0f}s", flush=True)
-        ramp = histogram()
-        time.sleep(steady)
-        final = histogram()
-        queue = histogram("llmtrain_operator_reconcile_queue_seconds")
-        steady_buckets = [(le, count - before) for (le, count), (_, before) in zip(final, ramp)]
-        print(f"ramp-up (creating every job's children): {int(ramp[-1][1])} passes, "
-              f"p50 {quantile(ramp, 0.5):.4f}s p99 {quantile(ramp, 0.99):.4f}s", flush=True)
-        result(jobs=jobs, reconcile_p50_s=round(quantile(final, 0.5), 4), reconcile_p99_s=round(quantile(final, 0.99), 4),
-               steady_p99_s=round(quantile(steady_buckets, 0.99), 4), queue_p99_s=round(quantile(queue, 0.99), 4), rss_mb=round(rss_mb(operator.pid), 1),
-               all_created_s=round(all_created, 1), passes=int(final[-1][1]), pods=pods)
-    finally:
-        if operator is not None:
-            operator.terminate()
-            try:
-                operator.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                operator.kill()
-        bed.down()
+    keys = ("kill_to_status_p50_s", "kill_to_status_p99_s", "kill_to_delete_p99_s", "kill_to_replacement_p99_s",
+            "kill_to_status_unanswered", "create_to_first_pod_p99_s", "all_running_s", "reconcile_p99_s", "queue_p99_s",
+            "rss_mb", "cpu_cores")
+    result(jobs=args.jobs, **{k: r(ours.get(k)) for k in keys}, event_to_action_p99_s=r(ours.get("event_to_action_p99_s")),
+           **{f"kubeflow_{k}": r(peer.get(k)) for k in keys if peer})
 
 
 if __name__ == "__main__":

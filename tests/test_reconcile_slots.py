@@ -73,3 +73,111 @@ async def test_probes_run_outside_the_slots(monkeypatch):
     assert results == ["written"] * 4
     assert probing.peak == 4, "every job's probe ran at once although there is one slot"
     assert deciding.peak == 1
+
+
+async def test_a_pass_that_answers_an_event_gets_the_next_slot_before_routine_passes():
+    slots, order = Slots(1), []
+    release = asyncio.Event()
+
+    async def holder():
+        async with slots.held():
+            await release.wait()
+
+    async def one(name, urgent):
+        async with slots.held(urgent):
+            order.append(name)
+            await asyncio.sleep(0.01)
+
+    first = asyncio.create_task(holder())
+    await asyncio.sleep(0.01)
+    waiting = [asyncio.create_task(one(f"resync-{i}", False)) for i in range(3)]
+    await asyncio.sleep(0.01)
+    waiting.append(asyncio.create_task(one("pod-failed", True)))
+    await asyncio.sleep(0.01)
+    release.set()
+    await asyncio.gather(first, *waiting)
+    assert order == ["pod-failed", "resync-0", "resync-1", "resync-2"]
+
+
+async def test_a_cancelled_waiter_gives_no_slot_away_and_loses_none():
+    slots, peak = Slots(2), Peak()
+    release = asyncio.Event()
+
+    async def holder():
+        async with slots.held():
+            await release.wait()
+
+    holders = [asyncio.create_task(holder()) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    waiter = asyncio.create_task(holder())
+    await asyncio.sleep(0.01)
+    waiter.cancel()
+    release.set()
+    await asyncio.gather(*holders, return_exceptions=True)
+    await asyncio.gather(waiter, return_exceptions=True)
+
+    async def worker():
+        async with slots.held():
+            await peak.inside(0.02)
+
+    await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(6))), timeout=5)
+    assert peak.peak == 2, "the cancelled waiter leaked or took a slot"
+
+
+async def test_an_event_promotes_its_jobs_waiting_routine_pass_or_the_pass_it_is_about_to_start():
+    slots, order = Slots(1), []
+    release = asyncio.Event()
+
+    async def holder():
+        async with slots.held():
+            await release.wait()
+
+    async def one(name, key=None):
+        async with slots.held(False, key):
+            order.append(name)
+
+    first = asyncio.create_task(holder())
+    await asyncio.sleep(0.01)
+    waiting = [asyncio.create_task(one("a")), asyncio.create_task(one("b")), asyncio.create_task(one("job-x", ("ns", "x")))]
+    await asyncio.sleep(0.01)
+    slots.promote(("ns", "x"))  # its pod failed while its resync pass waited
+    slots.promote(("ns", "y"))  # its pass is still probing: it will ask for a slot in a moment
+    waiting.append(asyncio.create_task(one("job-y", ("ns", "y"))))
+    await asyncio.sleep(0.01)
+    release.set()
+    await asyncio.gather(first, *waiting)
+    assert order == ["job-x", "job-y", "a", "b"]
+
+
+async def test_a_pass_that_waited_plans_from_what_happened_meanwhile(monkeypatch):
+    """A pass reads its children again once it holds its slot: a pod that failed while it
+    waited is in what it plans from."""
+    seen = []
+    state = {"pods": ["before"]}
+
+    async def source(namespace, name):
+        return Children(pods=list(state["pods"]), nodes=[], services=frozenset(), configmaps={},
+                        body={"metadata": {"name": name, "namespace": namespace}, "spec": {}, "status": {"seen": True}})
+
+    async def decide(k8s, body, settings, now, started, observed, gate):
+        seen.append((body["status"], [p.name for p in observed.pods]))
+        return "written"
+
+    monkeypatch.setattr(reconcile_module, "_decide_and_write", decide)
+    monkeypatch.setattr(reconcile_module, "pod_view", lambda p: type("P", (), {"name": p, "role": "x"})())
+    slots = Slots(1)
+    release = asyncio.Event()
+
+    async def holder():
+        async with slots.held():
+            await release.wait()
+
+    first = asyncio.create_task(holder())
+    await asyncio.sleep(0.01)
+    job = {"metadata": {"name": "a", "namespace": "ml"}, "spec": {}}
+    waiting = asyncio.create_task(reconcile(None, job, source, OperatorSettings(probes_enabled=False), slots=slots))
+    await asyncio.sleep(0.01)
+    state["pods"] = ["after"]
+    release.set()
+    await asyncio.gather(first, waiting)
+    assert seen == [({"seen": True}, ["after"])]

@@ -60,3 +60,22 @@ def test_the_server_side_rules_are_in_the_crd():
     for placed in RULES:
         if placed.rule.cel:
             assert placed.rule.cel in text and placed.rule.message in text, placed.rule.name
+
+
+def test_the_batch_rule_checks_few_offsets_and_is_as_strict_as_checking_every_node_count():
+    """The CRD's batch rule walks SPAN_OFFSETS node counts, not MAX_NODES: the API server
+    evaluates it at each write of a job, status writes included. No positive int64 is divisible by the lcm of that many consecutive
+    node counts, so a wider elastic range fails at those offsets already."""
+    from math import lcm
+
+    from llmtrain_operator.api.spec import MAX_NODES, SPAN_OFFSETS
+
+    assert lcm(*range(1, SPAN_OFFSETS + 1)) > 2**63 - 1
+    assert lcm(*range(1, SPAN_OFFSETS)) <= 2**63 - 1, "SPAN_OFFSETS is larger than it needs to be"
+    first = lcm(*range(1, SPAN_OFFSETS + 1))
+    for low in range(1, MAX_NODES + 1):
+        assert lcm(*range(low, low + SPAN_OFFSETS)) % first == 0
+    placed = next(p for p in RULES if p.rule.name == "global-batch-fixed-across-world-sizes")
+    rule = placed.rule.cel
+    offsets = rule.split("[", 1)[1].split("]", 1)[0].split(",")
+    assert [int(x) for x in offsets] == list(range(SPAN_OFFSETS))

@@ -2,11 +2,13 @@
 # Builds (or reuses) the pinned local-cluster binaries:
 #   kube-apiserver kube-controller-manager kube-scheduler kubectl  (Kubernetes v1.36.3)
 #   etcd (v3.6.16)   helm (v3.22.0)   minio (2026-02-12, the S3 server of the tests)
+# and, only when named (bench/operator_scale.py does), kwok (v0.8.0, fake nodes) and
+# training-operator (Kubeflow v1.8.1, the peer controller)
 # into $LLMTRAIN_CLUSTER_TOOLS (default: .cache/cluster-tools/<versions>/bin, git-ignored).
 # Each tool is a Go module wrapper under hack/cluster-tools/<tool>/ with a committed
 # go.sum; `go build` downloads modules from the Go module proxy on a cold cache.
 #
-# Usage: build.sh [tool...]   (default: all). Prints the bin directory as its last line.
+# Usage: build.sh [tool...]   (default: all but the benchmark-only kwok and training-operator). Prints the bin directory as its last line.
 # Concurrent runs are safe: each group of tools (minio, etcd, helm, the Kubernetes
 # binaries) is built under its own lock, so a caller that needs only minio waits only for
 # minio while another run builds the rest (the test suite starts one early, at low
@@ -37,14 +39,21 @@ build_helm() {
   (cd "$here/helm" && go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
       -o "$1/helm" helm.sh/helm/v3/cmd/helm)
 }
+build_kwok() { (cd "$here/kwok" && go build -trimpath -ldflags "-s -w" -o "$1/kwok" sigs.k8s.io/kwok/cmd/kwok); }
+build_training-operator() {
+  (cd "$here/training-operator" && go build -trimpath -ldflags "-s -w" -o "$1/training-operator" \
+      github.com/kubeflow/training-operator/cmd/training-operator.v1)
+}
 build_minio() { (cd "$here/minio" && go build -trimpath -ldflags "-s -w" -o "$1/minio" github.com/minio/minio); }
 
 # group -> its binaries. minio first: the S3 tests run before the cluster tests.
-groups=(minio etcd helm k8s)
+groups=(minio etcd helm k8s kwok training-operator)
 declare -A bins=([minio]="minio" [etcd]="etcd" [helm]="helm"
-                 [k8s]="kube-apiserver kube-controller-manager kube-scheduler kubectl")
+                 [k8s]="kube-apiserver kube-controller-manager kube-scheduler kubectl"
+                 [kwok]="kwok" [training-operator]="training-operator")
 all=" ${bins[*]} "
-wanted=" ${*:-${bins[*]}} "
+default="minio etcd helm kube-apiserver kube-controller-manager kube-scheduler kubectl"
+wanted=" ${*:-$default} "
 for tool in $wanted; do
   case "$all" in *" $tool "*) ;; *) echo "cluster-tools: no tool named $tool (known:$all)" >&2; exit 64 ;; esac
 done

@@ -27,13 +27,18 @@ DETECT = Histogram("llmtrain_operator_time_to_detect_seconds", "From a failure t
                    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300), registry=REGISTRY)
 RECOVER = Histogram("llmtrain_operator_time_to_recover_seconds", "From a detected failure to the first training step after it",
                     buckets=(1, 2, 5, 10, 15, 30, 60, 120, 300, 600), registry=REGISTRY)
-# Log-spaced (x1.5) from 1 ms to ~13 s: fine enough to read p50/p99 off the buckets.
-RECONCILE_BUCKETS = tuple(round(0.001 * 1.5**i, 6) for i in range(24))
+# Log-spaced (x1.5) from 1 ms to ~7 min: fine enough to read p50/p99 off the buckets, and
+# wide enough that an overloaded operator's queue shows its true size, not the top bucket.
+RECONCILE_BUCKETS = tuple(round(0.001 * 1.5**i, 6) for i in range(33))
 RECONCILE = Histogram("llmtrain_operator_reconcile_duration_seconds", "One reconcile pass (observe, plan, write), without the wait for a slot",
                       buckets=RECONCILE_BUCKETS, registry=REGISTRY)
 QUEUE = Histogram("llmtrain_operator_reconcile_queue_seconds",
                   "Wait of a due pass for a free slot (LLMTRAIN_OPERATOR_MAX_CONCURRENT_RECONCILES) before it runs",
                   buckets=RECONCILE_BUCKETS, registry=REGISTRY)
+EVENT_TO_ACTION = Histogram("llmtrain_operator_event_to_action_seconds",
+                            "From a watch event about a job to the acknowledgement of the writes of the pass that answered it "
+                            "(the wait for a slot, probes and failed attempts included)",
+                            buckets=RECONCILE_BUCKETS, registry=REGISTRY)
 LEADER = Gauge("llmtrain_operator_leader", "1 while this replica holds the leader Lease and may write", registry=REGISTRY)
 GOODPUT = Gauge("llmtrain_operator_job_goodput_ratio", "Effective training time ratio of a job so far", ["job_namespace", "job_name"], registry=REGISTRY)
 """``job_name``, not ``job``: Prometheus owns the ``job`` label (the scrape job's name)."""
@@ -52,6 +57,10 @@ def set_leader(leading: bool) -> None:
 
 def record_queue_wait(seconds: float) -> None:
     QUEUE.observe(seconds)
+
+
+def record_event_to_action(seconds: float) -> None:
+    EVENT_TO_ACTION.observe(seconds)
 
 
 def record_pass(namespace: str, name: str, decisions: list[Decision], status: dict[str, Any], seconds: float) -> None:

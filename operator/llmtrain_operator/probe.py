@@ -10,9 +10,11 @@ progress a user's script reported (docs/custom-scripts.md).
 
 from __future__ import annotations
 
+import asyncio
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from typing import Any
 
 from llmtrain_contract.names import LauncherMetric, Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -139,3 +141,55 @@ def _get(url: str, timeout: float) -> str | None:
             return response.read().decode("utf-8", errors="replace")
     except (urllib.error.URLError, OSError, ValueError):
         return None
+
+
+class AsyncProber:
+    """The operator's probes: HTTP on the event loop (aiohttp, which kopf runs on), not a
+    thread per request. Hundreds of jobs' trainers are scraped at every resync, and threads
+    would make every Kubernetes API call queue behind them. At most ``concurrency``
+    connections are open at once; each request is one connection (pods come and go, so
+    nothing is kept alive)."""
+
+    def __init__(self, concurrency: int = 64):
+        self.concurrency = concurrency
+        self._session: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _client(self) -> Any:
+        import aiohttp  # noqa: PLC0415 - the operator's dependency (kopf's); `llmtrain run` scrapes without it
+
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._loop is not loop:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.concurrency, force_close=True))
+            self._loop = loop
+        return self._session
+
+    async def text(self, url: str, timeout: float) -> str | None:
+        """The page, or None when the endpoint does not answer 200 in time: a probe never raises."""
+        import aiohttp  # noqa: PLC0415
+
+        try:
+            async with self._client().get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+                if response.status != 200:
+                    return None
+                return (await response.read()).decode("utf-8", errors="replace")
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+            return None
+
+    async def trainer(self, url: str, timeout: float) -> TrainerProbe | None:
+        text = await self.text(url, timeout)
+        try:
+            return parse(text) if text is not None else None
+        except ValueError:
+            return None
+
+    async def launcher(self, url: str, timeout: float) -> LauncherReport | None:
+        text = await self.text(url, timeout)
+        try:
+            return parse_launcher(text) if text is not None else None
+        except ValueError:
+            return None
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()

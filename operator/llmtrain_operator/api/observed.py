@@ -93,6 +93,23 @@ def _container_state(pod: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """What ``pod_view`` reads of a pod, for the operator's in-memory index: its metadata
+    but the field-manager history, its node, its status. The spec (containers, env,
+    volumes) is most of a pod's size, and the index holds every pod of every job."""
+    meta = {k: v for k, v in (pod.get("metadata") or {}).items() if k != "managedFields"}
+    node = (pod.get("spec") or {}).get("nodeName")
+    return {"metadata": meta, "spec": {"nodeName": node} if node else {}, "status": pod.get("status") or {}}
+
+
+def slim_node(node: dict[str, Any]) -> dict[str, Any]:
+    """What ``node_view`` reads of a Node: its name, taints and conditions (not its images,
+    addresses or capacity)."""
+    return {"metadata": {"name": (node.get("metadata") or {}).get("name", "")},
+            "spec": {"taints": (node.get("spec") or {}).get("taints") or []},
+            "status": {"conditions": (node.get("status") or {}).get("conditions") or []}}
+
+
 def pod_view(pod: dict[str, Any]) -> PodView:
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}

@@ -4,7 +4,8 @@ Run with ``kopf run -m llmtrain_operator.handlers`` (the chart does).
 
 - One loop per LLMTrainJob (``loops.py``), started and stopped by the job's watch
   events: it waits to be the leader, reconciles, then sleeps until the planner's next
-  timer or until a watch event about the job, its pods, or a node wakes it.
+  timer or until a watch event about the job, its pods, or one of its nodes wakes it
+  (``wakes.py`` says which events do).
 - Exactly one replica writes: the holder of a ``coordination.k8s.io`` Lease
   (``leadership.py``). Every replica watches, so a standby's indexes are warm when it
   takes over. kopf itself writes nothing: no peering, no finalizers, no progress
@@ -29,15 +30,16 @@ import kopf
 
 from .. import __version__, metrics
 from ..api.job import GROUP, PLURAL, VERSION
-from ..api.observed import LABEL_JOB, ConfigMapView
+from ..api.observed import LABEL_JOB, ConfigMapView, NodeView, node_view, slim_node, slim_pod
 from ..k8s.client import K8s, PermanentApiError, TransientApiError
 from ..k8s.lease import LeaseClient
 from ..settings import OperatorSettings, from_env
 from .leadership import AlwaysLeader, Gate, Leadership
 from .loops import JobLoops, Key
-from .reconcile import Children, NotLeader, reconcile
+from .reconcile import PROBER, Children, NotLeader, reconcile
 from .reconcile import forget as forget_refusals
 from .slots import Slots
+from .wakes import jobs_of_node
 
 log = logging.getLogger("llmtrain.operator")
 
@@ -74,7 +76,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 30
     me = identity()
-    _K8S = K8s.from_environment(user_agent=f"llmtrain-operator/{__version__} ({me})")
+    _K8S = K8s.from_environment(user_agent=f"llmtrain-operator/{__version__} ({me})", connections=SETTINGS.api_threads)
     metrics.serve(SETTINGS.metrics_port)
     # API calls run in threads (the Kubernetes client is synchronous); the default pool
     # (cores + 4) would queue a burst of new jobs' creates behind each other.
@@ -95,6 +97,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.cleanup()
 async def shutdown(**_: Any) -> None:
     await LOOPS.stop()
+    await PROBER.close()
     if _ELECTION is not None:
         _STOP_ELECTION.set()  # the election loop releases the Lease on its way out
         await asyncio.wait_for(_ELECTION, timeout=10)
@@ -111,12 +114,12 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 @kopf.index("pods", labels=JOB_SELECTOR)
 def pods_by_job(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {(namespace, labels[LABEL_JOB]): dict(body)}
+    return {(namespace, labels[LABEL_JOB]): slim_pod(dict(body))}
 
 
 @kopf.index("nodes")
 def nodes_by_name(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {name: dict(body)}
+    return {name: slim_node(dict(body))}
 
 
 @kopf.index("services", labels=JOB_SELECTOR)
@@ -134,11 +137,13 @@ def configmaps_by_job(namespace: str, name: str, labels: dict[str, str], annotat
 
 async def _children(namespace: str, name: str) -> Children:
     key = (namespace, name)
+    LOOPS.observe(key)
     return Children(
         pods=list(_INDEXES["pods_by_job"].get(key, [])),
         nodes=[n for store in _INDEXES["nodes_by_name"].values() for n in store],
         services=frozenset(_INDEXES["services_by_job"].get(key, [])),
         configmaps=dict(_INDEXES["configmaps_by_job"].get(key, [])),
+        body=LOOPS.body(key),
     )
 
 
@@ -170,13 +175,17 @@ async def _until_visible(key: Key, written: str | None, created: tuple[tuple[str
 
 
 async def _one_pass(key: Key) -> float:
-    await _GATE.wait()
+    if not _GATE.holds():
+        await _GATE.wait()
+        LOOPS.count_from_now(key)
     body = LOOPS.body(key)
     if body is None:
         return 0.0
     logger = logging.getLogger(f"llmtrain.job.{key[0]}.{key[1]}")
     try:
-        result = await reconcile(_K8S, body, _children, SETTINGS, slots=_SLOTS, gate=_GATE)
+        result = await reconcile(_K8S, body, _children, SETTINGS, slots=_SLOTS, gate=_GATE, urgent=LOOPS.answering(key),
+                                 key=key)
+        LOOPS.acted(key)
         await _until_visible(key, result.written, result.created)
         return min(result.plan.requeue_after or SETTINGS.resync_seconds, SETTINGS.resync_seconds)
     except NotLeader:
@@ -190,7 +199,12 @@ async def _one_pass(key: Key) -> float:
         return SETTINGS.resync_seconds * 3
 
 
-LOOPS = JobLoops(_one_pass)
+def _promote(key: Key) -> None:
+    if _SLOTS is not None:
+        _SLOTS.promote(key)
+
+
+LOOPS = JobLoops(_one_pass, on_acted=metrics.record_event_to_action, on_wake=_promote)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -203,6 +217,8 @@ async def job_changed(type: str | None, namespace: str, name: str, body: kopf.Bo
     if type == "DELETED":
         metrics.forget(*key)
         forget_refusals(*key)
+        if _SLOTS is not None:
+            _SLOTS.forget(key)
 
 
 @kopf.on.event("pods", labels=JOB_SELECTOR)
@@ -210,6 +226,19 @@ async def pod_changed(namespace: str, labels: dict[str, str], **_: Any) -> None:
     LOOPS.wake((namespace, labels.get(LABEL_JOB, "")))
 
 
+_NODE_VIEWS: dict[str, NodeView] = {}
+"""What the planner last read of each node: a node event that leaves it unchanged (a
+kubelet's heartbeat) wakes no job."""
+
+
 @kopf.on.event("nodes")
-async def node_changed(**_: Any) -> None:
-    LOOPS.wake_all()
+async def node_changed(type: str | None, name: str, body: kopf.Body, **_: Any) -> None:
+    if type == "DELETED":
+        _NODE_VIEWS.pop(name, None)
+    else:
+        view = node_view(dict(body))
+        if _NODE_VIEWS.get(name) == view:
+            return
+        _NODE_VIEWS[name] = view
+    for key in jobs_of_node(name, _INDEXES.get("pods_by_job", {}), LOOPS.bodies()):
+        LOOPS.wake(key)

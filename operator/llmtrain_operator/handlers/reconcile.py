@@ -25,7 +25,7 @@ from ..k8s.patches import merge_patch
 from ..planner import CreateObject, DeleteJob, DeleteObject, DeletePod, PatchStatus, Plan, ReplaceObject, SetSuspend, UpdateSpec, plan
 from ..planner import queue
 from ..planner.podgroup import api_of
-from ..probe import LauncherReport, combine, scrape, scrape_launcher
+from ..probe import AsyncProber, LauncherReport, combine
 from ..settings import OperatorSettings
 from .slots import Slots, no_slot
 
@@ -34,6 +34,10 @@ log = logging.getLogger("llmtrain.decisions")
 VOLATILE = ("lastReconcileTime", "activeSeconds", "productiveSeconds", "goodput")
 """Status fields that change on every pass; alone they do not justify a write."""
 
+
+SLOW_PASS_SECONDS = 1.0
+"""A pass that takes this long is logged with where its time went (probes, the wait for a
+slot, planning and writes), as the API server traces its slow requests."""
 
 REFUSAL_BACKOFF = (2.0, 300.0)
 """Seconds before retrying a refused create, doubling per refusal in a row: a quota or a
@@ -76,6 +80,9 @@ class Children:
     nodes: list[dict[str, Any]]
     services: frozenset[str]
     configmaps: dict[str, ConfigMapView]
+    body: dict[str, Any] | None = None
+    """The newest job body, where the source has one (the watch-fed loops): a pass that
+    waited for its slot plans from it."""
 
 
 class ChildSource(Protocol):
@@ -184,17 +191,19 @@ def _running_workers(pods: list[Any]) -> list[Any]:
     return [p for p in pods if p.role == ROLE_WORKER and p.phase == PodPhase.RUNNING and p.ip]
 
 
+PROBER = AsyncProber()
+
+
 async def probe_workers(pods: list[Any], port: int, timeout: float) -> dict[str, Any]:
     targets = _running_workers(pods)
-    results = await asyncio.gather(*(asyncio.to_thread(scrape, f"http://{p.ip}:{port}/metrics", timeout) for p in targets))
+    results = await asyncio.gather(*(PROBER.trainer(f"http://{p.ip}:{port}/metrics", timeout) for p in targets))
     return {p.name: r for p, r in zip(targets, results) if r is not None}
 
 
 async def probe_launchers(pods: list[Any], timeout: float) -> dict[str, LauncherReport]:
     """Pod name -> what each running worker's launcher reports."""
     targets = _running_workers(pods)
-    results = await asyncio.gather(*(asyncio.to_thread(scrape_launcher, f"http://{p.ip}:{HEALTH_PORT}/metrics", timeout)
-                                     for p in targets))
+    results = await asyncio.gather(*(PROBER.launcher(f"http://{p.ip}:{HEALTH_PORT}/metrics", timeout) for p in targets))
     return {p.name: r for p, r in zip(targets, results) if r is not None}
 
 
@@ -328,31 +337,48 @@ class PassResult:
 
 
 async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, settings: OperatorSettings,
-                    now: datetime | None = None, slots: Slots | None = None, gate: WriteGate | None = None) -> PassResult:
-    """One pass. With ``slots``, the API work waits for a free slot; trainers are scraped
-    before, outside it (see slots.py). The pass duration excludes that wait. With
-    ``gate`` (the leader Lease), nothing is written unless this replica holds it."""
+                    now: datetime | None = None, slots: Slots | None = None, gate: WriteGate | None = None,
+                    urgent: bool = False, key: Any = None) -> PassResult:
+    """One pass. With ``slots``, the API work waits for a free slot (``urgent``: ahead of
+    routine passes, for a pass that answers an event; ``key`` lets an event that comes
+    during the wait promote it, see slots.py); trainers are scraped before, outside it.
+    What the pass plans from (the job, its pods, nodes and other children) is read again
+    once it holds the slot, so a pass that waited acts on what happened meanwhile. The
+    pass duration excludes that wait. With ``gate`` (the leader Lease), nothing is
+    written unless this replica holds it."""
     started = time.perf_counter()
     meta = body["metadata"]
     ns, name = meta.get("namespace", "default"), meta["name"]
-    children = await source(ns, name)
-    pods = tuple(pod_view(p) for p in children.pods)
-    nodes = {n.name: n for n in map(node_view, children.nodes)}
+    before = await source(ns, name)
     spec = body.get("spec") or {}
     port = (spec.get("metrics") or {}).get("port", 9400)
-    # A user's script serves no trainer endpoint: its progress comes from the launcher.
-    trainer_pods = list(pods) if (spec.get("trainer") or {}).get("builtin") is not None else []
     probes: dict[str, Any] = {}
     attempts: dict[str, dict[str, int]] = {}
     if settings.probes_enabled:
+        pods = [pod_view(p) for p in before.pods]
+        # A user's script serves no trainer endpoint: its progress comes from the launcher.
+        trainer_pods = pods if (spec.get("trainer") or {}).get("builtin") is not None else []
         trainers, launchers = await asyncio.gather(probe_workers(trainer_pods, port, settings.probe_timeout_seconds),
-                                                   probe_launchers(list(pods), settings.probe_timeout_seconds))
+                                                   probe_launchers(pods, settings.probe_timeout_seconds))
         probes, attempts = combine(trainers, launchers)
-    async with slots.held() if slots is not None else no_slot() as waited:
-        return await _decide_and_write(k8s, body, settings, now or datetime.now(timezone.utc), started + waited,
-                                       Observed(pods=pods, nodes=nodes, services=children.services,
-                                                configmaps=children.configmaps, probes=probes,
-                                                launcher_attempts=attempts, **refused_before(ns, name)), gate)
+    probed = time.perf_counter()
+    async with slots.held(urgent, key) if slots is not None else no_slot() as waited:
+        # A watch-fed source costs nothing to read again; a listing one (tests) is read once.
+        children = await source(ns, name) if before.body is not None else before
+        if children.body is not None:
+            body = children.body
+        try:
+            return await _decide_and_write(k8s, body, settings, now or datetime.now(timezone.utc), started + waited,
+                                           Observed(pods=tuple(pod_view(p) for p in children.pods),
+                                                    nodes={n.name: n for n in map(node_view, children.nodes)},
+                                                    services=children.services, configmaps=children.configmaps, probes=probes,
+                                                    launcher_attempts=attempts, **refused_before(ns, name)), gate)
+        finally:
+            took = time.perf_counter() - started
+            if took >= SLOW_PASS_SECONDS:
+                log.info("job %s/%s: slow %s pass, %.2fs: probes %.2fs, waiting for a slot %.2fs, planning and writes %.2fs",
+                         ns, name, "urgent" if urgent else "routine", took, probed - started, waited,
+                         took - (probed - started) - waited)
 
 
 def refused_before(namespace: str, name: str) -> dict[str, Any]:

@@ -1,0 +1,118 @@
+"""What a worker pod serves to the operator, for pods that kwok runs without a process.
+
+bench/operator_scale.py runs hundreds of jobs' pods on kwok's fake nodes: they go Running
+with an address from their node's ``podCIDR`` (a slice of 127.0.0.0/8, so every pod
+address reaches this host's loopback) and nothing behind it. This one process answers
+for all of them, on the ports a real worker serves:
+
+- ``METRICS_PORT`` (the trainer's local rank 0): the page the real ``TrainerMetrics``
+  renders, with the step advancing once a second from the first request to that address;
+- ``HEALTH_PORT`` (the launcher): the page the real launcher renders, its workers running.
+
+So every pass of the operator scrapes both endpoints of every running worker and finds
+progress to write, as it would on a cluster of trainers. The server tells pods apart by
+the address they were dialled on (``getsockname``).
+
+    python bench/_standin_pods.py [--step-seconds 1.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "common"), str(ROOT / "trainer_image")]
+
+from llmtrain_contract.names import HEALTH_PORT, Metric  # noqa: E402
+from prometheus_client import generate_latest  # noqa: E402
+
+METRICS_PORT = 9400
+STEP_MARK, TIME_MARK = "987654321", "1234567890.5"
+"""Values no real page holds: the places the step and its time go in the template."""
+
+
+def trainer_page() -> str:
+    """The real trainer's page for a healthy rank of a 2-node job, with marks for the step
+    and its time (so its size and parse cost are the real ones)."""
+    from llmtrain_trainer.metrics import TrainerMetrics  # noqa: PLC0415
+
+    m = TrainerMetrics(rank=0, strategy="ddp", config_hash="0" * 12, job="scale")
+    m.started(world_size=2, restarts=0, failed_attempts={})
+    m.step(int(STEP_MARK), samples=8, loss=3.5, seconds=1.0, node_tokens=512)
+    m.checkpoint_committed("local", 10, seconds=0.2, size=46_000_000)
+    m.tier_health("local", None)
+    text = generate_latest(m.registry).decode()
+    out = []
+    for line in text.splitlines():
+        if line.startswith(Metric.LAST_STEP_TIMESTAMP + " "):
+            line = f"{Metric.LAST_STEP_TIMESTAMP} {TIME_MARK}"
+        out.append(line.replace("9.87654321e+08", STEP_MARK))
+    page = "\n".join(out) + "\n"
+    assert STEP_MARK in page and TIME_MARK in page, "the trainer's page changed: update the marks"
+    return page
+
+
+def launcher_page() -> bytes:
+    from llmtrain_trainer.supervisor import _Families  # noqa: PLC0415
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # noqa: PLC0415
+    from llmtrain_contract.names import LauncherMetric  # noqa: PLC0415
+
+    return generate_latest(_Families([  # type: ignore[arg-type]
+        CounterMetricFamily(LauncherMetric.FAILED_ATTEMPTS, "Failed attempts in this pod, by cause", labels=["cause"]),
+        GaugeMetricFamily(LauncherMetric.ATTEMPT, "The attempt the local worker group runs", value=0),
+        GaugeMetricFamily(LauncherMetric.WORKERS_RUNNING, "1 while torchrun's worker processes run", value=1)]))
+
+
+class Pods:
+    def __init__(self, step_seconds: float):
+        self.step_seconds = step_seconds
+        self.first_seen: dict[str, float] = {}
+        self.template = trainer_page()
+        self.launcher = launcher_page()
+        self.requests = 0
+
+    def trainer(self, address: str) -> bytes:
+        now = time.time()
+        began = self.first_seen.setdefault(address, now)
+        step = int((now - began) / self.step_seconds)
+        last = began + step * self.step_seconds
+        return self.template.replace(STEP_MARK, str(step)).replace(TIME_MARK, f"{last:.3f}").encode()
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+            address, port = writer.get_extra_info("sockname")[:2]
+            path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b"/"
+            self.requests += 1
+            if path == b"/metrics":
+                body, code = (self.trainer(address) if port == METRICS_PORT else self.launcher), b"200 OK"
+            elif path in (b"/healthz", b"/readyz") and port == HEALTH_PORT:
+                body, code = b"ok\n", b"200 OK"
+            else:
+                body, code = b"not found\n", b"404 Not Found"
+            writer.write(b"HTTP/1.1 " + code + b"\r\nContent-Type: text/plain; version=0.0.4\r\nConnection: close\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            await writer.drain()
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--step-seconds", type=float, default=1.0)
+    args = p.parse_args()
+    pods = Pods(args.step_seconds)
+    servers = [await asyncio.start_server(pods.serve, "0.0.0.0", port, backlog=4096, reuse_address=True)
+               for port in (METRICS_PORT, HEALTH_PORT)]
+    print(f"serving {len(pods.template)} B trainer pages on :{METRICS_PORT} and the launcher on :{HEALTH_PORT}", flush=True)
+    await asyncio.gather(*(s.serve_forever() for s in servers))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,94 @@
+"""The operator's probes run on the event loop (probe.AsyncProber): a real trainer's and a
+real launcher's pages are read as the synchronous scrape reads them, and an endpoint
+that is down, refuses, answers an error or hangs is no answer, never an exception."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from llmtrain_operator.probe import AsyncProber, scrape, scrape_launcher
+from llmtrain_trainer.metrics import TrainerMetrics
+from prometheus_client import generate_latest
+
+
+def trainer_page() -> bytes:
+    m = TrainerMetrics(rank=0, strategy="ddp", config_hash="0" * 12, job="probe")
+    m.started(world_size=2, restarts=1, failed_attempts={"crash": 1})
+    m.step(42, samples=8, loss=3.5, seconds=1.0, node_tokens=512)
+    m.checkpoint_committed("local", 40, seconds=0.2, size=1000)
+    m.tier_health("shared", "NoSpace")
+    return generate_latest(m.registry)
+
+
+class Server:
+    """A real HTTP server: /trainer, /launcher, /error (500), /slow (answers after 5 s)."""
+
+    def __init__(self):
+        page = trainer_page()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                if self.path == "/slow":
+                    time.sleep(5)
+                body = {"/trainer": page, "/slow": page,
+                        "/launcher": b'llmtrain_launcher_failed_attempts_total{cause="hang"} 2.0\n'
+                                     b"llmtrain_launcher_workers_running 1.0\n"}.get(self.path)
+                self.send_response(200 if body else 500)
+                self.send_header("Content-Length", str(len(body or b"")))
+                self.end_headers()
+                self.wfile.write(body or b"")
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_async_probe_reads_what_the_synchronous_one_reads_and_no_answer_is_none():
+    server = Server()
+    prober = AsyncProber(concurrency=4)
+
+    async def main():
+        try:
+            trainer, launcher, error, down = await asyncio.gather(
+                prober.trainer(f"{server.url}/trainer", 2), prober.launcher(f"{server.url}/launcher", 2),
+                prober.trainer(f"{server.url}/error", 2), prober.trainer(f"http://127.0.0.1:{closed_port()}/metrics", 2))
+            started = time.monotonic()
+            slow = await prober.trainer(f"{server.url}/slow", 0.5)
+            waited = time.monotonic() - started
+            many = await asyncio.gather(*(prober.trainer(f"{server.url}/trainer", 2) for _ in range(20)))
+        finally:
+            await prober.close()
+        return trainer, launcher, error, down, slow, waited, many
+
+    trainer, launcher, error, down, slow, waited, many = asyncio.run(main())
+    assert trainer == scrape(f"{server.url}/trainer") and trainer.step == 42 and trainer.tier_degraded == {"shared": "NoSpace"}
+    assert launcher == scrape_launcher(f"{server.url}/launcher") and launcher.failed == {"hang": 2}
+    assert error is None and down is None and slow is None
+    assert waited < 2, "a hanging trainer held the probe past its timeout"
+    assert all(m == trainer for m in many), "20 probes through 4 connections"
+    server.httpd.shutdown()
+
+
+def test_a_prober_outlives_its_event_loop():
+    """Each asyncio.run is a new loop (tests, a restarted operator): the prober opens a
+    new session there instead of using one bound to a closed loop."""
+    server = Server()
+    prober = AsyncProber()
+    first = asyncio.run(prober.trainer(f"{server.url}/trainer", 2))
+    second = asyncio.run(prober.trainer(f"{server.url}/trainer", 2))
+    assert first is not None and first == second
+    server.httpd.shutdown()
