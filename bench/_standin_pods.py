@@ -6,7 +6,8 @@ address reaches this host's loopback) and nothing behind it. This one process an
 for all of them, on the ports a real worker serves:
 
 - ``METRICS_PORT`` (the trainer's local rank 0): the page the real ``TrainerMetrics``
-  renders, with the step advancing once a second from the first request to that address;
+  renders (restricted by ``name[]`` as the real endpoint does), with the step advancing
+  once a second from the first request to that address;
 - ``HEALTH_PORT`` (the launcher): the page the real launcher renders, its workers running.
 
 So every pass of the operator scrapes both endpoints of every running worker and finds
@@ -23,6 +24,7 @@ import asyncio
 import sys
 import time
 from pathlib import Path
+from urllib.parse import parse_qs
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "common"), str(ROOT / "trainer_image")]
@@ -35,9 +37,9 @@ STEP_MARK, TIME_MARK = "987654321", "1234567890.5"
 """Values no real page holds: the places the step and its time go in the template."""
 
 
-def trainer_page() -> str:
-    """The real trainer's page for a healthy rank of a 2-node job, with marks for the step
-    and its time (so its size and parse cost are the real ones)."""
+def trainer_registry():
+    """The real trainer's registry for a healthy rank of a 2-node job, its step and step
+    time set to marks (so a page's size and parse cost are the real ones)."""
     from llmtrain_trainer.metrics import TrainerMetrics  # noqa: PLC0415
 
     m = TrainerMetrics(rank=0, strategy="ddp", config_hash="0" * 12, job="scale")
@@ -45,7 +47,14 @@ def trainer_page() -> str:
     m.step(int(STEP_MARK), samples=8, loss=3.5, seconds=1.0, node_tokens=512)
     m.checkpoint_committed("local", 10, seconds=0.2, size=46_000_000)
     m.tier_health("local", None)
-    text = generate_latest(m.registry).decode()
+    return m.registry
+
+
+def trainer_page(names: list[str] | None = None) -> str:
+    """The page as the trainer's endpoint renders it, restricted to ``names`` as its
+    ``name[]`` query asks (prometheus_client's own filter), with the marks in place."""
+    registry = trainer_registry()
+    text = generate_latest(registry.restricted_registry(names) if names else registry).decode()
     out = []
     for line in text.splitlines():
         if line.startswith(Metric.LAST_STEP_TIMESTAMP + " "):
@@ -72,24 +81,30 @@ class Pods:
         self.step_seconds = step_seconds
         self.first_seen: dict[str, float] = {}
         self.template = trainer_page()
+        self.templates: dict[bytes, str] = {b"": self.template}
         self.launcher = launcher_page()
         self.requests = 0
 
-    def trainer(self, address: str) -> bytes:
+    def trainer(self, address: str, query: bytes) -> bytes:
+        template = self.templates.get(query)
+        if template is None:
+            names = parse_qs(query.decode()).get("name[]")
+            template = self.templates[query] = trainer_page(names)
         now = time.time()
         began = self.first_seen.setdefault(address, now)
         step = int((now - began) / self.step_seconds)
         last = began + step * self.step_seconds
-        return self.template.replace(STEP_MARK, str(step)).replace(TIME_MARK, f"{last:.3f}").encode()
+        return template.replace(STEP_MARK, str(step)).replace(TIME_MARK, f"{last:.3f}").encode()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
             address, port = writer.get_extra_info("sockname")[:2]
-            path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b"/"
+            target = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b"/"
+            path, _, query = target.partition(b"?")
             self.requests += 1
             if path == b"/metrics":
-                body, code = (self.trainer(address) if port == METRICS_PORT else self.launcher), b"200 OK"
+                body, code = (self.trainer(address, query) if port == METRICS_PORT else self.launcher), b"200 OK"
             elif path in (b"/healthz", b"/readyz") and port == HEALTH_PORT:
                 body, code = b"ok\n", b"200 OK"
             else:

@@ -124,8 +124,15 @@ def _kubeflow_job(i: int) -> dict[str, Any]:
 
 
 def _kubeflow_restarting(job: dict[str, Any]) -> int:
+    """When Kubeflow last recorded a restart (its ``Restarting`` condition's transition,
+    epoch seconds; 0 before any). Read from the transition time, not the condition's
+    state: when the replacement runs at once, Kubeflow may write Restarting=True and
+    Running=True in successive passes, or only the latter with Restarting turned False."""
     conditions = (job.get("status") or {}).get("conditions") or []
-    return int(any(c.get("type") == "Restarting" and c.get("status") == "True" for c in conditions))
+    stamps = [c.get("lastTransitionTime") for c in conditions if c.get("type") == "Restarting"]
+    if not stamps or not stamps[0]:
+        return 0
+    return int(datetime.strptime(stamps[0], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp())
 
 
 OURS = Controller(
@@ -358,6 +365,9 @@ def start_kubeflow(bed: Bed, kube: Kube) -> subprocess.Popen:
     module = module_dir(KF_MODULE)
     kube_apply_file(bed, module / "manifests" / "base" / "crds" / "kubeflow.org_pytorchjobs.yaml")
     kube.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kubeflow"}})
+    # Its manifests create the Secret empty; its cert-controller fills it in.
+    kube.request("POST", "/api/v1/namespaces/kubeflow/secrets", {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "training-operator-webhook-cert", "namespace": "kubeflow"}})
     kube.request("POST", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations", {
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": "validator.training-operator.kubeflow.org"},
@@ -372,8 +382,10 @@ def start_kubeflow(bed: Bed, kube: Kube) -> subprocess.Popen:
                                            "--enable-scheme=pytorchjob", f"--metrics-bind-address=127.0.0.1:{KF_METRICS_PORT}",
                                            f"--health-probe-bind-address=127.0.0.1:{KF_PROBE_PORT}",
                                            f"--webhook-server-port={KF_WEBHOOK_PORT}"])
-    secret = wait(lambda: kube.request("GET", "/api/v1/namespaces/kubeflow/secrets/training-operator-webhook-cert").get("data"),
-                  120, "Kubeflow's webhook Secret")
+    secret = wait(lambda: (kube.request("GET", "/api/v1/namespaces/kubeflow/secrets/training-operator-webhook-cert").get("data")
+                           or {}).get("tls.crt") and kube.request(
+                               "GET", "/api/v1/namespaces/kubeflow/secrets/training-operator-webhook-cert")["data"],
+                  120, "Kubeflow's webhook Secret filled in")
     KF_CERT_DIR.mkdir(parents=True, exist_ok=True)
     for key, value in secret.items():
         (KF_CERT_DIR / key).write_bytes(base64.b64decode(value))

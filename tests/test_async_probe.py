@@ -92,3 +92,34 @@ def test_a_prober_outlives_its_event_loop():
     second = asyncio.run(prober.trainer(f"{server.url}/trainer", 2))
     assert first is not None and first == second
     server.httpd.shutdown()
+
+
+def test_the_restricted_page_reads_as_the_whole_page_and_is_a_fraction_of_it():
+    """The operator asks a trainer for the samples it reads (``name[]``, served by
+    prometheus_client): every field of the probe is the same as from the whole page."""
+    import urllib.request
+    from types import SimpleNamespace
+
+    from llmtrain_operator.probe import parse, trainer_url
+    from prometheus_client import start_http_server
+
+    m = TrainerMetrics(rank=0, strategy="ddp", config_hash="0" * 12, job="probe")
+    m.started(world_size=4, restarts=2, failed_attempts={"crash": 1, "victim": 3})
+    m.step(77, samples=8, loss=3.5, seconds=1.0, node_tokens=512)
+    for tier, step in (("local", 70), ("shared", 60), ("s3", 50)):
+        m.checkpoint_committed(tier, step, seconds=0.2, size=1000)
+    m.tier_health("s3", "Unreachable")
+    m.cadence(25, SimpleNamespace(cost_seconds=3.5, mtbf_seconds=3600.0, step_seconds=1.25))
+    m.stragglers({3: 1.8}, set())
+    m.data_position(SimpleNamespace(rollbacks=1, skips=[SimpleNamespace(first_step=10, last_step=12, first_sample=80,
+                                                                         end_sample=104)]))
+    server, _ = start_http_server(0, addr="127.0.0.1", registry=m.registry)
+    port = server.server_port
+    whole = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    restricted = urllib.request.urlopen(trainer_url("127.0.0.1", port)).read().decode()
+    server.shutdown()
+    full, part = parse(whole), parse(restricted)
+    assert part == full
+    assert (part.step, part.world_size, part.interval_steps, part.stragglers, part.rollbacks, len(part.skipped)) == (77, 4, 25, {3: 1.8}, 1, 1)
+    assert part.tier_degraded == {"s3": "Unreachable"} and part.failed_attempts == {"crash": 1, "victim": 3}
+    assert len(restricted) < len(whole) / 2

@@ -159,7 +159,7 @@ async def test_a_pass_that_waited_plans_from_what_happened_meanwhile(monkeypatch
         return Children(pods=list(state["pods"]), nodes=[], services=frozenset(), configmaps={},
                         body={"metadata": {"name": name, "namespace": namespace}, "spec": {}, "status": {"seen": True}})
 
-    async def decide(k8s, body, settings, now, started, observed, gate):
+    async def decide(k8s, body, settings, now, started, observed, gate, *rest):
         seen.append((body["status"], [p.name for p in observed.pods]))
         return "written"
 

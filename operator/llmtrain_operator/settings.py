@@ -93,6 +93,14 @@ class OperatorSettings:
     torch. Default: this operator's own image, which has them; the chart passes the image
     it deploys."""
 
+    progress_writes_per_second: float = 20.0
+    """``LLMTRAIN_OPERATOR_PROGRESS_WRITES_PER_SECOND``: status writes that would only
+    report progress (the step and when it advanced), across all jobs. Default 20. Up to
+    ``20 x resyncSeconds`` jobs (200 at the defaults) this changes nothing; beyond, each
+    job's step in the status is written at most every ``jobs / 20`` seconds (25 s at 500
+    jobs), so the API server's load stays flat as jobs are added. A status with any other
+    change (a phase, a condition, a failure, a checkpoint) is written at once. 0: no limit."""
+
     status_flush_seconds: float = 60.0
     """``LLMTRAIN_OPERATOR_STATUS_FLUSH_SECONDS``: when only time accounting changed, the
     status is written at most this often. Seconds. Default 60: an idle job costs no

@@ -96,7 +96,8 @@ def test_a_frozen_launcher_a_frozen_agent_a_partitioned_node_and_a_deleted_node_
     assert (failure["kind"], failure["node"], failure["pod"]) == ("NodeFailure", cut, target_pod), failure
     assert "NotReady/unreachable" in failure["message"], failure
     assert cut in [q["node"] for q in parted["quarantinedNodes"]]
-    assert any(cut in m and target_pod in m for m in _events(bed, "NodeFailure")), event_messages(bed, NS, NAME)
+    wait_for(lambda: any(cut in m and target_pod in m for m in _events(bed, "NodeFailure")), 30, 0.5,
+             f"a NodeFailure Event naming {cut} and {target_pod}")
     assert parted["restartsByReason"] == {"Signal9": 1, "Hang": 1, "NodeFailure": 1}, "the survivor's blocked ranks were victims"
     bed.heal_node(cut)  # links back: the kubelet ends the pod the operator force-deleted
     bed.wait_nodes_ready(180)
@@ -114,7 +115,9 @@ def test_a_frozen_launcher_a_frozen_agent_a_partitioned_node_and_a_deleted_node_
     assert (failure["kind"], failure["node"], failure["pod"]) == ("NodeFailure", gone, gone_pod), failure
     assert "Node object was deleted" in failure["message"], failure
     assert {cut, gone} <= {q["node"] for q in deleted["quarantinedNodes"]}
-    assert any(gone in m and "deleted" in m for m in _events(bed, "NodeFailure")), event_messages(bed, NS, NAME)
+    # Events are posted after the status write, in the background: wait for it.
+    wait_for(lambda: any(gone in m and "deleted" in m for m in _events(bed, "NodeFailure")), 30, 0.5,
+             f"a NodeFailure Event naming the deleted node {gone}")
     bed.heal_node(gone)  # registered again, as a restarted kubelet would
     bed.wait_nodes_ready(180)
 

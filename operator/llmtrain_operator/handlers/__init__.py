@@ -184,7 +184,7 @@ async def _one_pass(key: Key) -> float:
     logger = logging.getLogger(f"llmtrain.job.{key[0]}.{key[1]}")
     try:
         result = await reconcile(_K8S, body, _children, SETTINGS, slots=_SLOTS, gate=_GATE, urgent=LOOPS.answering(key),
-                                 key=key)
+                                 key=key, jobs=len(LOOPS.keys()))
         LOOPS.acted(key)
         await _until_visible(key, result.written, result.created)
         return min(result.plan.requeue_after or SETTINGS.resync_seconds, SETTINGS.resync_seconds)

@@ -25,7 +25,7 @@ from ..k8s.patches import merge_patch
 from ..planner import CreateObject, DeleteJob, DeleteObject, DeletePod, PatchStatus, Plan, ReplaceObject, SetSuspend, UpdateSpec, plan
 from ..planner import queue
 from ..planner.podgroup import api_of
-from ..probe import AsyncProber, LauncherReport, combine
+from ..probe import AsyncProber, LauncherReport, combine, trainer_url
 from ..settings import OperatorSettings
 from .slots import Slots, no_slot
 
@@ -33,6 +33,9 @@ log = logging.getLogger("llmtrain.decisions")
 
 VOLATILE = ("lastReconcileTime", "activeSeconds", "productiveSeconds", "goodput")
 """Status fields that change on every pass; alone they do not justify a write."""
+PROGRESS = ("step", "lastProgressTime")
+"""Status fields that change at every step: alone they are written at the pace the
+progress budget allows (``OperatorSettings.progress_writes_per_second``)."""
 
 
 SLOW_PASS_SECONDS = 1.0
@@ -196,7 +199,7 @@ PROBER = AsyncProber()
 
 async def probe_workers(pods: list[Any], port: int, timeout: float) -> dict[str, Any]:
     targets = _running_workers(pods)
-    results = await asyncio.gather(*(PROBER.trainer(f"http://{p.ip}:{port}/metrics", timeout) for p in targets))
+    results = await asyncio.gather(*(PROBER.trainer(trainer_url(p.ip, port), timeout) for p in targets))
     return {p.name: r for p, r in zip(targets, results) if r is not None}
 
 
@@ -207,12 +210,28 @@ async def probe_launchers(pods: list[Any], timeout: float) -> dict[str, Launcher
     return {p.name: r for p, r in zip(targets, results) if r is not None}
 
 
-def status_changed(old: dict[str, Any], new: dict[str, Any], flush_seconds: float, now: datetime) -> bool:
-    strip = lambda s: {k: v for k, v in s.items() if k not in VOLATILE}  # noqa: E731
-    if strip(old) != strip(new):
+def status_changed(old: dict[str, Any], new: dict[str, Any], flush_seconds: float, now: datetime,
+                   progress_seconds: float = 0.0) -> bool:
+    """Whether the pass writes the status: at once for any change but time accounting and
+    progress; for progress, once ``progress_seconds`` passed since the last write; for
+    time accounting alone, once ``flush_seconds`` did."""
+    strip = lambda s, keys: {k: v for k, v in s.items() if k not in keys}  # noqa: E731
+    if strip(old, VOLATILE + PROGRESS) != strip(new, VOLATILE + PROGRESS):
         return True
     last = parse_time(old.get("lastReconcileTime"))
-    return last is None or (now - last).total_seconds() >= flush_seconds
+    if last is None:
+        return True
+    since = (now - last).total_seconds()
+    if strip(old, VOLATILE) != strip(new, VOLATILE):
+        return since >= progress_seconds
+    return since >= flush_seconds
+
+
+def progress_pace(settings: OperatorSettings, jobs: int) -> float:
+    """Seconds between a job's progress-only status writes, so that all ``jobs`` together
+    stay within the progress budget."""
+    rate = settings.progress_writes_per_second
+    return jobs / rate if rate > 0 else 0.0
 
 
 def _request(k8s: K8s, namespace: str, job: str, action: Any) -> Any:
@@ -338,7 +357,7 @@ class PassResult:
 
 async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, settings: OperatorSettings,
                     now: datetime | None = None, slots: Slots | None = None, gate: WriteGate | None = None,
-                    urgent: bool = False, key: Any = None) -> PassResult:
+                    urgent: bool = False, key: Any = None, jobs: int = 1) -> PassResult:
     """One pass. With ``slots``, the API work waits for a free slot (``urgent``: ahead of
     routine passes, for a pass that answers an event; ``key`` lets an event that comes
     during the wait promote it, see slots.py); trainers are scraped before, outside it.
@@ -372,7 +391,7 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
                                            Observed(pods=tuple(pod_view(p) for p in children.pods),
                                                     nodes={n.name: n for n in map(node_view, children.nodes)},
                                                     services=children.services, configmaps=children.configmaps, probes=probes,
-                                                    launcher_attempts=attempts, **refused_before(ns, name)), gate)
+                                                    launcher_attempts=attempts, **refused_before(ns, name)), gate, jobs)
         finally:
             took = time.perf_counter() - started
             if took >= SLOW_PASS_SECONDS:
@@ -388,7 +407,7 @@ def refused_before(namespace: str, name: str) -> dict[str, Any]:
 
 
 async def _decide_and_write(k8s: K8s, body: dict[str, Any], settings: OperatorSettings, now: datetime,
-                            started: float, observed: Observed, gate: WriteGate | None) -> PassResult:
+                            started: float, observed: Observed, gate: WriteGate | None, jobs: int = 1) -> PassResult:
     meta = body["metadata"]
     ns, name = meta.get("namespace", "default"), meta["name"]
     if _needs_dependency_check(body):
@@ -400,7 +419,7 @@ async def _decide_and_write(k8s: K8s, body: dict[str, Any], settings: OperatorSe
         observed = replace(observed, workload=workload)
     result = plan(body, observed, now, settings.runtime_image)
     old_status = body.get("status") or {}
-    changed = status_changed(old_status, result.status, settings.status_flush_seconds, now)
+    changed = status_changed(old_status, result.status, settings.status_flush_seconds, now, progress_pace(settings, jobs))
     _check(gate)
     action_error, status_error, refused = await write(k8s, body, result, merge_patch(old_status, result.status) if changed else None, gate)
     _remember_refusals(ns, name, refused, now,

@@ -39,7 +39,7 @@ from ..planner import CreateObject, DeleteJob, DeletePod, ReplaceObject
 from ..planner.environment import worker_env
 from ..planner.manifests import TORCHRUN_MAX_RESTARTS
 from ..planner.render import config_text, tier_paths, trainer_config
-from ..probe import combine, scrape, scrape_launcher
+from ..probe import combine, scrape, scrape_launcher, trainer_url
 
 PY = sys.executable
 
@@ -316,7 +316,7 @@ class LocalCluster:
             endpoint = json.loads(info.read_text())
         except (OSError, ValueError):
             return None
-        return scrape(f"http://{endpoint['host']}:{endpoint['port']}/metrics", timeout=1.0)
+        return scrape(trainer_url(endpoint["host"], endpoint["port"]), timeout=1.0)
 
     def shutdown(self) -> None:
         for pod in self.pods.values():
