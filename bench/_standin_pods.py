@@ -123,6 +123,7 @@ async def main() -> None:
     p.add_argument("--step-seconds", type=float, default=1.0)
     args = p.parse_args()
     pods = Pods(args.step_seconds)
+    # No SO_REUSEPORT: a second server on these ports must fail, not share them.
     servers = [await asyncio.start_server(pods.serve, "0.0.0.0", port, backlog=4096, reuse_address=True)
                for port in (METRICS_PORT, HEALTH_PORT)]
     print(f"serving {len(pods.template)} B trainer pages on :{METRICS_PORT} and the launcher on :{HEALTH_PORT}", flush=True)

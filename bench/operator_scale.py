@@ -325,7 +325,15 @@ class Bed:
         wait(lambda: sum(1 for n in kube.request("GET", "/api/v1/nodes")["items"]
                          if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", [])))
              == self.nodes, 120, f"{self.nodes} kwok nodes Ready")
-        self.start("standin-pods", [sys.executable, str(ROOT / "bench" / "_standin_pods.py")])
+        standin = self.start("standin-pods", [sys.executable, str(ROOT / "bench" / "_standin_pods.py")])
+        log = self.logs / "standin-pods.log"
+
+        def serving() -> bool:
+            if standin.poll() is not None:  # e.g. another process holds its ports
+                raise RuntimeError(f"the stand-in pods' server exited: {log.read_text()[-2000:]}")
+            return "serving" in log.read_text()
+
+        wait(serving, 30, "the stand-in pods' server serving")
         kube.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
         return kube
 
