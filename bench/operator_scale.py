@@ -41,12 +41,10 @@ certificate folder (the kubelet's part) and registers the webhook to select no o
 from __future__ import annotations
 
 import base64
-import json
 import math
 import os
 import random
 import shutil
-import statistics
 import subprocess
 import sys
 import threading

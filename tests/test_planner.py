@@ -193,6 +193,45 @@ def test_after_the_grace_pods_on_a_failed_node_are_force_deleted_and_the_node_qu
     assert "NodeFailure" in events
 
 
+def zoned(view, zone: str):
+    return dataclasses.replace(view, zone=zone)
+
+
+@pytest.mark.parametrize("ready, held", [
+    (["Unknown"] * 4, True),                          # every node of the zone: the control plane, not the nodes
+    (["Unknown", "Unknown", "Unknown", "True", "True"], True),  # more than 2 and at least 55 %
+    (["Unknown", "Unknown", "True", "True"], False),  # 2 of 4: node failures
+    (["Unknown", "True", "True", "True"], False),
+], ids=["all", "3-of-5", "2-of-4", "1-of-4"])
+def test_most_of_a_zone_not_ready_at_once_is_a_disruption_and_keeps_the_pods(ready, held):
+    raw = job(status=running_status())
+    nodes = [node(f"node-{i}", ready=r, since_seconds=30) for i, r in enumerate(ready)]
+    _, status, actions, events = run(raw, observed(raw, [worker(0), worker(1)], nodes=nodes))
+    disrupted = [c for c in status.get("conditions", []) if c["type"] == "NodesDisrupted"]
+    if held:
+        assert actions == [] and status["restarts"] == 0, actions
+        assert disrupted[0]["status"] == "True" and disrupted[0]["reason"] == "ZoneDisrupted", disrupted
+        assert f"{ready.count('Unknown')} of {len(ready)} nodes NotReady" in disrupted[0]["message"]
+        assert "ZoneDisrupted" in events
+    else:
+        assert f"force-delete {W0}" in actions and status["restartsByReason"]["NodeFailure"] >= 1, actions
+        assert not disrupted
+
+
+def test_a_disruption_in_one_zone_holds_only_that_zones_pods_and_clears_when_it_heals():
+    raw = job(status=running_status())
+    nodes = [zoned(node("node-0", ready="Unknown", since_seconds=30), "a"), zoned(node("node-1", ready="Unknown", since_seconds=30), "b"),
+             zoned(node("node-2"), "b"), zoned(node("node-3"), "b")]
+    # Zone a: its only node NotReady, a full disruption: worker-0 kept. Zone b: 1 of 3: worker-1's node failed.
+    _, status, actions, _ = run(raw, observed(raw, [worker(0), worker(1)], nodes=nodes))
+    assert actions == [f"force-delete {W1}"]
+    assert status["restartsByReason"] == {"NodeFailure": 1}
+    assert [c["status"] for c in status["conditions"] if c["type"] == "NodesDisrupted"] == ["True"]
+    healed = [zoned(node("node-0"), "a"), *nodes[1:]]
+    _, later, _, _ = run(job(status=status), observed(raw, [worker(0)], nodes=healed))
+    assert [(c["status"], c["reason"]) for c in later["conditions"] if c["type"] == "NodesDisrupted"] == [("False", "NodesReachable")]
+
+
 def test_a_pod_whose_node_object_vanished_is_treated_as_on_a_failed_node():
     raw = job(status=running_status())
     result, status, actions, _ = run(raw, observed(raw, [worker(0), worker(1, node="gone")], nodes=[node("node-0")]))

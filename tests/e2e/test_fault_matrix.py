@@ -18,7 +18,7 @@ import pytest
 from support.waiting import wait_for
 
 from .conftest import OPERATOR_NS
-from .jobs import create, job_manifest, pods, rank_holder, status, wait_status
+from .jobs import PVC, create, job_manifest, pods, rank_holder, status, wait_status
 from .matrix import Churn, check_outcome, condition, restores
 from .prometheus import Prometheus
 
@@ -99,9 +99,9 @@ def test_03_the_pod_hosting_rank_0_deleted_saves_its_step_and_is_replaced(operat
     bed.kubectl("delete", "pod", holder["metadata"]["name"], "-n", ns, "--wait=false")
     with Churn(bed, ns, name) as churn:
         done = finished(bed, ns, name)
-    # A deleted pod is a disruption, not a failure of the job: no restart is charged.
+    # A pod deleted by a user is not a failure of the job: nothing is charged. (Rank 1's
+    # group failed with it: a victim, restarted in place, never charged either.)
     check_outcome(bed, ns, name, done, phase="Succeeded", step=STEPS, by_reason={}, reasons={"Completed"})
-    assert done.get("disruptions", 0) >= 1, done
     resumed = restores(bed, ns, name)
     assert resumed, "nobody restored after rank 0's pod was deleted"
     # SIGTERM gave rank 0 its emergency checkpoint: at most the step in flight is lost.
@@ -112,29 +112,31 @@ def test_03_the_pod_hosting_rank_0_deleted_saves_its_step_and_is_replaced(operat
 # ---------------------------------------------------------------- 4. the rendezvous store killed
 
 
-def test_04_a_killed_rendezvous_store_is_recreated_and_the_job_trains_on(operator, prometheus):
+def test_04_a_killed_rendezvous_store_restarts_and_the_workers_resume_from_their_sigterm_checkpoint(operator, prometheus):
+    """The store's processes SIGKILLed: its container restarts in place (restartPolicy
+    Always) with an empty store. Both torchrun agents lose the rendezvous
+    (RendezvousConnectionError), SIGTERM their ranks, which save the step in flight, and
+    end their pods with the preemption code: an infrastructure disruption, never charged.
+    The replacement pods start with an empty node-local tier, so the job has a shared one:
+    they resume from it, at most one interval back."""
     bed, ns, name = operator, "e2e-m-store", "store"
-    create(bed, ns, paced(name))
+    bed.kubectl("create", "namespace", ns, check=False)
+    bed.kubectl("apply", "-n", ns, "-f", "-", input=PVC)
+    create(bed, ns, paced(name, changes={"spec.checkpoint.shared": {"claimName": "ckpt-shared", "intervalSteps": INTERVAL}}))
     wait_status(bed, ns, name, lambda s: s.get("phase") == "Running" and s.get("step", 0) >= 12, 300, "running past step 12")
     store = pods(bed, ns, name, role="rendezvous")[0]
     at = status(bed, ns, name).get("step", 0)
     bed.kill_pod(ns, store["metadata"]["name"])
-    wait_for(lambda: [p for p in pods(bed, ns, name, role="rendezvous") if p["metadata"]["uid"] != store["metadata"]["uid"]],
-             120, 0.5, "a new rendezvous store")
     with Churn(bed, ns, name) as churn:
         done = finished(bed, ns, name)
-    assert done["phase"] == "Succeeded", json.dumps(done)[:3000]
-    assert done["step"] == STEPS
-    assert "StoreRestarted" in _event_reasons(bed, ns, name)
-    for r in restores(bed, ns, name):
-        assert r.step >= at - INTERVAL, (at, r)
+    check_outcome(bed, ns, name, done, phase="Succeeded", step=STEPS, by_reason={}, reasons={"PodDisrupted", "Completed"})
+    assert done.get("disruptions", 0) == 2, done.get("disruptions")
+    now = pods(bed, ns, name, role="rendezvous")
+    assert now and (now[0]["metadata"]["uid"] != store["metadata"]["uid"]
+                    or now[0]["status"]["containerStatuses"][0]["restartCount"] >= 1), "the store was not restarted"
+    resumed = restores(bed, ns, name)
+    assert resumed and min(r.step for r in resumed) >= at - INTERVAL, (at, resumed)
     assert churn.most_alive <= 2
-
-
-def _event_reasons(bed, ns: str, name: str) -> set[str]:
-    from .jobs import events  # noqa: PLC0415
-
-    return set(events(bed, ns, name))
 
 
 # ---------------------------------------------------------------- 10. the operator restarted during a node-loss recovery
@@ -165,7 +167,15 @@ def test_10_an_operator_restarted_during_a_node_loss_recovers_it_exactly_once(op
     check_outcome(bed, ns, name, done, phase="Succeeded", step=STEPS, by_reason={"NodeFailure": 1},
                   reasons={"NodeFailure", "Completed"})
     assert churn.most_alive <= 2, "more live worker pods than replicas.max"
-    bed.kubectl("rollout", "status", "deployment/llmtrain", "-n", OPERATOR_NS, "--timeout=180s")
+    # Leave two replicas for the next tests: the killed one replaced by a fresh pod.
+    bed.kubectl("delete", "pod", leader, "-n", OPERATOR_NS, "--wait=false", check=False)
+    wait_for(lambda: len(_ready_operators(bed)) == 2, 240, 1, "two operator replicas ready again")
+
+
+def _ready_operators(bed) -> list[str]:
+    out = bed.kubectl("get", "pods", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=llmtrain-operator", "-o", "json")
+    return [p["metadata"]["name"] for p in json.loads(out.stdout)["items"] if not p["metadata"].get("deletionTimestamp")
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
 
 
 def _not_ready(bed, node: str) -> bool:

@@ -16,6 +16,7 @@ from llmtrain_contract.names import CONFIG_HASH_ANNOTATION
 
 from .vocabulary import PodPhase
 
+ZONE_LABEL = "topology.kubernetes.io/zone"
 LABEL_JOB = "llmtrain.io/job"
 LABEL_ROLE = "llmtrain.io/role"
 LABEL_SLOT = "llmtrain.io/slot"
@@ -103,9 +104,11 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def slim_node(node: dict[str, Any]) -> dict[str, Any]:
-    """What ``node_view`` reads of a Node: its name, taints and conditions (not its images,
-    addresses or capacity)."""
-    return {"metadata": {"name": (node.get("metadata") or {}).get("name", "")},
+    """What ``node_view`` reads of a Node: its name, zone, taints and conditions (not its
+    images, addresses or capacity)."""
+    meta = node.get("metadata") or {}
+    zone = (meta.get("labels") or {}).get(ZONE_LABEL)
+    return {"metadata": {"name": meta.get("name", ""), **({"labels": {ZONE_LABEL: zone}} if zone is not None else {})},
             "spec": {"taints": (node.get("spec") or {}).get("taints") or []},
             "status": {"conditions": (node.get("status") or {}).get("conditions") or []}}
 
@@ -163,6 +166,9 @@ class NodeView:
     """When the Ready condition last changed."""
     unreachable: bool = False
     """Tainted ``node.kubernetes.io/unreachable`` (or ``not-ready``) by the node controller."""
+    zone: str = ""
+    """``topology.kubernetes.io/zone`` ("" without one): nodes that fail together in a zone
+    are a disruption, not failures (policies/node_failures.py)."""
 
     @property
     def failed(self) -> bool:
@@ -181,6 +187,7 @@ def node_view(node: dict[str, Any]) -> NodeView:
         ready=ready.get("status", "Unknown"),
         since=parse_time(ready.get("lastTransitionTime")),
         unreachable=any(t.get("key") in bad and t.get("effect") in ("NoExecute", "NoSchedule") for t in taints),
+        zone=((node.get("metadata") or {}).get("labels") or {}).get(ZONE_LABEL, ""),
     )
 
 

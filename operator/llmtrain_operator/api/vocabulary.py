@@ -55,6 +55,10 @@ class ConditionType(StrEnum):
     """A gang job's PodGroup exists and its scheduler lets the worker pods be created."""
     ADMITTED = "Admitted"
     """A queued job's Kueue Workload is admitted (label ``kueue.x-k8s.io/queue-name``)."""
+    NODES_DISRUPTED = "NodesDisrupted"
+    """Most nodes of a zone went NotReady at once (a control-plane or network outage, not
+    node failures): the pods on them are kept, as the node lifecycle controller stops
+    evicting in such a zone."""
 
 
 class FailureKind(StrEnum):
@@ -100,6 +104,8 @@ class Reason(StrEnum):
     STRAGGLER = "Straggler"
     STRAGGLER_REPLACED = "StragglerReplaced"
     NO_STRAGGLER = "NoStraggler"
+    ZONE_DISRUPTED = "ZoneDisrupted"
+    NODES_REACHABLE = "NodesReachable"
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     # validity
