@@ -499,6 +499,27 @@ def test_goodput_counts_running_time_over_active_time():
     assert status["goodput"] == round(100 / 110, 4)
 
 
+def test_ettr_leaves_out_the_time_spent_redoing_steps_lost_before_a_restore():
+    # Step 30 was reached before a failure; the trainers restored step 20 and report 25:
+    # the 10 s since the last pass were Running but replayed work.
+    raw = job(status=running_status(step=30, activeSeconds=100, productiveSeconds=90, lastReconcileTime=ago(10)))
+    redo = {W0: TrainerProbe(step=25, world_size=2, restarts=0)}
+    _, status, _, _ = run(raw, observed(raw, [worker(0), worker(1)], probes=redo))
+    assert (status["productiveSeconds"], status["redoSeconds"]) == (100, 10)
+    assert status["goodput"] == round(100 / 110, 4) and status["ettr"] == round(90 / 110, 4)
+    assert status["step"] == 30, "the high-water mark never goes down"
+    # Past the high-water mark the time counts as progress again.
+    later = {**raw, "status": {**status, "lastReconcileTime": ago(5)}}
+    ahead = {W0: TrainerProbe(step=31, world_size=2, restarts=0)}
+    _, status, _, _ = run(later, observed(later, [worker(0), worker(1)], probes=ahead))
+    assert (status["productiveSeconds"], status["redoSeconds"]) == (105, 10)
+    assert status["ettr"] == round(95 / 115, 4) and status["step"] == 31
+    # A pass whose probes answered nothing is no evidence of replay.
+    quiet = {**later, "status": {**status, "lastReconcileTime": ago(5)}}
+    _, status, _, _ = run(quiet, observed(quiet, [worker(0), worker(1)]))
+    assert status["redoSeconds"] == 10 and status["ettr"] == round(100 / 120, 4)
+
+
 def test_a_job_being_deleted_is_left_alone():
     raw = job(status=running_status())
     raw["metadata"]["deletionTimestamp"] = ago(1)

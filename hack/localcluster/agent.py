@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from . import network
 from .network import GATEWAY
-from .pods import PodRunner
+from .pods import PodRunner, ready_of
 
 log = logging.getLogger("localcluster.agent")
 LEASE_SECONDS = 40
@@ -197,6 +197,11 @@ class Agent:
                 threading.Thread(target=self._start, args=(runner,), daemon=True).start()
                 return
             runner.pod["metadata"] = pod["metadata"]
+            if runner.reported_ready is not None and ready_of(pod) != runner.reported_ready:
+                # Someone else rewrote Ready: the node lifecycle controller marks every pod
+                # of a node NotReady when its heartbeats stop (an API server restart does
+                # that to all nodes). The kubelet's status manager writes its own view back.
+                runner.dirty = True
             if pod["metadata"].get("deletionTimestamp"):
                 runner.begin_delete(int(pod["metadata"].get("deletionGracePeriodSeconds") or 0))
 
@@ -281,6 +286,10 @@ class Agent:
                     network.set_link(runner.uid, up=True)
         node.healthy, node.partitioned = True, False
         node.transition = iso_now()
+        with self.lock:
+            for runner in self.pods.values():
+                if runner.node == name:
+                    runner.dirty = True  # a kubelet back on line reports every pod again
         try:
             self.core.read_node(name)
         except ApiException as err:

@@ -98,6 +98,8 @@ class PodRunner:
     finished: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     dirty: bool = True
+    reported_ready: str | None = None
+    """The Ready status this agent last wrote (the node controller may overwrite it)."""
     next_config_retry: float = 0.0
     next_volume_refresh: float = 0.0
     transitions: dict[str, tuple[str, str]] = field(default_factory=dict)
@@ -375,7 +377,10 @@ class PodRunner:
             return
         self.deleting_since = time.monotonic()
         self.grace_deadline = time.monotonic() + grace_seconds
-        self.kill(signal.SIGTERM if grace_seconds > 0 else signal.SIGKILL)
+        sig = signal.SIGTERM if grace_seconds > 0 else signal.SIGKILL
+        log.info("%s deleted: %s to %s (grace %d s)", self.key, sig.name,
+                 ", ".join(f"{c.spec['name']} pid {c.proc.pid}" for c in self._all_containers() if c.proc is not None), grace_seconds)
+        self.kill(sig)
 
     def kill(self, sig: int) -> None:
         """SIGTERM reaches each container's first process (like PID 1); SIGKILL, SIGSTOP and
@@ -491,6 +496,7 @@ class PodRunner:
         try:
             self.core.patch_namespaced_pod_status(self.pod["metadata"]["name"], self.pod["metadata"]["namespace"], body)
             self.dirty = False
+            self.reported_ready = ready_of(body)
         except ApiException as err:
             if err.status == 404:
                 self.dirty = False
@@ -498,6 +504,14 @@ class PodRunner:
                 log.warning("status of %s: %s", self.key, err.reason)
         except Exception as err:  # noqa: BLE001 - the API server may be restarting
             log.warning("status of %s: %s", self.key, err)
+
+
+def ready_of(pod: dict[str, Any]) -> str | None:
+    """The status of a pod's Ready condition, if it has one."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return cond.get("status")
+    return None
 
 
 def _descendants(pid: int) -> set[int]:

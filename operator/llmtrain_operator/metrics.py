@@ -41,6 +41,8 @@ EVENT_TO_ACTION = Histogram("llmtrain_operator_event_to_action_seconds",
                             buckets=RECONCILE_BUCKETS, registry=REGISTRY)
 LEADER = Gauge("llmtrain_operator_leader", "1 while this replica holds the leader Lease and may write", registry=REGISTRY)
 GOODPUT = Gauge("llmtrain_operator_job_goodput_ratio", "Effective training time ratio of a job so far", ["job_namespace", "job_name"], registry=REGISTRY)
+ETTR = Gauge("llmtrain_operator_job_ettr_ratio", "Effective training time ratio of a job so far, counting only preserved progress "
+             "(replayed steps are not good time)", ["job_namespace", "job_name"], registry=REGISTRY)
 """``job_name``, not ``job``: Prometheus owns the ``job`` label (the scrape job's name)."""
 
 _PHASES: dict[tuple[str, str], str] = {}
@@ -82,16 +84,19 @@ def record_pass(namespace: str, name: str, decisions: list[Decision], status: di
             RECOVER.observe(decision.seconds)
     if status.get("goodput") is not None:
         GOODPUT.labels(namespace, name).set(status["goodput"])
+    if status.get("ettr") is not None:
+        ETTR.labels(namespace, name).set(status["ettr"])
     _PHASES[(namespace, name)] = status.get("phase") or Phase.PENDING
     _refresh_phases()
 
 
 def forget(namespace: str, name: str) -> None:
     _PHASES.pop((namespace, name), None)
-    try:
-        GOODPUT.remove(namespace, name)
-    except KeyError:
-        pass
+    for gauge in (GOODPUT, ETTR):
+        try:
+            gauge.remove(namespace, name)
+        except KeyError:
+            pass
     _refresh_phases()
 
 

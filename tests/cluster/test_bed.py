@@ -356,11 +356,19 @@ def test_a_partitioned_node_goes_unknown_while_its_processes_keep_running(bed):
         before = log.read_text().count("alive")
         time.sleep(3)
         assert log.read_text().count("alive") > before, "the processes keep running behind the partition"
+        wait_for(lambda: _ready(pod(bed, "islander", NS)) == "False", 60, what="islander marked not Ready by the node controller")
     finally:
         bed.heal_node("node-1")
     wait_for(lambda: next(c for c in bed.get("node", "node-1")["status"]["conditions"] if c["type"] == "Ready")["status"] == "True",
              60, what="node-1 Ready again")
+    # The kubelet writes its own view back over the controller's mark, as a real one does
+    # (an operator Deployment would otherwise never be ready again after an outage).
+    wait_for(lambda: _ready(pod(bed, "islander", NS)) == "True", 30, what="islander Ready again")
     bed.kubectl("delete", "pod", "islander", "-n", NS, "--grace-period=0", "--force", check=False)
+
+
+def _ready(obj: dict) -> str | None:
+    return next((c["status"] for c in obj["status"].get("conditions", []) if c["type"] == "Ready"), None)
 
 
 def test_the_api_server_restarts_and_the_agent_carries_on(bed):

@@ -4,6 +4,7 @@ applied with kubectl, a real Prometheus scraping both."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -14,6 +15,8 @@ OPERATOR_NS = "llmtrain-system"
 
 POD_LOG_LINES = 25
 POD_LOGS_SHOWN = 10
+AGENT_LOG_LINES = 30
+STAMPED = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 
 
 def pytest_collection_modifyitems(items):
@@ -53,7 +56,21 @@ def _pod_log_tails(since: float) -> str:
             continue
         stamp = time.strftime("%H:%M:%S", time.gmtime(written[path]))
         parts.append(f"----- pod {pod}, container {path.stem} (last written {stamp} UTC) -----\n" + "\n".join(lines))
+    agent = _agent_log_since(LocalCluster.default().state / "logs" / "node-agent.log", since)
+    if agent:
+        parts.append("----- the node agent (deletes, signals, warnings) -----\n" + "\n".join(agent[-AGENT_LOG_LINES:]))
     return "\n".join(parts) or "no pod wrote a log during the test"
+
+
+def _agent_log_since(path, since: float) -> list[str]:
+    """The node agent's lines stamped at or after ``since`` (its stamps are local time)."""
+    floor = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    # Only stamped lines: a traceback's lines carry no time of their own.
+    return [line for line in text.splitlines() if STAMPED.match(line) and line[:19] >= floor]
 
 
 @pytest.fixture(scope="session")

@@ -19,12 +19,13 @@ import json
 import re
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from .jobs import events
 
-RESUMED = re.compile(r"resumed from step (\d+) \((\w+) tier")
+RESUMED = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \S+ \w+: resumed from step (\d+) \((\w+) tier")
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,14 @@ class Restore:
     pod_uid: str
     step: int
     tier: str
+    at: float
+    """Unix time of the log line (the trainer logs local time)."""
 
 
-def restores(bed, namespace: str, job: str) -> list[Restore]:
-    """Every restore the job's trainers logged, from every pod that ran for it."""
+def restores(bed, namespace: str, job: str, since: float = 0.0) -> list[Restore]:
+    """Every restore the job's trainers logged at or after ``since`` (Unix time), from
+    every pod that ran for it. ``since`` leaves out the restores before the fault: a job
+    whose second worker starts late grows from one worker to two, a restore too."""
     found = []
     for spec_file in (bed.state / "pods").glob("*/trainer.json"):
         try:
@@ -45,7 +50,10 @@ def restores(bed, namespace: str, job: str) -> list[Restore]:
             text = spec_file.with_suffix(".log").read_text(errors="replace")
         except (OSError, ValueError):
             continue
-        found += [Restore(spec_file.parent.name, int(m.group(1)), m.group(2)) for m in RESUMED.finditer(text)]
+        for m in RESUMED.finditer(text):
+            at = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+            if at >= since:
+                found.append(Restore(spec_file.parent.name, int(m.group(3)), m.group(4), at))
     return found
 
 
@@ -118,5 +126,7 @@ def check_outcome(bed, namespace: str, job: str, done: dict[str, Any], *, phase:
     assert done.get("restarts", 0) == sum(by_reason.values())
     seen = set(events(bed, namespace, job))
     assert reasons <= seen, (reasons - seen, seen)
+    # Kept progress is part of the productive time, never more.
+    assert 0 <= done["ettr"] <= done["goodput"], (done.get("ettr"), done.get("goodput"), done.get("redoSeconds"))
 
 

@@ -14,7 +14,7 @@ from support.waiting import wait_for
 
 from s3server import MinioServer
 
-from .jobs import PVC, create, events, job_manifest, status, wait_status
+from .jobs import PVC, create, events, job_manifest, wait_status
 
 GATEWAY = "10.244.0.1"
 """Where pods reach this host (the local cluster's bridge)."""

@@ -77,13 +77,14 @@ def test_11_an_api_server_restart_costs_the_job_nothing(operator, prometheus):
     create(bed, ns, paced(name))
     wait_status(bed, ns, name, lambda s: s.get("phase") == "Running" and s.get("step", 0) >= 8, 300, "running past step 8")
     workers = {p["metadata"]["uid"] for p in pods(bed, ns, name)}
+    began = time.time()
     took = bed.restart_apiserver()
     assert took < 60, took
     with Churn(bed, ns, name) as churn:
         done = finished(bed, ns, name)
     check_outcome(bed, ns, name, done, phase="Succeeded", step=STEPS, by_reason={}, reasons={"Completed"})
     assert churn.uids <= workers, "a worker pod was replaced although nothing failed"
-    assert restores(bed, ns, name) == [], "a trainer restored although nothing failed"
+    assert restores(bed, ns, name, since=began) == [], "a trainer restored although nothing failed"
     assert jobs_metric(prometheus, "successful", ns, 1) == 1
 
 
@@ -95,14 +96,14 @@ def test_03_the_pod_hosting_rank_0_deleted_saves_its_step_and_is_replaced(operat
     create(bed, ns, paced(name))
     wait_status(bed, ns, name, lambda s: s.get("phase") == "Running" and s.get("step", 0) >= 12, 300, "running past step 12")
     holder, _ = wait_for(lambda: rank_holder(bed, ns, name, 0), 60, 0.5, "rank 0's heartbeat")
-    at = status(bed, ns, name).get("step", 0)
+    at, began = status(bed, ns, name).get("step", 0), time.time()
     bed.kubectl("delete", "pod", holder["metadata"]["name"], "-n", ns, "--wait=false")
     with Churn(bed, ns, name) as churn:
         done = finished(bed, ns, name)
     # A pod deleted by a user is not a failure of the job: nothing is charged. (Rank 1's
     # group failed with it: a victim, restarted in place, never charged either.)
     check_outcome(bed, ns, name, done, phase="Succeeded", step=STEPS, by_reason={}, reasons={"Completed"})
-    resumed = restores(bed, ns, name)
+    resumed = restores(bed, ns, name, since=began)
     assert resumed, "nobody restored after rank 0's pod was deleted"
     # SIGTERM gave rank 0 its emergency checkpoint: at most the step in flight is lost.
     assert min(r.step for r in resumed) >= at - 1, (at, resumed)
@@ -125,7 +126,7 @@ def test_04_a_killed_rendezvous_store_restarts_and_the_workers_resume_from_their
     create(bed, ns, paced(name, changes={"spec.checkpoint.shared": {"claimName": "ckpt-shared", "intervalSteps": INTERVAL}}))
     wait_status(bed, ns, name, lambda s: s.get("phase") == "Running" and s.get("step", 0) >= 12, 300, "running past step 12")
     store = pods(bed, ns, name, role="rendezvous")[0]
-    at = status(bed, ns, name).get("step", 0)
+    at, began = status(bed, ns, name).get("step", 0), time.time()
     bed.kill_pod(ns, store["metadata"]["name"])
     with Churn(bed, ns, name) as churn:
         done = finished(bed, ns, name)
@@ -134,7 +135,7 @@ def test_04_a_killed_rendezvous_store_restarts_and_the_workers_resume_from_their
     now = pods(bed, ns, name, role="rendezvous")
     assert now and (now[0]["metadata"]["uid"] != store["metadata"]["uid"]
                     or now[0]["status"]["containerStatuses"][0]["restartCount"] >= 1), "the store was not restarted"
-    resumed = restores(bed, ns, name)
+    resumed = restores(bed, ns, name, since=began)
     assert resumed and min(r.step for r in resumed) >= at - INTERVAL, (at, resumed)
     assert churn.most_alive <= 2
 
@@ -193,10 +194,13 @@ def test_01_one_rank_sigkilled_restarts_in_place_from_its_node_local_checkpoint(
     bed, ns, name = operator, "e2e-m-rank", "rank"
     create(bed, ns, paced(name, "crash@step=17,rank=1"))
     with Churn(bed, ns, name) as churn:
+        # Both workers training: a restore before this one is the job growing to two.
+        wait_status(bed, ns, name, lambda s: s.get("worldSize") == 2, 300, "two workers training")
+        began = time.time()
         done = finished(bed, ns, name)
     check_outcome(bed, ns, name, done, phase="Succeeded", step=STEPS, by_reason={"RestartedInPlace": 1},
                   reasons={"RestartedInPlace", "Completed"})
-    resumed = restores(bed, ns, name)
+    resumed = restores(bed, ns, name, since=began)
     assert resumed and {r.tier for r in resumed} == {"local"}, resumed
     assert all(17 - INTERVAL <= r.step < 17 for r in resumed), resumed  # lost at most one interval
     assert len(churn.uids) == 2, "torchrun restarted the rank in place; no pod was replaced"
@@ -224,12 +228,13 @@ def test_08_a_corrupted_newest_checkpoint_is_skipped_with_the_reason_and_the_pre
                       [next(t.glob("**/step-00000010/COMMITTED")).parent for t in tier1], 30, 0.5, "step 10 committed on both nodes")
     for folder in newest:
         _flip_a_byte(folder / "state.llmt")
+    began = time.time()
     for pod in workers:
         (bed.state / "pods" / pod["metadata"]["uid"] / "volumes" / "run" / "go").write_text("")
     done = finished(bed, ns, name)
     check_outcome(bed, ns, name, done, phase="Succeeded", step=STEPS, by_reason={"RestartedInPlace": 1},
                   reasons={"RestartedInPlace", "Completed"})
-    resumed = restores(bed, ns, name)
+    resumed = restores(bed, ns, name, since=began)
     assert [r.step for r in resumed] == [5] and resumed[0].tier == "local", resumed
     logs = "".join(p.read_text(errors="replace") for p in (bed.state / "pods").glob("*/trainer.log")
                    if p.parent.name in {w["metadata"]["uid"] for w in workers})

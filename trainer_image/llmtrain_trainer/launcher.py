@@ -170,8 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     if server is not None:
         env[Env.ZYGOTE] = server.socket
     child = subprocess.Popen(agent_command(command), env=env)
+    def forward(signum: int, _frame) -> None:
+        # os.write, not print: a buffered stream is not reentrant inside a handler.
+        os.write(2, f"llmtrain launcher: {signal.Signals(signum).name}: passed to torchrun (pid {child.pid})\n".encode())
+        child.send_signal(signum)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, _: child.send_signal(signum))
+        signal.signal(sig, forward)
     supervisor.agent_pid = tracker.agent_pid = child.pid
     supervisor.start()
     # While this pod lives, the store knows its agent: a pod that dies leaves the

@@ -37,6 +37,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "World", "type": "integer", "jsonPath": ".status.worldSize", "priority": 1},
     {"name": "Disruptions", "type": "integer", "jsonPath": ".status.disruptions", "priority": 1},
+    {"name": "ETTR", "type": "number", "jsonPath": ".status.ettr", "priority": 1,
+     "description": "effective training time ratio: preserved progress over active time"},
 ]
 
 _DROP_KEYS = {"title", "x-llmtrain-quantity"}

@@ -225,6 +225,13 @@ class LLMTrainJobStatus(CamelModel):
     """Effective training time ratio so far: productive seconds / active seconds."""
     productive_seconds: float = 0.0
     """Seconds spent Running (training at or above ``replicas.min``)."""
+    redo_seconds: float = 0.0
+    """Seconds spent Running while redoing steps trained once already (lost since the
+    last checkpoint before a failure): the trainers' newest step was below ``step``."""
+    ettr: float | None = None
+    """Effective training time ratio so far, counting only preserved progress:
+    (productive seconds - redo seconds) / active seconds. Detection, recovery and
+    scheduling are not Running; replayed steps are Running but not progress."""
     last_reconcile_time: str | None = None
     """When the operator last accounted time (RFC 3339)."""
     last_recovery_seconds: float | None = None

@@ -31,7 +31,7 @@ from .slots import Slots, no_slot
 
 log = logging.getLogger("llmtrain.decisions")
 
-VOLATILE = ("lastReconcileTime", "activeSeconds", "productiveSeconds", "goodput")
+VOLATILE = ("lastReconcileTime", "activeSeconds", "productiveSeconds", "goodput", "redoSeconds", "ettr")
 """Status fields that change on every pass; alone they do not justify a write."""
 PROGRESS = ("step", "lastProgressTime")
 """Status fields that change at every step: alone they are written at the pace the

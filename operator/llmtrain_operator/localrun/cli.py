@@ -102,6 +102,9 @@ def _summary(status: dict[str, Any], seconds: float, workdir: Path) -> None:
     print(f"  checkpoint:  {ckpt}")
     if status.get("goodput") is not None:
         print(f"  goodput:     {status['goodput']:.1%} of active time spent training")
+    if status.get("ettr") is not None:
+        print(f"  ETTR:        {status['ettr']:.1%} of active time spent on steps that were kept "
+              f"({status.get('redoSeconds', 0):.0f}s redoing lost steps)")
     failure = status.get("lastFailure")
     if failure:
         print(f"  last failure: {failure.get('kind')} / {failure.get('reason')} ({failure.get('pod') or '-'})")

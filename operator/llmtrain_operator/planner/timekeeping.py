@@ -1,4 +1,4 @@
-"""Active and productive seconds, for the deadline and goodput."""
+"""Active, productive and redone seconds, for the deadline, goodput and ETTR."""
 
 from __future__ import annotations
 
@@ -20,5 +20,20 @@ def account_time(ctx: Pass) -> None:
     status.active_seconds += elapsed
     if status.phase == Phase.RUNNING:
         status.productive_seconds += elapsed
+        if _redoing(ctx):
+            status.redo_seconds += elapsed
     if status.active_seconds > 0:
         status.goodput = round(min(1.0, status.productive_seconds / status.active_seconds), 4)
+        good = max(0.0, status.productive_seconds - status.redo_seconds)
+        status.ettr = round(min(1.0, good / status.active_seconds), 4)
+
+
+def _redoing(ctx: Pass) -> bool:
+    """The trainers train steps already trained once: the newest step they report is
+    below the job's high-water mark (``status.step`` never goes down), as after a restore
+    from a checkpoint older than the failure or a rollback for bad numerics. A pass with
+    no step reported (a probe missed) counts as not redoing: only a step seen lower is
+    evidence of replayed work."""
+    probes = ctx.observed.probes
+    steps = [probes[p.name].step for p in ctx.observed.workers() if p.name in probes and probes[p.name].step is not None]
+    return bool(steps) and max(steps) < ctx.status.step
