@@ -33,6 +33,21 @@ DEFAULT_NODES = [
     "node-3:cpu=8,memory=32Gi,gpus=2,label.llmtrain.io/pool=gpu",
 ]
 CONTROL_PORT = 17080
+MOUNTED_OVER = ("/tmp",)
+"""Where the project's pods mount volumes over the host's tree (an emptyDir at /tmp beside
+a read-only root). A pod runs on the host's files, so whatever lies below is hidden in it."""
+
+
+def check_reachable_in_pods(paths: list[Path]) -> None:
+    """Refuse a bed whose own files (the venv, container_init.py, the pods' volumes) lie
+    under a path the pods mount over: every such pod would fail at its first mount or
+    exec ("special device ... does not exist"), far from the cause."""
+    for path in paths:
+        for top in MOUNTED_OVER:
+            if str(path) == top or str(path).startswith(top + "/"):
+                raise RuntimeError(f"the local cluster cannot run from {path}: its pods mount an emptyDir over {top}, "
+                                   f"which hides it inside them. Clone the project (or set LLMTRAIN_LOCALCLUSTER_STATE) "
+                                   f"outside {top}.")
 
 
 def build_tools(*tools: str) -> Path:
@@ -73,6 +88,7 @@ class LocalCluster:
     # ------------------------------------------------------------------ lifecycle
 
     def up(self) -> "LocalCluster":
+        check_reachable_in_pods([ROOT, self.venv_bin, self.state])
         began = time.monotonic()
         self.bin = build_tools()
         self.timings["tools_seconds"] = time.monotonic() - began
