@@ -107,10 +107,14 @@ def slim_node(node: dict[str, Any]) -> dict[str, Any]:
     """What ``node_view`` reads of a Node: its name, zone, taints and conditions (not its
     images, addresses or capacity)."""
     meta = node.get("metadata") or {}
-    zone = (meta.get("labels") or {}).get(ZONE_LABEL)
+    zone = _zone(node)
     return {"metadata": {"name": meta.get("name", ""), **({"labels": {ZONE_LABEL: zone}} if zone is not None else {})},
             "spec": {"taints": (node.get("spec") or {}).get("taints") or []},
             "status": {"conditions": (node.get("status") or {}).get("conditions") or []}}
+
+
+def _zone(node: dict[str, Any]) -> str | None:
+    return ((node.get("metadata") or {}).get("labels") or {}).get(ZONE_LABEL)
 
 
 def pod_view(pod: dict[str, Any]) -> PodView:
@@ -187,7 +191,7 @@ def node_view(node: dict[str, Any]) -> NodeView:
         ready=ready.get("status", "Unknown"),
         since=parse_time(ready.get("lastTransitionTime")),
         unreachable=any(t.get("key") in bad and t.get("effect") in ("NoExecute", "NoSchedule") for t in taints),
-        zone=((node.get("metadata") or {}).get("labels") or {}).get(ZONE_LABEL, ""),
+        zone=_zone(node) or "",
     )
 
 
@@ -355,6 +359,10 @@ class Observed:
 
     def workers(self) -> list[PodView]:
         return [p for p in self.pods if p.role == ROLE_WORKER]
+
+    def worker_probes(self) -> list[TrainerProbe]:
+        """The probes of the job's current worker pods (a probe of a pod gone is not)."""
+        return [self.probes[p.name] for p in self.workers() if p.name in self.probes]
 
     def store(self) -> PodView | None:
         return next((p for p in self.pods if p.role == ROLE_STORE and not p.deleting), None)

@@ -34,6 +34,5 @@ def _redoing(ctx: Pass) -> bool:
     from a checkpoint older than the failure or a rollback for bad numerics. A pass with
     no step reported (a probe missed) counts as not redoing: only a step seen lower is
     evidence of replayed work."""
-    probes = ctx.observed.probes
-    steps = [probes[p.name].step for p in ctx.observed.workers() if p.name in probes and probes[p.name].step is not None]
+    steps = [probe.step for probe in ctx.observed.worker_probes() if probe.step is not None]
     return bool(steps) and max(steps) < ctx.status.step

@@ -14,7 +14,7 @@ from ..context import Pass, Verdict
 
 
 def handle(ctx: Pass) -> Verdict:
-    probes = [ctx.observed.probes[p.name] for p in ctx.observed.workers() if p.name in ctx.observed.probes]
+    probes = ctx.observed.worker_probes()
     reported = {w for probe in probes for w in probe.skipped}
     rollbacks = max((p.rollbacks for p in probes if p.rollbacks is not None), default=0)
     current = ctx.status.numerics or NumericsStatus()

@@ -13,7 +13,7 @@ TIER_DURABILITY = {"local": 0, "shared": 1, "s3": 2}
 
 def handle(ctx: Pass) -> Verdict:
     status = ctx.status
-    probes = [ctx.observed.probes[p.name] for p in ctx.observed.workers() if p.name in ctx.observed.probes]
+    probes = ctx.observed.worker_probes()
     steps = [p.step for p in probes if p.step is not None]
     if steps and max(steps) > status.step:
         status.step = max(steps)
