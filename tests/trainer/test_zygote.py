@@ -113,3 +113,42 @@ def test_with_the_server_turned_off_every_rank_is_torchruns_own_child(tmp_path):
     finally:
         job.kill()
     wait_for(lambda: all(_gone(pid) for pid in ranks.values()), 10, 0.1, "the ranks to die with their node")
+
+
+def _hang_up_mid_request(port: int) -> None:
+    """A scraper that sends its request and hangs up before the answer: what a
+    Prometheus scrape or the operator's probe does when its timeout expires. The rank's
+    server then writes the headers (answered by a reset) and the body into a closed
+    socket."""
+    import socket  # noqa: PLC0415
+
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: rank\r\n\r\n")
+
+
+def test_a_forked_rank_ignores_sigpipe_as_an_exec_started_python_does_so_a_scraper_hanging_up_never_kills_it(tmp_path):
+    import json  # noqa: PLC0415
+
+    job = ElasticJob(tmp_path, base_config(maxSteps=100000), nodes=1, procs_per_node=1,
+                     env={"LLMTRAIN_FAULT_INJECT": PACE}).start()
+    run_dir = job.running[0].run_dir
+    try:
+        ranks = wait_for(lambda: len(_ranks(run_dir)) == 1 and _ranks(run_dir), 120, 0.2, "the rank beating")
+        rank = ranks[0]
+        assert "llmtrain_trainer.zygote" in _cmdline(_parent(rank))
+        ignored = int(next(line for line in Path(f"/proc/{rank}/status").read_text().splitlines()
+                           if line.startswith("SigIgn:")).split()[1], 16)
+        assert ignored & (1 << (signal.SIGPIPE - 1)), f"SIGPIPE is not ignored in the forked rank (SigIgn {ignored:#x})"
+        port = json.loads((run_dir / "metrics-local-rank-0.json").read_text())["port"]
+        for i in range(300):
+            try:
+                _hang_up_mid_request(port)
+            except ConnectionRefusedError:
+                raise AssertionError(f"the rank's metrics endpoint is gone after {i} hang-ups: the rank died "
+                                     f"({'exitcode: -13' in job.logs() and 'SIGPIPE' or 'see the log'})") from None
+        steps = len(job.steps())
+        wait_for(lambda: len(job.steps()) > steps + 2, 60, 0.2, "the rank to go on training")
+        assert _ranks(run_dir) == ranks, "the rank was replaced"
+        assert "exitcode: -13" not in job.logs()
+    finally:
+        job.kill()

@@ -155,8 +155,12 @@ def _run_child(request: dict[str, Any], fds: list[int], stand_in: int) -> None:
     code = 1
     try:
         _set_parent_death_signal(signal.SIGKILL)
-        for sig in (*FORWARDED, signal.SIGCHLD, signal.SIGPIPE):
+        for sig in (*FORWARDED, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
+        # As a Python started by exec has it: a write to a closed socket raises EPIPE
+        # instead of killing the rank (a scraper or the operator's probe that timed out
+        # and hung up before the metrics response was written killed ranks at start-up).
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         for target, fd in zip(request["streams"], fds):
             os.dup2(fd, target)
         for fd in fds:
