@@ -39,3 +39,28 @@ def test_the_local_runner_and_a_pod_carry_the_same_llmtrain_variables(tmp_path, 
     # Paths differ (a pod's mounts vs the workdir), names do not.
     assert pod_env[Env.CHECKPOINT_DIR]["value"] == "/ckpt/local"
     assert local_env[Env.CHECKPOINT_DIR] == str(tmp_path / "node-0" / "ckpt")
+
+
+def _threads(changes: dict) -> list[str]:
+    parsed = parse_job({**job(changes), "status": None})
+    return [e["value"] for e in worker_pod(parsed, 0, 0)["spec"]["containers"][0]["env"] if e["name"] == "OMP_NUM_THREADS"]
+
+
+def test_each_rank_gets_the_pods_cpus_over_its_ranks_as_intra_op_threads_unless_the_user_says_otherwise():
+    # Example 01 requests 1 CPU for its 1 rank.
+    assert _threads({}) == ["1"]
+    # The limit wins over the request; ranks share the pod's CPUs; never below 1.
+    assert _threads({"spec.resources": {"requests": {"cpu": "4"}, "limits": {"cpu": "16"}}, "spec.procsPerNode": 2}) == ["8"]
+    assert _threads({"spec.resources": {"requests": {"cpu": "7"}}, "spec.procsPerNode": 2}) == ["3"]
+    assert _threads({"spec.resources": {"requests": {"cpu": "500m"}}}) == ["1"]
+    assert _threads({"spec.resources": {"requests": {"cpu": 12}}, "spec.procsPerNode": 4, "spec.trainer.builtin.globalBatchSize": 16}) == ["3"]
+    # No CPU figure: torch's own default.
+    assert _threads({"spec.resources": {"requests": {"memory": "2Gi"}}}) == []
+    assert _threads({"spec.resources": None}) == []
+    # The user's own value is the only one.
+    assert _threads({"spec.env": [{"name": "OMP_NUM_THREADS", "value": "6"}]}) == ["6"]
+
+
+def test_the_local_run_carries_the_same_thread_count(tmp_path):
+    parsed = parse_job({**job({"spec.resources": {"requests": {"cpu": "2"}}}), "status": None})
+    assert LocalCluster(parsed, tmp_path).worker_environment("tiny-elastic-worker-0", 0)["OMP_NUM_THREADS"] == "2"

@@ -90,7 +90,9 @@ class ReplicasSpec(Ruled):
     this many pods and scales back up to it after a loss."""
 
 class ResourcesSpec(CamelModel):
-    """Per-pod compute resources, as in a container's ``resources``."""
+    """Per-pod compute resources, as in a container's ``resources``. The pod's CPUs (its
+    limit, else its request) over ``procsPerNode`` set each rank's ``OMP_NUM_THREADS``
+    (at least 1) unless ``env`` sets it."""
 
     requests: dict[str, Quantity] | None = None
     """Minimum resources, e.g. ``{cpu: "8", memory: 64Gi}``."""
