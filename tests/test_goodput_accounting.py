@@ -1,0 +1,87 @@
+"""The goodput benchmark's accounting (bench/_goodput.py): interruptions found in a step
+log seen from outside, their spans, and ETTR."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from _goodput import (KINDS, Injected, StepSeen, account, episode_lost, interruptions, schedule,  # noqa: E402
+                      steady_step_seconds, union_seconds)
+
+
+def run(start: float, first: int, count: int, group: tuple[str, int], world: int = 2, pace: float = 1.0) -> list[StepSeen]:
+    return [StepSeen(start + i * pace, first + i, group, world) for i in range(count)]
+
+
+def test_the_schedule_is_seeded_cycles_every_kind_and_keeps_one_failure_per_window():
+    plan = schedule(7, KINDS, 600, 6)
+    assert plan == schedule(7, KINDS, 600, 6)
+    assert plan != schedule(8, KINDS, 600, 6)
+    assert [p.kind for p in plan] == list(KINDS)
+    for i, p in enumerate(plan):
+        assert 600 * i + 150 <= p.at <= 600 * i + 450
+        assert 0 <= p.pick < 1
+
+
+def test_union_counts_overlaps_once():
+    assert union_seconds([(0, 10), (5, 12), (20, 25), (21, 22), (30, 30)]) == 17
+
+
+def test_a_crash_is_lost_from_its_injection_until_the_log_passes_the_old_high_water_mark():
+    # Steps 1..100 at 1 s; killed at t=100.5; a new attempt resumes from a checkpoint at
+    # step 90 (first new step 91) at t=110 and passes step 100 at t=120.
+    steps = run(1, 1, 100, ("a", 0)) + run(110, 91, 40, ("a", 1))
+    crash = Injected("crash", 100.5, "pod of rank 1")
+    (cut,) = interruptions(steps, [crash], changes=[99.0, 101.2])
+    assert cut.fault is crash and cut.cause == "crash"
+    assert cut.detected == 101.2, "a status change before the injection is not its detection"
+    assert (cut.resumed_at, cut.resumed_step, cut.high_water) == (110, 91, 100)
+    assert cut.caught_up == 120 and cut.lost_steps == 10
+    acct = account(0.0, 150.0, steps, [cut])
+    assert acct.startup == 1 and acct.lost == pytest.approx(1 + 19.5)
+    assert acct.ettr == pytest.approx(1 - 20.5 / 150)
+
+
+def test_a_rejoin_with_nothing_injected_counts_from_the_old_groups_last_step_and_belongs_to_the_fault_before():
+    # Node lost at 50.5: world 1 from t=70 (resumes at step 45); the node comes back and
+    # the job re-forms at world 2 at t=200, resuming from step 170 (last logged 174 at t=195).
+    steps = run(1, 1, 50, ("a", 0)) + run(70, 45, 130, ("a", 1), world=1) + run(200, 171, 20, ("b", 0))
+    node = Injected("node", 50.5, "node-2")
+    cuts = interruptions(steps, [node], changes=[61.0])
+    assert [c.cause for c in cuts] == ["node", "rejoin"]
+    lost, rejoin = cuts
+    assert lost.caught_up == 76 and lost.lost_steps == 6
+    assert rejoin.start == steps[179].at == 199 and rejoin.high_water == 174 and rejoin.caught_up == 204
+    assert lost.rejoins == [rejoin]
+    assert episode_lost(lost, 300) == pytest.approx((76 - 50.5) + (204 - 199))
+
+
+def test_two_faults_before_one_recovery_share_it_and_a_fault_after_the_last_step_never_recovers():
+    steps = run(1, 1, 20, ("a", 0)) + run(40, 18, 10, ("b", 0))
+    first, second = Injected("frozen", 20.5, "rank 0"), Injected("hang", 25.0, "rank 1")
+    cuts = interruptions(steps, [first, second], changes=[])
+    assert [c.resumed_at for c in cuts] == [40, 40]
+    assert [c.detected for c in cuts] == [None, None]
+    assert [c.caught_up for c in cuts] == [43, 43]  # step 21 is the first past both high-water marks (20)
+    assert account(0.0, 100.0, steps, cuts).lost == pytest.approx(1 + (43 - 20.5))
+    # Injected after the last step: never recovered; the re-form at 40 is then a rejoin.
+    late = Injected("crash", 60.0, "pod of rank 0")
+    cuts = interruptions(steps, [late], changes=[])
+    assert [c.cause for c in cuts] == ["rejoin", "crash"]
+    assert cuts[-1].resumed_at is None and cuts[-1].caught_up is None
+    assert account(0.0, 100.0, steps, cuts).lost == pytest.approx(1 + (43 - 20) + (100 - 60))
+
+
+def test_lost_time_of_a_fault_that_never_recovered_runs_to_the_end():
+    steps = run(1, 1, 20, ("a", 0))
+    cuts = interruptions(steps, [Injected("crash", 30.0, "x")], changes=[])
+    assert account(0.0, 100.0, steps, cuts).lost == pytest.approx(1 + 70)
+
+
+def test_the_steady_pace_leaves_out_interruptions_and_other_world_sizes():
+    steps = run(1, 1, 50, ("a", 0), pace=0.5) + run(40, 40, 50, ("a", 1), world=1, pace=2.0)
+    cuts = interruptions(steps, [Injected("crash", 25.6, "x")], changes=[])
+    assert steady_step_seconds(steps, cuts, 2) == pytest.approx(0.5)
+    assert steady_step_seconds(steps, cuts, 1) == pytest.approx(2.0)
