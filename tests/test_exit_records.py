@@ -64,3 +64,27 @@ def test_the_launcher_picks_the_most_significant_record(tmp_path):
     run(tmp_path, 0, 1, ExitCode.HANG, rank=5)
     best = exitrecord.most_significant(exitrecord.read_attempt(tmp_path, 0))
     assert (best["code"], best["rank"], best["local_rank"]) == (ExitCode.HANG, 5, 1)
+
+
+def test_a_failed_run_replaced_by_a_membership_change_under_the_same_restart_count_is_still_counted(tmp_path):
+    # Rank 0 of this pod froze; its supervisor wrote the HANG record, but the agent was
+    # already restarting the group because the peer pod's victim had failed first: the
+    # new run has the same restart count (0) and would shadow the record.
+    run(tmp_path, 0, 0, ExitCode.HANG)
+    run(tmp_path, 0, 0)
+    assert exitrecord.read_attempt(tmp_path, 0) == [], "the new run's folder holds no record of its own"
+    counts = exitrecord.failed_attempts(tmp_path, restart_count=0, local_world_size=1)
+    assert counts == {"crash": 0, "hang": 1, "victim": 0, "preempted": 0, "permanent": 0}
+    # Once, however often later runs start; a crash replaced the same way counts too.
+    run(tmp_path, 0, 0, 1)
+    run(tmp_path, 0, 0)
+    run(tmp_path, 0, 0)
+    assert exitrecord.failed_attempts(tmp_path, 0, 1) == {"crash": 1, "hang": 1, "victim": 0, "preempted": 0, "permanent": 0}
+
+
+def test_a_victims_or_a_preempted_run_replaced_the_same_way_is_no_failure_of_this_pod(tmp_path):
+    run(tmp_path, 2, 0, ExitCode.COLLECTIVE_TIMEOUT)
+    run(tmp_path, 2, 0, ExitCode.PREEMPTED)
+    run(tmp_path, 2, 0)
+    assert exitrecord.superseded_causes(tmp_path) == []
+    assert exitrecord.failed_attempts(tmp_path, 3, 1)["victim"] == 0, "the shadowed victim record counts nowhere"

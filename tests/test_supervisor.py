@@ -322,6 +322,28 @@ def test_a_hung_attempt_with_restarts_left_counts_at_once_and_is_not_counted_aga
     assert tracker.failed_attempts()["hang"] == 2 and tracker.counted_early(1)
 
 
+def test_a_hang_counted_at_once_stays_counted_once_when_a_membership_change_restarts_the_group(tmp_path, ranks):
+    """The peer pod's victim fails first: torchrun here restarts the group for the new
+    membership, with the same restart count, and the new run starts over the hung one's
+    record (exitrecord.mark_started keeps it aside)."""
+    import os
+
+    from llmtrain_trainer.attempts import AttemptTracker
+
+    tracker = AttemptTracker(tmp_path, agent_pid=os.getpid(), max_restarts=2)
+    ranks.append(_worker(0, 1))
+    exitrecord.mark_started(tmp_path, 0, 0)
+    exitrecord.write(tmp_path, 0, 0, 0, ExitCode.HANG, "cause (frozen): rank 0", 5)
+    assert tracker.failed_attempts()["hang"] == 1 and tracker.counted_early(0)
+    exitrecord.mark_started(tmp_path, 0, 0)  # the new run, still attempt 0
+    counts = tracker.failed_attempts()
+    assert tracker.attempt == 0 and counts["hang"] == 1 and sum(counts.values()) == 1, counts
+    assert counts == exitrecord.failed_attempts(tmp_path, 0, 1), "the restarted trainer counts the same"
+    # Not seen while it ran (no probe in between): counted all the same.
+    late = AttemptTracker(tmp_path, agent_pid=os.getpid(), max_restarts=2)
+    assert late.failed_attempts()["hang"] == 1
+
+
 def test_a_hang_in_the_last_allowed_attempt_is_not_counted_in_place(tmp_path, ranks):
     """With no restart left torchrun ends the pod: its exit reports that failure."""
     import os

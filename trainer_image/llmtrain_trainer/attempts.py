@@ -105,8 +105,12 @@ class AttemptTracker:
             counts = {cause: 0 for cause in exitrecord.CAUSES}
             for k in range(self.attempt):
                 counts[self._causes[k]] += 1
-            if self.early == self.attempt:
-                counts["hang"] += 1  # the current attempt, hung: torchrun restarts it
+            for cause in exitrecord.superseded_causes(self.run_dir):
+                counts[cause] += 1
+            if self.early == self.attempt and self._hung_with_restarts_left(self.attempt):
+                # The current attempt, hung: torchrun restarts it. (Once a membership
+                # change restarts it instead, the record is kept aside and counted there.)
+                counts["hang"] += 1
             return counts
 
     def workers_running(self) -> bool:

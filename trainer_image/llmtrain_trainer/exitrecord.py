@@ -56,9 +56,43 @@ def _write_json(path: Path, data: dict) -> None:
     tmp.replace(path)
 
 
+SUPERSEDED = "superseded"
+"""Where a failure record of an earlier run under the same restart count is kept."""
+
+
 def mark_started(run_dir: Path, attempt: int, local_rank: int) -> None:
-    """A run of this local rank begins: records older than this are not its own."""
-    _write_json(_folder(run_dir, attempt) / f"local-{local_rank}.started", {"time": time.time()})
+    """A run of this local rank begins: records older than this are not its own.
+
+    torchrun restarts a worker group whose peer elsewhere failed (a membership change)
+    without counting a restart of its own, so the new run has the attempt number of the
+    one it replaces. When that earlier run had failed itself, a hang its supervisor
+    judged or a crash, while the agent was already restarting the group for the peer,
+    its record would be shadowed here and the failure never counted. Such a record is
+    kept aside first (``superseded_causes``); a victim's or a preempted run's is not a
+    failure of this pod and stays shadowed."""
+    folder = _folder(run_dir, attempt)
+    record = _read(folder / f"local-{local_rank}.json")
+    started = _read(folder / f"local-{local_rank}.started")
+    if record is not None and "code" in record and (started is None or record.get("time", 0) >= started.get("time", 0)):
+        if _cause_of(int(record["code"])) in ("hang", "crash", "permanent"):
+            _write_json(folder / SUPERSEDED / f"{float(record.get('time', 0)):.6f}-local-{local_rank}.json", record)
+    _write_json(folder / f"local-{local_rank}.started", {"time": time.time()})
+
+
+def superseded_causes(run_dir: Path) -> list[str]:
+    """The cause of each failed run that a run under the same restart count replaced."""
+    return [_cause_of(int(record["code"])) for path in sorted(Path(run_dir).glob(f"exit/attempt-*/{SUPERSEDED}/*.json"))
+            if (record := _read(path)) is not None and "code" in record]
+
+
+def _cause_of(code: int) -> str:
+    if code == ExitCode.HANG:
+        return "hang"
+    if classify_exit(code).failure_class == FailureClass.PERMANENT:
+        return "permanent"
+    if code not in (ExitCode.SUCCESS, ExitCode.COLLECTIVE_TIMEOUT, ExitCode.PREEMPTED):
+        return "crash"
+    return "victim" if code == ExitCode.COLLECTIVE_TIMEOUT else "preempted"
 
 
 def write(run_dir: Path, attempt: int, rank: int, local_rank: int, code: int, message: str, step: int | None,
@@ -107,21 +141,18 @@ def most_significant(records: list[dict]) -> dict | None:
 def attempt_cause(run_dir: Path, attempt: int, local_world_size: int) -> str:
     """Why ``attempt`` (a failed one: torchrun restarted after it) ended."""
     records = read_attempt(run_dir, attempt)
-    codes = [int(r["code"]) for r in records]
-    if any(c == ExitCode.HANG for c in codes):
-        return "hang"
-    if any(classify_exit(c).failure_class == FailureClass.PERMANENT for c in codes):
-        return "permanent"
-    if any(c not in (ExitCode.SUCCESS, ExitCode.COLLECTIVE_TIMEOUT, ExitCode.PREEMPTED) for c in codes):
-        return "crash"
+    causes = {_cause_of(int(r["code"])) for r in records}
+    for cause in ("hang", "permanent", "crash"):
+        if cause in causes:
+            return cause
     if len({r.get("local_rank") for r in records}) < local_world_size:
         return "crash"  # a rank of this pod died without a record: killed by a signal
-    if any(c == ExitCode.COLLECTIVE_TIMEOUT for c in codes):
-        return "victim"
-    return "preempted"
+    return "victim" if "victim" in causes else "preempted"
 
 
 def failed_attempts(run_dir: Path, restart_count: int, local_world_size: int) -> dict[str, int]:
-    """Causes of the attempts before ``restart_count`` in this pod (each one failed)."""
+    """Causes of the attempts before ``restart_count`` in this pod (each one failed), and
+    of the failed runs a membership change replaced (``mark_started``)."""
     causes = Counter(attempt_cause(run_dir, k, local_world_size) for k in range(restart_count))
+    causes.update(superseded_causes(run_dir))
     return {cause: causes.get(cause, 0) for cause in CAUSES}
