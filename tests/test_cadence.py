@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from llmtrain_contract.cadence import CADENCE_FILE, interval, mtbf_seconds, young_daly_seconds
 from llmtrain_contract.config import CheckpointRuntime
-from llmtrain_trainer.checkpoint.cadence import Cadence
+from llmtrain_trainer.checkpoint.cadence import STEP_WINDOW, Cadence
 
 
 class Metrics:
@@ -172,3 +172,24 @@ def test_a_deferred_checkpoint_becomes_overdue_when_the_next_one_falls_due(tmp_p
     auto.agreed(10)
     auto.deferred()
     assert [s for s in range(101, 125) if auto.overdue(s)][:1] == [120]
+
+
+def test_the_interval_holds_while_the_optimum_moves_within_the_band_and_follows_a_lasting_change(tmp_path, caplog):
+    import logging
+
+    cadence = _auto(tmp_path)
+    cadence.observe(WARM_UP, [])
+    cadence.observe(0.5, [2.0])
+    with caplog.at_level(logging.WARNING, logger="llmtrain.cadence"):
+        assert cadence.proposal(now=1000.0) == 98
+        # Step-time jitter of +-10 %: the optimum moves by several steps, the interval not.
+        for i in range(60):
+            cadence.observe(0.5 * (1.1 if i % 2 else 0.9), [2.0])
+            assert cadence.proposal(now=1000.0) == 98
+        assert cadence.chosen.steps != 98 or cadence.chosen.step_seconds != 0.5, "the optimum itself moved"
+        assert len([r for r in caplog.records if "checkpoint interval" in r.message]) == 1, "one change, one line"
+        # Twice the pace: the optimum halves, far outside the band, and is followed.
+        for _ in range(STEP_WINDOW):
+            cadence.observe(1.0, [2.0])
+        assert cadence.proposal(now=1000.0) == cadence.chosen.steps == 49
+    assert len([r for r in caplog.records if "checkpoint interval" in r.message]) == 2
