@@ -52,6 +52,7 @@ bench: setup cluster-tools
 	$(BIN)/python bench/operator_scale.py $(BENCH_ARGS)
 	$(BIN)/python bench/recovery.py $(BENCH_ARGS)
 	$(BIN)/python bench/checkpoint.py $(BENCH_ARGS)
+	$(BIN)/python bench/goodput.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -7,10 +7,12 @@ by bench/recovery.py (docs/benchmarks.md), never by timed tests."""
 from __future__ import annotations
 
 import json
+import time
 
 from support.waiting import wait_for
 
 from .jobs import PVC, create, events, job_manifest, pods, status, wait_status
+from .matrix import restores
 
 NS, NAME = "e2e-failures", "survivor"
 DETECT_BOUND = 5.0
@@ -49,7 +51,7 @@ def test_a_job_survives_a_crash_and_a_node_loss_and_succeeds(operator):
     store_node = pods(bed, NS, NAME, role="rendezvous")[0]["spec"]["nodeName"]
     victim = next(p for p in pods(bed, NS, NAME) if p["spec"].get("nodeName") not in (None, store_node))
     node = victim["spec"]["nodeName"]
-    before = status(bed, NS, NAME)
+    before, began = status(bed, NS, NAME), time.time()
     bed.fail_node(node)
     lost = wait_status(bed, NS, NAME, lambda s: s.get("restartsByReason", {}).get("NodeFailure", 0) >= 1, 180, "node failure handled")
     assert lost["restartsByReason"]["NodeFailure"] == 1, lost["restartsByReason"]
@@ -60,6 +62,9 @@ def test_a_job_survives_a_crash_and_a_node_loss_and_succeeds(operator):
     after_loss = wait_status(bed, NS, NAME, lambda s: s.get("lastFailure", {}).get("kind") == "NodeFailure"
                              and s.get("lastRecoverySeconds") is not None, 240, "training again after the node loss")
     node_recovery = after_loss["lastRecoverySeconds"]
+    # The survivor resumed at most one interval back.
+    resumed = restores(bed, NS, NAME, since=began)
+    assert resumed and min(r.step for r in resumed) >= before["step"] - 10, (before["step"], resumed)
     # The survivor went on at a smaller world size; the replacement arrives after the
     # backoff, on another node.
     replacement = wait_for(lambda: [p for p in pods(bed, NS, NAME) if p["metadata"]["name"] == victim["metadata"]["name"]

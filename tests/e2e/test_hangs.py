@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 
-from .jobs import create, event_messages, job_manifest, pod_with_marker, pods, wait_status
+from support.waiting import wait_for
+
+from .jobs import create, event_messages, job_manifest, pod_with_marker, pods, run_dir, wait_status
+from .matrix import restores
 
 NS = "e2e-hangs"
 HANG = 10
@@ -43,6 +46,10 @@ def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succe
         ("Hang", "Hang", "single-worker-0", pod["spec"]["nodeName"]), failure
     assert any(r == "RestartedInPlace" and f"pod single-worker-0 on node {pod['spec']['nodeName']}" in m
                for r, m in event_messages(bed, NS, "single")), event_messages(bed, NS, "single")
+    # Frozen at step 8, restored at most one interval back, from its node-local tier.
+    frozen_at = float((run_dir(bed, pod) / "faults" / "fault-0-rank-0.fired").read_text())
+    resumed = wait_for(lambda: restores(bed, NS, "single", since=frozen_at), 120, 1, "the single job's restore")
+    assert min(r.step for r in resumed) >= 8 - COMMON["spec.checkpoint.intervalSteps"] and resumed[0].tier == "local", resumed
 
     # 2. Rank 1 holds the GIL; rank 0 waits for it in the gradient all-reduce. Only the
     # spinning rank's pod is charged.
@@ -56,6 +63,11 @@ def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succe
     # report. The kubelet's liveness probe on the launcher fails, the pod is killed and
     # replaced, blamed on that pod; the survivor's ranks were victims, not charged.
     wait_status(bed, NS, "pair", lambda s: s.get("lastRecoverySeconds") is not None and s.get("step", 0) >= 15, 240, "training again")
+    # The restore after the hang lost at most one interval (the fault fired at step 8;
+    # its marker holds the moment, so the pair's growth to two workers is left out).
+    fired = float((run_dir(bed, cause) / "faults" / "fault-0-rank-1.fired").read_text())
+    resumed = restores(bed, NS, "pair", since=fired)
+    assert resumed and min(r.step for r in resumed) >= 8 - COMMON["spec.checkpoint.intervalSteps"], resumed
     frozen = next(p for p in pods(bed, NS, "pair") if p["metadata"]["name"] != cause["metadata"]["name"])
     name = frozen["metadata"]["name"]
     bed.kill_pod(NS, name, "SIGSTOP")

@@ -60,7 +60,9 @@ def test_a_queued_job_waits_for_kueue_runs_when_admitted_yields_when_evicted_and
     bed.kubectl("apply", "-f", "-", input=json.dumps(FLAVOR))
 
     # Created without suspend: like Kueue's webhook, the operator suspends it, and creates its Workload.
-    manifest = job_manifest(NAME, {"spec.trainer.builtin.maxSteps": 30, "metadata.labels": {"kueue.x-k8s.io/queue-name": "team-a"}})
+    # Paced, so that the eviction below lands mid-run (unpaced, 30 steps take seconds).
+    manifest = job_manifest(NAME, {"spec.trainer.builtin.maxSteps": 30, "metadata.labels": {"kueue.x-k8s.io/queue-name": "team-a"},
+                                   "spec.env": [{"name": "LLMTRAIN_FAULT_INJECT", "value": "slow@step=1,seconds=0.5,steps=30"}]})
     del manifest["spec"]["scheduling"]  # the flavor places the pods
     create(bed, NS, manifest)
     workload = wait_for(lambda: _workload(bed), 60, what="the Workload")

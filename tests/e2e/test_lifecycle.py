@@ -13,6 +13,7 @@ from support.waiting import wait_for
 
 from .conftest import OPERATOR_NS
 from .jobs import PVC, create, events, job_manifest, pods, status, wait_status
+from .matrix import restores
 from .prometheus import Prometheus
 
 NS, NAME = "e2e-lifecycle", "lifecycle"
@@ -67,10 +68,14 @@ def test_failover_eviction_suspend_resume_metrics_and_cleanup(operator, promethe
     # 3. An eviction (Eviction API) is a disruption, not a restart.
     victim = f"{NAME}-worker-1"
     eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": victim, "namespace": NS}}
+    at, began = status(bed, NS, NAME).get("step", 0), time.time()
     bed.kubectl("create", "--raw", f"/api/v1/namespaces/{NS}/pods/{victim}/eviction", "-f", "-", input=json.dumps(eviction))
     evicted = wait_status(bed, NS, NAME, lambda s: s.get("disruptions", 0) >= 1, 120, "eviction counted")
     assert evicted["disruptions"] == 1 and evicted["restarts"] == running["restarts"], evicted
     wait_status(bed, NS, NAME, lambda s: s.get("phase") == "Running" and s.get("workers") == "2/2", 180, "back to 2/2 after the eviction")
+    # SIGTERM gave the ranks their emergency checkpoint: at most the step in flight is lost.
+    resumed = restores(bed, NS, NAME, since=began)
+    assert resumed and min(r.step for r in resumed) >= at - 1, (at, resumed)
 
     # 4. Suspend: pods go away, status and checkpoints stay.
     bed.kubectl("patch", "ltj", NAME, "-n", NS, "--type=merge", "-p", '{"spec":{"suspend":true}}')
