@@ -27,11 +27,12 @@ log = logging.getLogger("llmtrain.cadence")
 EMA = 0.3
 """Weight of the newest checkpoint cost in its running estimate."""
 BAND = 0.2
-"""A new optimum replaces the interval in force only when it differs by more than this
-fraction. Young/Daly's overhead is flat near the optimum (an interval 20 % off costs
-under 2 % more: (1.2 + 1/1.2) / 2 = 1.017), while the step time's jitter moved the optimum
-by a step or two at almost every step: each move was logged, exported, and turned into
-an Event by the operator (every 5 s for an hour in the goodput benchmark)."""
+"""Between failures, a new optimum replaces the interval in force only when it differs
+by more than this fraction. Young/Daly's overhead is flat near the optimum (an interval
+20 % off costs under 2 % more: (1.2 + 1/1.2) / 2 = 1.017), while the step time's jitter
+moved the optimum by a step or two at almost every step: each move was logged, exported,
+and turned into an Event by the operator (every 5 s for an hour in the goodput
+benchmark). A new failure always chooses again."""
 STEP_WINDOW = 25
 """Recent steps whose median is the step time: a median, because the step that takes a
 checkpoint carries its stall (already in the cost) and a step now and then waits on the
@@ -83,9 +84,8 @@ class Cadence:
         self._cost: float | None = None
         self._costs_seen = 0
         self.chosen: Interval | None = None
-        """The newest optimum and its inputs."""
-        self._in_force: int | None = None
-        """The interval proposed: ``chosen.steps`` when it last moved out of ``BAND``."""
+        """The interval proposed and the inputs it was chosen from."""
+        self._chosen_at_failures = 0
         metrics.cadence(self.interval, None)
 
     def start(self, restored_step: int) -> None:
@@ -118,12 +118,13 @@ class Cadence:
         self.history.refresh()
         now = time.time() if now is None else now
         mtbf = mtbf_seconds(self.history.failures, self.history.active_seconds(now), self.auto.mtbf_prior_seconds)
-        chosen = interval(self._cost, mtbf, statistics.median(self._steps), self.auto.min_steps, self.auto.max_steps)
-        if self._in_force is None or abs(chosen.steps - self._in_force) > BAND * self._in_force:
-            log.warning("checkpoint interval: %s (%d failures so far)", chosen.explain(), self.history.failures)
-            self._in_force = chosen.steps
-        self.chosen = chosen
-        return self._in_force
+        optimum = interval(self._cost, mtbf, statistics.median(self._steps), self.auto.min_steps, self.auto.max_steps)
+        held = self.chosen
+        if held is None or self.history.failures != self._chosen_at_failures or abs(optimum.steps - held.steps) > BAND * held.steps:
+            if held is None or optimum.steps != held.steps:
+                log.warning("checkpoint interval: %s (%d failures so far)", optimum.explain(), self.history.failures)
+            self.chosen, self._chosen_at_failures = optimum, self.history.failures
+        return self.chosen.steps
 
     # ------------------------------------------------------------------ every rank
 
