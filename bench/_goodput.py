@@ -8,8 +8,11 @@ at the injection of the fault that caused it, or, when nothing was injected (a n
 came back and the job growing again), at the last step the old group logged. It lasts
 until the log shows a step past the high-water mark it had before the interruption
 began: detection, recovery (every wait: scheduling, rendezvous, restore) and the redone
-steps are all inside. Lost time is the union of those spans, plus the start-up (job
-created to its first step); ETTR = 1 - lost / wall.
+steps are all inside. The same group going back (a rollback for bad numerics) is an
+interruption from its last step before. Lost time is the union of those spans, the
+start-up (job created to its first step) and every stall (``STALL_SECONDS`` or more with
+no step seen, the end of the run included: a failed job trains no more); ETTR = 1 -
+lost / wall.
 """
 
 from __future__ import annotations
@@ -59,8 +62,8 @@ class Injected:
 class Interruption:
     start: float
     cause: str
-    """The kind of the injected fault, or ``rejoin`` (nothing injected: the job grew
-    back, a node returned)."""
+    """The kind of the injected fault, ``rejoin`` (nothing injected: the job grew back, a
+    node returned) or ``rollback`` (the same group went back to a checkpoint)."""
     high_water: int
     resumed_at: float | None = None
     """The first step of the new group."""
@@ -85,12 +88,19 @@ def interruptions(steps: list[StepSeen], faults: list[Injected], changes: list[f
     pending = sorted(faults, key=lambda f: f.at)
     out: list[Interruption] = []
     seen: set[tuple[str, int]] = set()
+    previous: dict[tuple[str, int], int] = {}
     high_water, last_at = 0, None
     for s in steps:
         while pending and pending[0].at <= s.at:
             fault = pending.pop(0)
             out.append(Interruption(fault.at, fault.kind, _high_water(steps, fault.at), fault=fault,
                                     detected=next((c for c in changes if c >= fault.at), None)))
+        if s.group in previous and s.step <= previous[s.group]:
+            # The same group went back (a rollback for bad numerics restores the newest
+            # checkpoint in place): the steps it trains again are redone.
+            out.append(Interruption(last_at if last_at is not None else s.at, "rollback", high_water,
+                                    resumed_at=s.at, resumed_step=s.step))
+        previous[s.group] = s.step
         if s.group not in seen:
             if seen:  # the first group is the start, not an interruption
                 # Every fault still open is over when a new group trains (two faults
@@ -125,7 +135,7 @@ def _attach_rejoins(cuts: list[Interruption]) -> None:
     for cut in cuts:
         if cut.fault is not None:
             owner = cut
-        elif owner is not None:
+        elif owner is not None and cut.cause == "rejoin":
             owner.rejoins.append(cut)
 
 
@@ -156,11 +166,18 @@ class Account:
         return max(0.0, 1.0 - self.lost / self.wall) if self.wall > 0 else 0.0
 
 
-def account(created: float, ended: float, steps: list[StepSeen], cuts: list[Interruption]) -> Account:
-    """Lost time over [created, ended]: the start-up, and each interruption from its
-    start until it caught up (or the end of the run, if it never did)."""
+STALL_SECONDS = 10.0
+"""A wait this long between two steps seen (or after the last one) with no new group is
+lost time too: a job that stopped (failed, stuck) makes no progress either."""
+
+
+def account(created: float, ended: float, steps: list[StepSeen], cuts: list[Interruption], stall: float = STALL_SECONDS) -> Account:
+    """Lost time over [created, ended]: the start-up, each interruption from its start
+    until it caught up (or the end of the run, if it never did), and every stall."""
     first = steps[0].at if steps else ended
     spans = [(created, first)] + [(c.start, min(c.caught_up if c.caught_up is not None else ended, ended)) for c in cuts]
+    stops = [s.at for s in steps] + [ended]
+    spans += [(a, b) for a, b in zip(stops, stops[1:]) if b - a > stall]
     return Account(wall=ended - created, startup=first - created, lost=union_seconds(spans))
 
 

@@ -24,8 +24,10 @@ failure in the status; recover = injection to the first step of a re-formed grou
 (scheduling, rendezvous and restore included); redo = from there to the first step past
 the pre-fault high-water mark. A group that re-forms with nothing injected (the job
 growing back when a node returns) is an interruption too, from the old group's last
-step. ETTR = 1 - (start-up + the union of every interruption) / wall, the wall from
-``kubectl apply`` to the end. Checkpoint stalls stay inside productive time (the step
+step, and so is a group going back (a rollback for bad numerics). ETTR = 1 - (start-up +
+the union of every interruption + every stall of 10 s or more without a step, the end
+of the run included) / wall, the wall from ``kubectl apply`` to the end. What it saw is
+kept in ``.cache/bench-goodput/observed.json``. Checkpoint stalls stay inside productive time (the step
 log cannot see them); their share is reported from the trainers' own histograms.
 
     python bench/goodput.py [--quick] [--minutes M] [--gap S] [--seed N] [--png PATH]
@@ -325,9 +327,12 @@ def report(seen: dict[str, Any], png: Path | None) -> dict[str, float]:
               f"{_s(cut.resumed_at, cut.start):>8} {_s(cut.caught_up, cut.resumed_at):>6} {_n(cut.lost_steps):>10} "
               f"{rejoin:7.1f} {episode_lost(cut, ended):8.1f}")
     unowned = [c for c in cuts if c.fault is None and not any(c in f.rejoins for f in cuts)]
-    if unowned:
-        print(f"re-formed with nothing injected before it: {len(unowned)} times, at "
-              + ", ".join(f"{c.start - created:.0f}s" for c in unowned))
+    for cause in sorted({c.cause for c in unowned}):
+        mine = [c for c in unowned if c.cause == cause]
+        print(f"{cause} with nothing injected before it: {len(mine)} times, at "
+              + ", ".join(f"{c.start - created:.0f}s (lost {(c.caught_up or ended) - c.start:.1f}s)" for c in mine))
+    if steps and ended - steps[-1].at > 10:
+        print(f"no step seen in the last {ended - steps[-1].at:.0f}s (the job's phase at the end: {seen['status'].get('phase')})")
     kinds = sorted({c.cause for c in cuts if c.fault is not None}, key=KINDS.index)
     values: dict[str, float] = {}
     for kind in kinds:
@@ -352,7 +357,7 @@ def report(seen: dict[str, Any], png: Path | None) -> dict[str, float]:
     if pace:
         print(f"cross-check: final step x steady step time / wall = {final * pace / acct.wall:.3f} "
               "(counts every slower step too, e.g. at world size 1)")
-    print(f"the operator's own status: ettr {op.get('ettr')}, goodput {op.get('goodput')}, restarts {op.get('restarts')} "
+    print(f"the operator's own status: phase {op.get('phase')}, ettr {op.get('ettr')}, goodput {op.get('goodput')}, restarts {op.get('restarts')} "
           f"{op.get('restartsByReason')}, disruptions {op.get('disruptions')}")
     print(f"the interval in force at the end: {json.dumps(op.get('checkpointCadence'))}")
     print(f"Prometheus: restarts by reason {scraped['restarts_by_reason']}; checkpoint stall {scraped['stall_seconds']:.3f}s "
@@ -367,7 +372,7 @@ def report(seen: dict[str, Any], png: Path | None) -> dict[str, float]:
         if value in values:
             out[key] = round(values[value], 2)
     out["lost_steps_per_failure"] = round(sum(lost_steps) / len(lost_steps), 1) if lost_steps else -1
-    out["stall_share"] = round(scraped["stall_share"], 4) if scraped["stall_share"] is not None else -1
+    out["stall_share"] = scraped["stall_share"] if scraped["stall_share"] is not None else -1  # printed to 4 digits
     out["failures"] = len(faults)
     out["wall_s"] = round(acct.wall)
     for key, target in TARGETS.items():  # each against its worst case
@@ -424,7 +429,12 @@ def main() -> None:
     args = p.parse_args()
     args.gap = args.gap or (120 if args.quick else 600)
     seen = run(args)
-    (WORK / "observed.json").write_text(json.dumps({k: v for k, v in seen.items() if k in ("status", "scraped")}, default=str))
+    # Everything the figures come from, so that a run's report can be checked (and its
+    # accounting recomputed) after the bed is gone.
+    (WORK / "observed.json").write_text(json.dumps({
+        **{k: seen[k] for k in ("created", "ended", "changes", "status", "scraped")},
+        "steps": [[s.at, s.step, list(s.group), s.world] for s in seen["steps"]],
+        "faults": [vars(f) for f in seen["faults"]]}, default=str))
     result(**report(seen, Path(args.png) if args.png else None))
 
 

@@ -65,19 +65,20 @@ def test_two_faults_before_one_recovery_share_it_and_a_fault_after_the_last_step
     assert [c.resumed_at for c in cuts] == [40, 40]
     assert [c.detected for c in cuts] == [None, None]
     assert [c.caught_up for c in cuts] == [43, 43]  # step 21 is the first past both high-water marks (20)
-    assert account(0.0, 100.0, steps, cuts).lost == pytest.approx(1 + (43 - 20.5))
+    # No step seen from t=20 to 40: a stall from the last step, before the first fault.
+    assert account(0.0, 55.0, steps, cuts).lost == pytest.approx(1 + (43 - 20))
     # Injected after the last step: never recovered; the re-form at 40 is then a rejoin.
     late = Injected("crash", 60.0, "pod of rank 0")
     cuts = interruptions(steps, [late], changes=[])
     assert [c.cause for c in cuts] == ["rejoin", "crash"]
     assert cuts[-1].resumed_at is None and cuts[-1].caught_up is None
-    assert account(0.0, 100.0, steps, cuts).lost == pytest.approx(1 + (43 - 20) + (100 - 60))
+    assert account(0.0, 100.0, steps, cuts).lost == pytest.approx(1 + (43 - 20) + (100 - 49))  # stalled from its last step
 
 
 def test_lost_time_of_a_fault_that_never_recovered_runs_to_the_end():
     steps = run(1, 1, 20, ("a", 0))
     cuts = interruptions(steps, [Injected("crash", 30.0, "x")], changes=[])
-    assert account(0.0, 100.0, steps, cuts).lost == pytest.approx(1 + 70)
+    assert account(0.0, 100.0, steps, cuts).lost == pytest.approx(1 + (100 - 20))  # no step since t=20
 
 
 def test_the_steady_pace_leaves_out_interruptions_and_other_world_sizes():
@@ -85,3 +86,24 @@ def test_the_steady_pace_leaves_out_interruptions_and_other_world_sizes():
     cuts = interruptions(steps, [Injected("crash", 25.6, "x")], changes=[])
     assert steady_step_seconds(steps, cuts, 2) == pytest.approx(0.5)
     assert steady_step_seconds(steps, cuts, 1) == pytest.approx(2.0)
+
+
+def test_a_rollback_in_the_same_group_is_redone_work_and_a_job_that_stopped_is_lost_until_the_end():
+    # Steps 1..50; at t=51 the same group rolls back to step 40 and trains again.
+    steps = run(1, 1, 50, ("a", 0)) + run(51, 41, 40, ("a", 0))
+    cuts = interruptions(steps, [], changes=[])
+    assert [c.cause for c in cuts] == ["rollback"]
+    (back,) = cuts
+    assert (back.start, back.resumed_at, back.high_water, back.caught_up) == (50, 51, 50, 61)
+    # Training stops at t=90 (the job failed); the run ends at 200.
+    acct = account(0.0, 200.0, steps, cuts)
+    assert acct.lost == pytest.approx(1 + 11 + (200 - 90))
+    # A short gap is no stall.
+    assert account(0.0, 95.0, steps, cuts).lost == pytest.approx(1 + 11)
+
+
+def test_a_rollback_after_a_fault_is_not_counted_as_its_rejoin():
+    steps = run(1, 1, 50, ("a", 0)) + run(60, 46, 30, ("b", 0)) + run(91, 70, 10, ("b", 0))
+    cuts = interruptions(steps, [Injected("crash", 50.5, "x")], changes=[])
+    assert [c.cause for c in cuts] == ["crash", "rollback"]
+    assert cuts[0].rejoins == []
