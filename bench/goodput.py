@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -109,8 +110,11 @@ class Steps(threading.Thread):
         self._offsets[log] = self._offsets.get(log, 0) + end
         uid = log.parts[-4]
         for line in data[:end].splitlines():
-            if line.strip():
-                rec = json.loads(line)
+            try:
+                rec = json.loads(line) if line.strip() else None
+            except ValueError:
+                continue  # a torn line (the pod killed mid-write): the thread must live on
+            if isinstance(rec, dict) and "step" in rec:
                 self.seen.append(StepSeen(now, rec["step"], (uid, rec.get("attempt", 0)), rec.get("world", 0)))
 
     def newest(self) -> StepSeen | None:
@@ -165,8 +169,8 @@ class Injector:
         recovery waits for it, as the schedule's window allows)."""
         try:
             return len(self.pods()) == 2 and all(self.holder(r) for r in (0, 1))
-        except RuntimeError:
-            return False
+        except (RuntimeError, OSError, ValueError, subprocess.SubprocessError):
+            return False  # a failed read (kubectl, a heartbeat file going away): asked again next round
 
     def inject(self, kind: str, pick: float) -> str:
         rank = 0 if pick < 0.5 else 1
@@ -246,7 +250,11 @@ def run(args: Any) -> dict[str, Any]:
             faults = drive(bed, plan, created, duration, steps, status, args, tqdm)
             ended = time.monotonic()
             final = dict(status.latest)
-            scraped = _scraped(prometheus, ended - created)
+            try:
+                scraped = _scraped(prometheus, ended - created)
+            except (OSError, ValueError, KeyError) as err:  # an hour of observations is not lost to one query
+                print(f"Prometheus could not be queried: {err}", flush=True)
+                scraped = {"restarts_by_reason": {}, "stall_seconds": 0.0, "step_seconds": 0.0, "stall_share": None}
             steps.stop.set()
             status.stop.set()
             bed.kubectl("delete", "ltj", NAME, "-n", NS, "--wait=false")

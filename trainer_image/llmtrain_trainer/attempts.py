@@ -100,14 +100,15 @@ class AttemptTracker:
             for k in range(self.attempt):
                 if k not in self._causes:
                     self._causes[k] = exitrecord.attempt_cause(self.run_dir, k, self.local_world_size)
-            if self.early != self.attempt and self._hung_with_restarts_left(self.attempt):
+            hung = self._hung_with_restarts_left(self.attempt)
+            if self.early != self.attempt and hung:
                 self.early = self.attempt
             counts = {cause: 0 for cause in exitrecord.CAUSES}
             for k in range(self.attempt):
                 counts[self._causes[k]] += 1
             for cause in exitrecord.superseded_causes(self.run_dir):
                 counts[cause] += 1
-            if self.early == self.attempt and self._hung_with_restarts_left(self.attempt):
+            if self.early == self.attempt and hung:
                 # The current attempt, hung: torchrun restarts it. (Once a membership
                 # change restarts it instead, the record is kept aside and counted there.)
                 counts["hang"] += 1
