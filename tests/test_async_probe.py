@@ -109,7 +109,7 @@ def test_the_restricted_page_reads_as_the_whole_page_and_is_a_fraction_of_it():
     for tier, step in (("local", 70), ("shared", 60), ("s3", 50)):
         m.checkpoint_committed(tier, step, seconds=0.2, size=1000)
     m.tier_health("s3", "Unreachable")
-    m.cadence(25, SimpleNamespace(cost_seconds=3.5, mtbf_seconds=3600.0, step_seconds=1.25))
+    m.cadence(25, SimpleNamespace(cost_seconds=3.5, latency_seconds=4.0, mtbf_seconds=3600.0, step_seconds=1.25))
     m.stragglers({3: 1.8}, set())
     m.data_position(SimpleNamespace(rollbacks=1, skips=[SimpleNamespace(first_step=10, last_step=12, first_sample=80,
                                                                          end_sample=104)]))

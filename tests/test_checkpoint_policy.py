@@ -94,13 +94,15 @@ def test_an_interval_chosen_anew_is_an_event_with_its_inputs():
     raw = job(AUTO, status=running_status())
     before = {W0: TrainerProbe(step=20, interval_steps=40, cost_seconds=0.5, mtbf_seconds=900.0)}
     first = plan(raw, observed(raw, [worker(0)], probes=before), NOW)
-    after = {W0: TrainerProbe(step=40, interval_steps=20, cost_seconds=0.5, mtbf_seconds=300.0, step_seconds=0.87)}
+    after = {W0: TrainerProbe(step=40, interval_steps=20, cost_seconds=0.5, latency_seconds=1.25, mtbf_seconds=300.0,
+                              step_seconds=0.87)}
     second = plan({**raw, "status": first.status}, observed(raw, [worker(0)], probes=after), NOW + timedelta(seconds=5))
     changed = [e for e in second.events if e.reason == "CheckpointIntervalChanged"]
     assert len(changed) == 1 and changed[0].message == ("checkpoint interval 40 -> 20 steps: "
-                                                        "sqrt(2 x cost 0.50s x MTBF 300s) at 0.87s a step")
+                                                        "sqrt(2 x cost 0.5s x MTBF 300s) at 0.87s a step, a write taking 1.25s")
     cadence = second.status["checkpointCadence"]
     assert (cadence["intervalSteps"], cadence["costSeconds"], cadence["mtbfSeconds"], cadence["stepSeconds"]) == (20, 0.5, 300.0, 0.87)
+    assert cadence["latencySeconds"] == 1.25
 
 
 def test_the_interval_shown_is_the_one_its_inputs_chose_not_a_restarted_pods_initial_one():

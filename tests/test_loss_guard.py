@@ -25,9 +25,33 @@ def test_a_spike_is_judged_only_once_the_window_is_full_and_only_upwards():
     for loss in (5.0, 5.1, 4.9, 5.0, 5.05):
         assert guard.judge(loss) is None
     why = guard.judge(9.0)
-    assert why is not None and "standard deviations above" in why
+    assert why is not None and "standard deviations and 3.99 above" in why
     assert guard.judge(5.02) is None, "the spike was not added to the window"
     assert guard.judge(1.0) is None, "a sudden drop is not a failure"
+
+
+def test_near_convergence_noise_many_deviations_above_a_flat_window_is_not_a_spike():
+    """The goodput run's fourth false rollback: a memorised shard's loss of 0.1654 on
+    average, then 0.3686, 6.2 deviations above it but 0.2 nats."""
+    guard = LossGuard(NumericsRuntime(spike_std_devs=6, spike_min_rise=0.5, window_steps=50))
+    for i in range(50):
+        assert guard.judge(0.1654 + (0.03 if i % 2 else -0.03)) is None
+    assert guard.judge(0.3686) is None
+    assert guard.judge(0.2) is None
+    why = guard.judge(0.9)
+    assert why is not None and "above the last 50 steps' mean" in why
+    # Without the rise rule, the same noise is a spike.
+    strict = LossGuard(NumericsRuntime(spike_std_devs=6, spike_min_rise=0, window_steps=50))
+    for i in range(50):
+        strict.judge(0.1654 + (0.03 if i % 2 else -0.03))
+    assert strict.judge(0.3686) is not None
+
+
+def test_a_rise_above_the_minimum_within_the_noise_is_not_a_spike():
+    guard = LossGuard(NumericsRuntime(spike_std_devs=6, spike_min_rise=0.5, window_steps=5))
+    for loss in (6.0, 8.0, 5.0, 7.5, 6.5):  # an early, noisy loss: std 1.1
+        assert guard.judge(loss) is None
+    assert guard.judge(7.7) is None, "1 nat above the mean but within the noise"
 
 
 def test_spikes_off_judges_only_non_finite_losses():

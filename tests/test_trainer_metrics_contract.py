@@ -33,11 +33,12 @@ def test_tier_health_and_the_cadence_reach_the_probe_and_a_recovered_tier_leaves
     m.checkpoint_failed("s3", "Unreachable")
     m.checkpoint_failed("s3", "CredentialsRefused")  # only the current reason stays
     m.checkpoint_failed("local", "NoSpace")
-    m.cadence(25, interval(1.5, 900.0, 2.0, 1, 1000))
+    m.cadence(25, interval(1.5, 900.0, 2.0, 1, 1000, latency_seconds=3.0))
     text = generate_latest(m.registry).decode()
     probe = parse(text)
     assert probe.tier_degraded == {"s3": "CredentialsRefused", "local": "NoSpace"}
     assert (probe.interval_steps, probe.cost_seconds, probe.mtbf_seconds, probe.step_seconds) == (25, 1.5, 900.0, 2.0)
+    assert probe.latency_seconds == 3.0
     assert 'llmtrain_trainer_checkpoint_failures_total{reason="Unreachable",tier="s3"} 1.0' in text
     m.tier_health("s3", None)
     assert parse(generate_latest(m.registry).decode()).tier_degraded == {"local": "NoSpace"}

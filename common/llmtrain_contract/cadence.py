@@ -4,8 +4,12 @@ Young and Daly: with a checkpoint costing ``C`` seconds and failures arriving ev
 ``MTBF`` seconds on average, the interval that loses the least time is about
 ``sqrt(2 * C * MTBF)``: shorter wastes time on checkpoints, longer on redone work.
 
-``C`` is what a checkpoint costs the job: the training time it stalls plus the time
-until it is persisted (a failure in between loses back to the previous one). The MTBF
+``C`` is the training time a checkpoint costs: the stall of its snapshot plus the time the
+background write takes away from the steps it overlaps (CheckFreq's "snapshot" and
+"persist interference"). The write's own latency ``L`` is not in ``C``: with the write in
+the background, a failure loses ``T/2 + L`` on average, and ``L`` does not depend on the
+interval ``T``, so the overhead ``C/T + (T/2 + L)/MTBF`` is least at ``sqrt(2 C MTBF)``
+whatever ``L`` is. The MTBF
 is the job's own: its active seconds over its failures, with a prior worth one failure,
 so that a young job with no failure yet does not conclude that failures never happen.
 """
@@ -30,20 +34,42 @@ def young_daly_seconds(cost_seconds: float, mtbf: float) -> float:
 
 
 @dataclass(frozen=True)
+class SaveCost:
+    """One asynchronous checkpoint as its writer measured it."""
+
+    stall_seconds: float
+    """The training loop blocked taking the snapshot."""
+    latency_seconds: float
+    """From the snapshot to the tier-1 commit (the stall included)."""
+
+
+LATENCY_FLOOR = 2
+"""The interval is at least this many times the write's latency: shorter, a checkpoint
+would fall due while the previous one is still being written (it is then deferred), and
+too few steps would run clear of a write to measure what a write costs them."""
+
+
+@dataclass(frozen=True)
 class Interval:
     steps: int
     cost_seconds: float
     mtbf_seconds: float
     step_seconds: float
     optimal_seconds: float
+    latency_seconds: float = 0.0
 
     def explain(self) -> str:
-        return (f"{self.steps} steps: sqrt(2 x cost {self.cost_seconds:.2f}s x MTBF {self.mtbf_seconds:.0f}s) = "
-                f"{self.optimal_seconds:.1f}s at {self.step_seconds:.2f}s a step")
+        return (f"{self.steps} steps: sqrt(2 x cost {self.cost_seconds:.3g}s x MTBF {self.mtbf_seconds:.0f}s) = "
+                f"{self.optimal_seconds:.1f}s at {self.step_seconds:.2f}s a step, a write taking {self.latency_seconds:.2f}s")
 
 
-def interval(cost_seconds: float, mtbf: float, step_seconds: float, min_steps: int, max_steps: int) -> Interval:
-    """The interval in steps, clamped to [min_steps, max_steps]."""
+def interval(cost_seconds: float, mtbf: float, step_seconds: float, min_steps: int, max_steps: int,
+             latency_seconds: float = 0.0) -> Interval:
+    """The interval in steps, at least ``LATENCY_FLOOR`` write latencies, clamped to
+    [min_steps, max_steps]."""
     optimal = young_daly_seconds(cost_seconds, mtbf)
-    steps = round(optimal / step_seconds) if step_seconds > 0 else max_steps
-    return Interval(max(min_steps, min(max_steps, steps)), cost_seconds, mtbf, step_seconds, optimal)
+    if step_seconds > 0:
+        steps = max(round(optimal / step_seconds), math.ceil(LATENCY_FLOOR * max(latency_seconds, 0.0) / step_seconds))
+    else:
+        steps = max_steps
+    return Interval(max(min_steps, min(max_steps, steps)), cost_seconds, mtbf, step_seconds, optimal, latency_seconds)

@@ -329,6 +329,8 @@ class NumericsRuntime(CamelModel):
     spike_std_devs: float = Field(6.0, ge=0)
     """A loss this many standard deviations above the recent window's mean is bad (0: only
     non-finite losses are)."""
+    spike_min_rise: float = Field(0.5, ge=0)
+    """A spike must also be this far above the window's mean (the loss's units)."""
     window_steps: int = Field(50, ge=5)
     """The recent window; spikes are judged once it is full."""
     max_rollbacks: int = Field(3, ge=0)

@@ -97,7 +97,11 @@ class Metric:
     """Checkpoints that fell due while the previous one was still being written."""
     CHECKPOINT_INTERVAL_STEPS = f"{PREFIX}_checkpoint_interval_steps"
     CHECKPOINT_COST_SECONDS = f"{PREFIX}_checkpoint_cost_seconds"
-    """Adaptive cadence input: a checkpoint's stall plus persist time."""
+    """Adaptive cadence input: a checkpoint's cost to the training (stall plus write
+    interference)."""
+    CHECKPOINT_LATENCY_SECONDS = f"{PREFIX}_checkpoint_latency_seconds"
+    """Adaptive cadence input: a checkpoint's write latency, snapshot to tier-1 commit
+    (the interval is at least twice it)."""
     CHECKPOINT_MTBF_SECONDS = f"{PREFIX}_checkpoint_mtbf_seconds"
     """Adaptive cadence input: the job's mean time between failures."""
     CHECKPOINT_CADENCE_STEP_SECONDS = f"{PREFIX}_checkpoint_cadence_step_seconds"

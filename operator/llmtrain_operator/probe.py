@@ -26,7 +26,7 @@ RESTARTS = Metric.total(Metric.WORKER_GROUP_RESTARTS)
 FAILED_ATTEMPTS = Metric.total(Metric.FAILED_ATTEMPTS)
 LAUNCHER_FAILED_ATTEMPTS = Metric.total(LauncherMetric.FAILED_ATTEMPTS)
 READ = (Metric.STEP, Metric.WORLD_SIZE, RESTARTS, Metric.LAST_STEP_TIMESTAMP, Metric.CHECKPOINT_INTERVAL_STEPS,
-        Metric.CHECKPOINT_COST_SECONDS, Metric.CHECKPOINT_MTBF_SECONDS, Metric.CHECKPOINT_CADENCE_STEP_SECONDS,
+        Metric.CHECKPOINT_COST_SECONDS, Metric.CHECKPOINT_LATENCY_SECONDS, Metric.CHECKPOINT_MTBF_SECONDS, Metric.CHECKPOINT_CADENCE_STEP_SECONDS,
         Metric.NUMERICS_ROLLBACKS)
 
 WANTED = (*READ, Metric.CHECKPOINT_LAST_STEP, Metric.CHECKPOINT_TIER_DEGRADED, FAILED_ATTEMPTS, Metric.STRAGGLER,
@@ -78,6 +78,7 @@ def parse(text: str) -> TrainerProbe:
         interval_steps=as_int(Metric.CHECKPOINT_INTERVAL_STEPS) or None,
         # Unset gauges read 0: only global rank 0, once it has chosen, reports these.
         cost_seconds=values.get(Metric.CHECKPOINT_COST_SECONDS) or None,
+        latency_seconds=values.get(Metric.CHECKPOINT_LATENCY_SECONDS) or None,
         mtbf_seconds=values.get(Metric.CHECKPOINT_MTBF_SECONDS) or None,
         step_seconds=values.get(Metric.CHECKPOINT_CADENCE_STEP_SECONDS) or None,
         rollbacks=as_int(Metric.NUMERICS_ROLLBACKS),

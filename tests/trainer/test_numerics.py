@@ -12,7 +12,7 @@ from support.elastic import base_config, run_job
 
 GBS = 8
 NUMERICS = {"hangTimeoutSeconds": 60, "collectiveTimeoutSeconds": 30,
-            # Only non-finite losses here: the spike rule is unit-tested (tests/test_numerics.py).
+            # Only non-finite losses here: the spike rule is unit-tested (tests/test_loss_guard.py).
             "numerics": {"spikeStdDevs": 0, "windowSteps": 5, "maxRollbacks": 2}}
 
 

@@ -55,7 +55,9 @@ class TrainerMetrics:
         self._degraded = Gauge(Metric.CHECKPOINT_TIER_DEGRADED, "1 for the reason a tier is degraded now", ["tier", "reason"], registry=r)
         self._deferred = Counter(Metric.CHECKPOINT_DEFERRED, "Checkpoints deferred because the previous one was still being written", registry=r)
         self._interval = Gauge(Metric.CHECKPOINT_INTERVAL_STEPS, "The checkpoint interval in force, steps", registry=r)
-        self._cost = Gauge(Metric.CHECKPOINT_COST_SECONDS, "A checkpoint's stall plus persist time (adaptive cadence input)", registry=r)
+        self._cost = Gauge(Metric.CHECKPOINT_COST_SECONDS, "A checkpoint's cost to the training: stall plus write interference (adaptive cadence input)", registry=r)
+        self._latency = Gauge(Metric.CHECKPOINT_LATENCY_SECONDS,
+                              "A checkpoint's write latency, snapshot to tier-1 commit (adaptive cadence input)", registry=r)
         self._mtbf = Gauge(Metric.CHECKPOINT_MTBF_SECONDS, "The job's mean time between failures (adaptive cadence input)", registry=r)
         self._cadence_step = Gauge(Metric.CHECKPOINT_CADENCE_STEP_SECONDS,
                                    "The typical step time converting seconds into steps (adaptive cadence input)", registry=r)
@@ -120,6 +122,7 @@ class TrainerMetrics:
         self._interval.set(interval_steps)
         if chosen is not None:
             self._cost.set(chosen.cost_seconds)
+            self._latency.set(chosen.latency_seconds)
             self._mtbf.set(chosen.mtbf_seconds)
             self._cadence_step.set(chosen.step_seconds)
 

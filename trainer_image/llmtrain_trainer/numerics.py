@@ -79,6 +79,7 @@ class LossGuard:
 
     def __init__(self, cfg: NumericsRuntime):
         self.k = cfg.spike_std_devs
+        self.min_rise = cfg.spike_min_rise
         self.window: deque[float] = deque(maxlen=cfg.window_steps)
 
     def judge(self, loss: float) -> str | None:
@@ -88,8 +89,11 @@ class LossGuard:
         if self.k > 0 and len(self.window) == self.window.maxlen:
             mean = sum(self.window) / len(self.window)
             std = math.sqrt(sum((x - mean) ** 2 for x in self.window) / len(self.window))
-            if std > 0 and (loss - mean) / std > self.k:
-                return f"the loss {loss:.4g} is {(loss - mean) / std:.1f} standard deviations above the last {len(self.window)} steps' mean {mean:.4g}"
+            # Both rules: deviations alone fire on noise once the window is nearly flat
+            # (a memorised or converged loss), a rise alone on a noisy early loss.
+            if std > 0 and (loss - mean) / std > self.k and loss - mean >= self.min_rise:
+                return (f"the loss {loss:.4g} is {(loss - mean) / std:.1f} standard deviations and {loss - mean:.3g} above "
+                        f"the last {len(self.window)} steps' mean {mean:.4g}")
         self.window.append(loss)
         return None
 

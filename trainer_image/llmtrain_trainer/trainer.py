@@ -328,7 +328,7 @@ class Trainer:
             else:
                 self.ckpt.save(self.step, samples, tiers_busy)
                 self.cadence.saved(self.step)
-        self.cadence.observe(seconds, self.ckpt.costs)
+        self.cadence.observe(seconds, self.ckpt.costs, self.ckpt.writing())
         return False
 
     def _roll_back(self, bad_step: int, why: str) -> None:

@@ -216,6 +216,8 @@ class TrainerProbe:
     """The checkpoint interval in force."""
     cost_seconds: float | None = None
     """The adaptive cadence's measured checkpoint cost (reported by global rank 0)."""
+    latency_seconds: float | None = None
+    """The adaptive cadence's measured write latency (reported by global rank 0)."""
     mtbf_seconds: float | None = None
     """The adaptive cadence's MTBF (reported by global rank 0)."""
     step_seconds: float | None = None

@@ -218,8 +218,9 @@ class S3TierSpec(CamelModel):
 
 class AutoCadenceSpec(Ruled):
     """The adaptive interval (``intervalSteps: auto``): Young/Daly's optimum
-    ``sqrt(2 x cost x MTBF)``, from the measured cost of a checkpoint (training stall
-    plus persist time) and the job's own mean time between failures."""
+    ``sqrt(2 x cost x MTBF)``, from the measured cost of a checkpoint to the training
+    (its stall plus its background write's interference with the steps) and the job's own
+    mean time between failures."""
 
     initial_steps: int = Field(50, ge=1, le=10_000_000)
     """The interval until the first checkpoint's cost is measured. Default 50."""
@@ -289,6 +290,12 @@ class NumericsSpec(CamelModel):
     spike_std_devs: float = Field(6.0, ge=0, le=1000)
     """A loss this many standard deviations above the mean of the recent window is a
     spike. 0 turns the spike rule off (non-finite losses are always bad). Default 6."""
+
+    spike_min_rise: float = Field(0.5, ge=0, le=1e6)
+    """A spike must also be at least this far above the window's mean, in the loss's units
+    (nats for a cross-entropy loss). Near convergence the window's deviation is tiny and
+    ordinary noise is many of them: a loss of 0.37 after a mean of 0.17 was 6 deviations
+    above it. 0 leaves only the deviation rule. Default 0.5."""
 
     window_steps: int = Field(50, ge=5, le=100_000)
     """Steps in the recent window; the spike rule applies once it is full. Default 50."""

@@ -104,12 +104,16 @@ class CheckpointCadence(CamelModel):
     interval_steps: int | None = None
     """As the trainers report it."""
     cost_seconds: float | None = None
-    """Measured cost of one checkpoint: training stall plus tier-1 persist."""
+    """Measured cost of one checkpoint to the training: its stall plus its background
+    write's interference with the steps it overlaps."""
+    latency_seconds: float | None = None
+    """Measured latency of one checkpoint's write, snapshot to tier-1 commit: not a cost
+    (it does not move the optimum), but the interval is at least twice it."""
     mtbf_seconds: float | None = None
     """The job's mean time between failures the interval was chosen for."""
     step_seconds: float | None = None
-    """The typical step time (the median of the recent steps, a checkpoint's stall left
-    out) that converts ``sqrt(2 x cost x MTBF)`` seconds into ``intervalSteps``."""
+    """The typical step time (the median of the recent steps clear of a checkpoint
+    write) that converts ``sqrt(2 x cost x MTBF)`` seconds into ``intervalSteps``."""
     history: CadenceHistory | None = None
     """What the trainers were told (auto only)."""
 

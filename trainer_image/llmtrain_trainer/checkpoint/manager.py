@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from llmtrain_contract.cadence import SaveCost
 from llmtrain_store import manifest as mf
 from llmtrain_store.archive import ArchiveError, encode_header
 from llmtrain_store.fileio import PieceHasher
@@ -93,9 +94,10 @@ class CheckpointManager:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer", initializer=lower_this_thread)
         self._pending: Future[None] | None = None
         self.last_committed: dict[str, int] = {}
-        self.costs: list[float] = []
-        """Stall plus tier-1 persist of each checkpoint, seconds (the adaptive cadence's
-        input), in order."""
+        self.costs: list[SaveCost] = []
+        """Each checkpoint committed to tier 1 by this node leader: its stall (a
+        synchronous one stalls for its whole latency) and its latency (the adaptive
+        cadence's input), in order."""
         self.deferred = 0
         self._last_size = 0
         self._stored_local: int | None = None
@@ -261,6 +263,13 @@ class CheckpointManager:
         pending = self._pending is not None and not self._pending.done()
         return pending or (self.engine is not None and not self.engine.snapshot_free())
 
+    def writing(self) -> bool:
+        """This rank is writing a checkpoint in the background: into tier 1, or into a
+        slower tier. Either takes CPU, memory bandwidth and the GIL from the steps."""
+        if self._pending is not None and not self._pending.done():
+            return True
+        return any(p.busy() for p in self._propagators)
+
     def tiers_busy(self) -> list[bool]:
         """Per slower tier: this rank is still storing a step into it."""
         return [p.busy() for p in self._propagators]
@@ -321,7 +330,7 @@ class CheckpointManager:
         snap = self.engine.snapshot() if self.engine is not None else None
         blocked = time.perf_counter() - started
         heartbeat = self.heartbeat if sync else _noop
-        job = lambda: self._persist(step, meta, snap, rng_tensors, rng_meta, started, targets, heartbeat)  # noqa: E731
+        job = lambda: self._persist(step, meta, snap, rng_tensors, rng_meta, started, None if sync else blocked, targets, heartbeat)  # noqa: E731
         if sync:
             job()
             for propagator in targets:
@@ -339,7 +348,7 @@ class CheckpointManager:
             log.error("checkpoint of step %d failed: %s", step, err)
 
     def _persist(self, step: int, meta: dict[str, Any], snap: Any, rng_tensors: dict[str, torch.Tensor], rng_meta: dict[str, Any],
-                 started: float, targets: list[Propagator], heartbeat: Callable[[], None]) -> None:
+                 started: float, blocked: float | None, targets: list[Propagator], heartbeat: Callable[[], None]) -> None:
         """Write this rank's files into tier 1, then hand the step to ``targets``. If tier
         1 fails, the snapshot goes to ``targets`` from memory; without any, the error is
         raised (the checkpoint exists nowhere)."""
@@ -368,7 +377,8 @@ class CheckpointManager:
                 with self._lock:
                     self._stored_local = step
                 self._committed(local.name, step, time.perf_counter() - began, sum(r["size"] for r in records.values()))
-                self.costs.append(time.perf_counter() - started)
+                latency = time.perf_counter() - started
+                self.costs.append(SaveCost(latency if blocked is None else blocked, latency))
                 log.info("checkpoint step %d committed to %s (%s)", step, local.name, committed.location)
             self.health.ok(local.name, step)
         except (OSError, CheckpointError, RuntimeError) as err:

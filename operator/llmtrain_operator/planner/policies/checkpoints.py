@@ -84,15 +84,17 @@ def _cadence(ctx: Pass) -> None:
         chooser = next((p for p in probes if p.interval_steps and p.cost_seconds is not None
                         and p.mtbf_seconds is not None), None)
         new = chooser.interval_steps if chooser is not None else max(reported)
-        cost, mtbf, step = ((chooser.cost_seconds, chooser.mtbf_seconds, chooser.step_seconds)
-                            if chooser is not None else (None, None, None))
+        cost, latency, mtbf, step = ((chooser.cost_seconds, chooser.latency_seconds, chooser.mtbf_seconds, chooser.step_seconds)
+                                     if chooser is not None else (None, None, None, None))
         if auto and cadence.interval_steps is not None and new != cadence.interval_steps:
-            why = f": sqrt(2 x cost {cost:.2f}s x MTBF {mtbf:.0f}s)" if cost is not None and mtbf is not None else ""
+            why = f": sqrt(2 x cost {cost:.3g}s x MTBF {mtbf:.0f}s)" if cost is not None and mtbf is not None else ""
             why += f" at {step:.2f}s a step" if why and step is not None else ""
+            why += f", a write taking {latency:.2f}s" if why and latency is not None else ""
             ctx.decide(IntervalChanged(cadence.interval_steps, new, why))
         cadence.interval_steps = new
         # As reported now: a trainer that just restarted has not measured a cost yet.
         cadence.cost_seconds = round(cost, 3) if cost is not None else None
+        cadence.latency_seconds = round(latency, 3) if latency is not None else None
         cadence.mtbf_seconds = round(mtbf, 1) if mtbf is not None else None
         cadence.step_seconds = round(step, 3) if step is not None else None
     elif cadence.interval_steps is None and not auto:
