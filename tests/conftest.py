@@ -31,7 +31,8 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     """Starts the tools' build early when a selected test (after `-m`/`-k`) will need them."""
     config = session.config
-    if not config.option.collectonly and any(_needs_cluster(i) or i.get_closest_marker("tools") for i in session.items):
+    kind = os.environ.get("LLMTRAIN_E2E_BED") == "kind"  # kind brings its own Kubernetes
+    if not config.option.collectonly and not kind and any(_needs_cluster(i) or i.get_closest_marker("tools") for i in session.items):
         config.stash[_PREBUILD] = prebuild.start()
 
 
@@ -46,7 +47,20 @@ def local_cluster():
     Needs root (network namespaces, bind mounts, cgroups). ``.ci/run`` runs as root; on a
     machine where that is impossible the suites marked ``cluster``/``e2e`` fail loudly
     rather than skip.
+
+    With ``LLMTRAIN_E2E_BED=kind`` (``hack/kind/e2e.sh`` sets it, with the cluster it
+    created), the same tests drive a kind cluster through ``hack/kindbed.py`` instead.
     """
+    if os.environ.get("LLMTRAIN_E2E_BED") == "kind":
+        from kindbed import KindCluster
+
+        kind = KindCluster.from_env().up()
+        try:
+            yield kind
+        finally:
+            kind.down()
+        return
+
     from localcluster.cluster import LocalCluster
 
     if os.geteuid() != 0:

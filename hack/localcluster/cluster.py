@@ -82,6 +82,11 @@ class LocalCluster:
     def kubeconfig(self) -> Path:
         return self.state / "admin.kubeconfig"
 
+    @property
+    def host_address(self) -> str:
+        """Where pods reach this host (a server the tests start, e.g. MinIO): the bridge."""
+        return network.GATEWAY
+
     def env(self) -> dict[str, str]:
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PATH": f"{self.bin}:{os.environ.get('PATH', '')}"}
 

@@ -15,7 +15,10 @@ from kubernetes.client.exceptions import ApiException
 log = logging.getLogger("localcluster.provisioner")
 
 
-def provision_once(core: client.CoreV1Api, root: Path) -> int:
+def provision_once(core: client.CoreV1Api, root: Path, in_node: Path | None = None) -> int:
+    """A PV for each pending claim, in a folder under ``root``; ``in_node``: where the
+    nodes see ``root`` (kind mounts it into its node containers elsewhere), and the
+    folder is then open to every uid (the pods there run as a non-root user)."""
     created = 0
     for pvc in core.list_persistent_volume_claim_for_all_namespaces().items:
         if pvc.status.phase != "Pending" or pvc.spec.volume_name:
@@ -23,6 +26,8 @@ def provision_once(core: client.CoreV1Api, root: Path) -> int:
         name = f"pv-{pvc.metadata.namespace}-{pvc.metadata.name}"[:63]
         path = root / name
         path.mkdir(parents=True, exist_ok=True)
+        if in_node is not None:
+            path.chmod(0o777)
         size = (pvc.spec.resources.requests or {}).get("storage", "1Gi")
         body = {
             "apiVersion": "v1", "kind": "PersistentVolume",
@@ -32,7 +37,7 @@ def provision_once(core: client.CoreV1Api, root: Path) -> int:
                 "accessModes": pvc.spec.access_modes or ["ReadWriteOnce"],
                 "persistentVolumeReclaimPolicy": "Delete",
                 "storageClassName": pvc.spec.storage_class_name or "",
-                "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
+                "hostPath": {"path": str((in_node or root) / name), "type": "DirectoryOrCreate"},
                 "claimRef": {"namespace": pvc.metadata.namespace, "name": pvc.metadata.name, "uid": pvc.metadata.uid},
             },
         }
@@ -45,10 +50,10 @@ def provision_once(core: client.CoreV1Api, root: Path) -> int:
     return created
 
 
-def loop(core: client.CoreV1Api, root: Path, stop: threading.Event) -> None:
+def loop(core: client.CoreV1Api, root: Path, stop: threading.Event, in_node: Path | None = None) -> None:
     while not stop.wait(1.0):
         try:
-            provision_once(core, root)
+            provision_once(core, root, in_node)
         except Exception as err:  # noqa: BLE001 - the API server may be restarting
             log.debug("provisioner: %s", err)
             time.sleep(1)
