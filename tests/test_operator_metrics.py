@@ -19,11 +19,11 @@ def test_two_failures_decided_in_one_pass_are_counted_as_two():
     result = plan(raw, observed(raw, pods), NOW)
     assert sum(isinstance(d, RestartCharged) for d in result.decisions) == 2
     assert sum(isinstance(d, FailureRecorded) for d in result.decisions) == 2
-    before = (value("llmtrain_operator_restarts_total", reason="Signal9"),
+    before = (value("llmtrain_operator_restarts_total", job_namespace="ml", reason="Signal9"),
               value("llmtrain_operator_failures_detected_total", kind="ProcessCrash"),
               value("llmtrain_operator_jobs_restarted_total", job_namespace="ml"))
     metrics.record_pass("ml", "tiny-elastic", result.decisions, result.status, 0.01)
-    after = (value("llmtrain_operator_restarts_total", reason="Signal9"),
+    after = (value("llmtrain_operator_restarts_total", job_namespace="ml", reason="Signal9"),
              value("llmtrain_operator_failures_detected_total", kind="ProcessCrash"),
              value("llmtrain_operator_jobs_restarted_total", job_namespace="ml"))
     assert [a - b for a, b in zip(after, before)] == [2, 2, 2]

@@ -21,7 +21,8 @@ JOBS_SUCCESSFUL = Counter("llmtrain_operator_jobs_successful_total", "Jobs that 
 JOBS_FAILED = Counter("llmtrain_operator_jobs_failed_total", "Jobs that Failed", NS, registry=REGISTRY)
 JOBS_RESTARTED = Counter("llmtrain_operator_jobs_restarted_total", "Job restarts (any reason)", NS, registry=REGISTRY)
 JOBS_BY_PHASE = Gauge("llmtrain_operator_jobs", "Jobs by phase", ["phase"], registry=REGISTRY)
-RESTARTS = Counter("llmtrain_operator_restarts_total", "Restarts counted against budgets, by reason", ["reason"], registry=REGISTRY)
+RESTARTS = Counter("llmtrain_operator_restarts_total", "Restarts counted against budgets, by namespace and reason",
+                   ["job_namespace", "reason"], registry=REGISTRY)
 FAILURES = Counter("llmtrain_operator_failures_detected_total", "Failures detected, by kind", ["kind"], registry=REGISTRY)
 DETECT = Histogram("llmtrain_operator_time_to_detect_seconds", "From a failure to the operator acting on it",
                    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300), registry=REGISTRY)
@@ -74,7 +75,7 @@ def record_pass(namespace: str, name: str, decisions: list[Decision], status: di
         elif isinstance(decision, JobFinished):
             (JOBS_SUCCESSFUL if decision.succeeded else JOBS_FAILED).labels(namespace).inc()
         elif isinstance(decision, RestartCharged):
-            RESTARTS.labels(decision.reason).inc()
+            RESTARTS.labels(namespace, decision.reason).inc()
             JOBS_RESTARTED.labels(namespace).inc()
         elif isinstance(decision, FailureRecorded):
             FAILURES.labels(decision.kind).inc()

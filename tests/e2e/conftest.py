@@ -73,6 +73,16 @@ def _agent_log_since(path, since: float) -> list[str]:
     return [line for line in text.splitlines() if STAMPED.match(line) and line[:19] >= floor]
 
 
+@pytest.fixture(scope="module")
+def prometheus(operator, tmp_path_factory):
+    """A real Prometheus scraping the cluster's annotated pods (one at a time: a fixed port)."""
+    from .prometheus import Prometheus  # noqa: PLC0415
+
+    prom = Prometheus(operator, tmp_path_factory.mktemp("prometheus")).start()
+    yield prom
+    prom.stop()
+
+
 @pytest.fixture(scope="session")
 def operator(local_cluster):
     """helm install of charts/llmtrain-operator with 2 replicas (kopf peering)."""

@@ -4,7 +4,8 @@ each is tested).
 
 - the job's outcome: its phase and final step, the terminal condition and its reason;
 - restarts: the counts per reason in the status, and the same in the operator's
-  ``llmtrain_operator_restarts_total`` as the real Prometheus scraped it;
+  ``llmtrain_operator_restarts_total{job_namespace,reason}`` as the real Prometheus
+  scraped it (``check_counters``, used by the older scenario modules too);
 - Events: the reasons the scenario must have produced;
 - the restores: every "resumed from step N (T tier ...)" line the job's trainers
   logged, read from every pod that ran for the job (the local cluster keeps a deleted
@@ -57,10 +58,19 @@ def restores(bed, namespace: str, job: str, since: float = 0.0) -> list[Restore]
     return found
 
 
-def restarts_metric(prometheus, reason: str) -> float:
-    """``llmtrain_operator_restarts_total{reason}`` summed over the operator replicas (the
-    counter lives in the replica that counted; a restarted replica starts from 0)."""
-    return prometheus.query(f'sum(llmtrain_operator_restarts_total{{reason="{reason}"}})') or 0.0
+def check_counters(prometheus, namespace: str, *, by_reason: dict[str, int], succeeded: int) -> None:
+    """The operator's counters for the jobs of ``namespace`` as the real Prometheus scraped
+    them: the restarts per reason and in all, and the jobs that succeeded. Each is waited
+    for (a scrape every 2 s) and must then be exact: a count above is a failure too."""
+    def exact(expr: str, wanted: float) -> None:
+        got = prometheus.wait_value(expr, lambda v: v >= wanted, 60)
+        assert got == wanted, (expr, got, wanted)
+
+    for reason, count in by_reason.items():
+        exact(f'sum(llmtrain_operator_restarts_total{{job_namespace="{namespace}",reason="{reason}"}})', count)
+    if by_reason:
+        exact(f'sum(llmtrain_operator_jobs_restarted_total{{job_namespace="{namespace}"}})', sum(by_reason.values()))
+    exact(f'sum(llmtrain_operator_jobs_successful_total{{job_namespace="{namespace}"}})', succeeded)
 
 
 @dataclass

@@ -15,10 +15,7 @@ from support.waiting import wait_for
 from s3server import MinioServer
 
 from .jobs import PVC, create, events, job_manifest, wait_status
-
-GATEWAY = "10.244.0.1"
-"""Where pods reach this host (the local cluster's bridge)."""
-
+from .matrix import check_counters
 
 @pytest.fixture(scope="module")
 def s3(operator, tmp_path_factory):
@@ -35,8 +32,9 @@ def _secret(bed, namespace: str, name: str, env: dict[str, str]) -> None:
                 f"--from-literal=AWS_SECRET_ACCESS_KEY={env['AWS_SECRET_ACCESS_KEY']}")
 
 
-def _s3_spec(server: MinioServer, secret: str) -> dict:
-    return {"bucket": "ckpt", "endpoint": f"http://{GATEWAY}:{server.port}", "credentialsSecret": {"name": secret}}
+def _s3_spec(bed, server: MinioServer, secret: str) -> dict:
+    """The bucket as the pods reach this host's MinIO."""
+    return {"bucket": "ckpt", "endpoint": f"http://{bed.host_address}:{server.port}", "credentialsSecret": {"name": secret}}
 
 
 def _worker_logs(bed, namespace: str, name: str) -> str:
@@ -44,12 +42,12 @@ def _worker_logs(bed, namespace: str, name: str) -> str:
     return "\n".join(bed.pod_log(namespace, p["metadata"]["name"]) for p in json.loads(out.stdout)["items"])
 
 
-def test_every_copy_but_s3_wiped_the_job_resumes_from_s3_through_tier_1(operator, s3):
+def test_every_copy_but_s3_wiped_the_job_resumes_from_s3_through_tier_1(operator, s3, prometheus):
     bed, ns, name = operator, "e2e-s3", "from-s3"
     _secret(bed, ns, "s3-creds", s3.env())
     bed.kubectl("apply", "-n", ns, "-f", "-", input=PVC)
     spec = {"spec.trainer.builtin.maxSteps": 40, "spec.checkpoint.intervalSteps": 10,
-            "spec.checkpoint.shared": {"claimName": "ckpt-shared"}, "spec.checkpoint.s3": _s3_spec(s3, "s3-creds")}
+            "spec.checkpoint.shared": {"claimName": "ckpt-shared"}, "spec.checkpoint.s3": _s3_spec(bed, s3, "s3-creds")}
     create(bed, ns, job_manifest(name, spec))
     done = wait_status(bed, ns, name, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, "first run finished")
     assert done["phase"] == "Succeeded", json.dumps(done)[:2000]
@@ -70,25 +68,30 @@ def test_every_copy_but_s3_wiped_the_job_resumes_from_s3_through_tier_1(operator
     logs = _worker_logs(bed, ns, name)
     assert "resumed from step 40 (s3 tier" in logs, logs[-3000:]
     assert "pulled step 40 from the s3 tier into tier 1" in logs
+    # Both runs succeeded and neither was charged a restart (as Prometheus scraped it).
+    check_counters(prometheus, ns, by_reason={}, succeeded=2)
+    assert prometheus.query(f'sum(llmtrain_operator_jobs_restarted_total{{job_namespace="{ns}"}})') in (None, 0.0)
 
 
-def test_a_missing_credentials_secret_makes_the_job_invalid_naming_it_and_creating_it_lets_the_job_run(operator, s3):
+def test_a_missing_credentials_secret_makes_the_job_invalid_naming_it_and_creating_it_lets_the_job_run(operator, s3, prometheus):
     # The chart's cluster-wide operator may not read Secrets: the worker pods are created
     # and wait for the Secret (CreateContainerConfigError), and the status names it.
     bed, ns, name = operator, "e2e-s3-missing", "no-secret"
     bed.kubectl("create", "namespace", ns, check=False)
     bed.kubectl("delete", "secret", "s3-later", "-n", ns, check=False)
     create(bed, ns, job_manifest(name, {"spec.trainer.builtin.maxSteps": 20, "spec.checkpoint.intervalSteps": 10,
-                                        "spec.checkpoint.s3": _s3_spec(s3, "s3-later")}))
+                                        "spec.checkpoint.s3": _s3_spec(bed, s3, "s3-later")}))
     invalid = wait_status(bed, ns, name, lambda s: s.get("phase") == "Invalid", 180, "Invalid for the missing Secret")
     condition = next(c for c in invalid["conditions"] if c["type"] == "Invalid")
     assert condition["reason"] == "MissingDependency" and "Secret s3-later" in condition["message"], condition
     assert "MissingDependency" in events(bed, ns, name)
+    assert prometheus.wait_value('sum(llmtrain_operator_jobs{phase="Invalid"})', lambda v: v >= 1, 60) >= 1
     _secret(bed, ns, "s3-later", s3.env())
     done = wait_status(bed, ns, name, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, "the job ran once the Secret existed")
     assert done["phase"] == "Succeeded", json.dumps(done)[:2000]
     assert not any(c["type"] == "Invalid" and c["status"] == "True" for c in done["conditions"])
     assert {t["name"]: t for t in done["checkpointTiers"]}["s3"]["lastStep"] == 20
+    check_counters(prometheus, ns, by_reason={}, succeeded=1)
 
 
 def test_refused_s3_credentials_degrade_the_tier_in_the_status_naming_the_cause_never_the_secret(operator, s3):
@@ -96,7 +99,7 @@ def test_refused_s3_credentials_degrade_the_tier_in_the_status_naming_the_cause_
     secret_value = "not-the-secret-" + "9" * 20
     _secret(bed, ns, "s3-wrong", {**s3.env(), "AWS_SECRET_ACCESS_KEY": secret_value})
     create(bed, ns, job_manifest(name, {"spec.trainer.builtin.maxSteps": 400, "spec.checkpoint.intervalSteps": 10,
-                                        "spec.checkpoint.s3": _s3_spec(s3, "s3-wrong"),
+                                        "spec.checkpoint.s3": _s3_spec(bed, s3, "s3-wrong"),
                                         "spec.env": [{"name": "LLMTRAIN_FAULT_INJECT", "value": "slow@step=1,seconds=0.2,steps=400"}]}))
     # The tier is probed before the first step, so the condition can precede the Running phase: training going on
     # is the job reaching Running (its first step) with the condition still set.

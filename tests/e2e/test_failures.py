@@ -12,14 +12,14 @@ import time
 from support.waiting import wait_for
 
 from .jobs import PVC, create, events, job_manifest, pods, status, wait_status
-from .matrix import restores
+from .matrix import check_counters, restores
 
 NS, NAME = "e2e-failures", "survivor"
 DETECT_BOUND = 5.0
 RECOVERY_BOUND = 60.0
 
 
-def test_a_job_survives_a_crash_and_a_node_loss_and_succeeds(operator):
+def test_a_job_survives_a_crash_and_a_node_loss_and_succeeds(operator, prometheus):
     bed = operator
     grace = 10
     # A shared tier (a ReadWriteMany PVC): a lost node must not take the only copy of the
@@ -78,6 +78,7 @@ def test_a_job_survives_a_crash_and_a_node_loss_and_succeeds(operator):
     # One charge per failure; the survivors' groups that failed because their peer
     # vanished are victims, never charged.
     assert done["restartsByReason"] == {"Signal9": 1, "NodeFailure": 1}, done["restartsByReason"]
+    check_counters(prometheus, NS, by_reason={"Signal9": 1, "NodeFailure": 1}, succeeded=1)
     assert done["restarts"] == 2
     assert done["step"] == 90 and done["lastCheckpoint"]["step"] >= 80
     shared = bed.state / "pvs" / f"pv-{NS}-ckpt-shared" / NS / NAME

@@ -14,23 +14,14 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
 from support.waiting import wait_for
 
 from .conftest import OPERATOR_NS
 from .jobs import PVC, create, job_manifest, pods, rank_holder, status, wait_status
 from .matrix import Churn, check_outcome, condition, restores
-from .prometheus import Prometheus
 
 STEPS, INTERVAL = 40, 5
 PACE = f"slow@step=1,seconds=0.4,steps={STEPS}"
-
-
-@pytest.fixture(scope="module")
-def prometheus(operator, tmp_path_factory):
-    prom = Prometheus(operator, tmp_path_factory.mktemp("prometheus")).start()
-    yield prom
-    prom.stop()
 
 
 def paced(name: str, faults: str = "", changes: dict | None = None) -> dict:

@@ -13,7 +13,7 @@ import json
 from support.waiting import wait_for
 
 from .jobs import create, event_messages, job_manifest, pod_with_marker, pods, run_dir, wait_status
-from .matrix import restores
+from .matrix import check_counters, restores
 
 NS = "e2e-hangs"
 HANG = 10
@@ -24,7 +24,7 @@ COMMON = {"spec.faultTolerance.hangTimeoutSeconds": HANG, "spec.faultTolerance.p
           "spec.faultTolerance.maxRestarts": 6, "spec.checkpoint.intervalSteps": 5}
 
 
-def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succeed(operator):
+def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succeed(operator, prometheus):
     bed = operator
     # The single job also meets bad numerics later: a NaN at step 20 rolls it back to
     # step 15 and skips the samples of steps 16..20 (8 per step).
@@ -95,3 +95,5 @@ def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succe
     assert single["numerics"] == {"rollbacks": 1, "skipped": [{"firstStep": 16, "lastStep": 20, "firstSample": 120, "endSample": 160}]}
     assert any(r == "RolledBack" and "samples 120..159" in m for r, m in event_messages(bed, NS, "single"))
     assert done["pair"]["restartsByReason"] == {"Hang": 1, "Signal9": 1}
+    # The two jobs' charges as the operator counted them, scraped by the real Prometheus.
+    check_counters(prometheus, NS, by_reason={"Hang": 2, "Signal9": 1}, succeeded=2)

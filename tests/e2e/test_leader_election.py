@@ -75,7 +75,7 @@ def ready_pods(bed, exclude: set[str]) -> list[str]:
             and any(c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or [])]
 
 
-def test_two_replicas_started_together_never_both_write_and_a_lost_leader_is_replaced(operator):
+def test_two_replicas_started_together_never_both_write_and_a_lost_leader_is_replaced(operator, prometheus):
     bed = operator
     bed.kubectl("create", "namespace", NS, check=False)
     old = set(operator_pods(bed))
@@ -118,6 +118,10 @@ def test_two_replicas_started_together_never_both_write_and_a_lost_leader_is_rep
     after = operator_writes(bed, since=killed_at)
     assert {w[1] for w in after} == {pod_of(successor)}, after[:20]
     assert status(bed, NS, "after-kill")["phase"] == "Suspended"
+    # As the real Prometheus scrapes the replicas: the successor says it leads, and one
+    # replica in all does.
+    assert prometheus.wait_value(f'max(llmtrain_operator_leader{{pod="{pod_of(successor)}"}})', lambda v: v == 1, 60) == 1
+    assert prometheus.wait_value("sum(llmtrain_operator_leader)", lambda v: v == 1, 60) == 1
 
     # 3. A graceful stop (the pod deleted) releases the Lease: the other replica takes
     # over at its next retry, without waiting for the Lease to expire.

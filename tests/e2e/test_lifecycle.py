@@ -7,23 +7,14 @@ import json
 import re
 import time
 
-import pytest
 
 from support.waiting import wait_for
 
 from .conftest import OPERATOR_NS
 from .jobs import PVC, create, events, job_manifest, pods, status, wait_status
 from .matrix import restores
-from .prometheus import Prometheus
 
 NS, NAME = "e2e-lifecycle", "lifecycle"
-
-
-@pytest.fixture(scope="module")
-def prometheus(operator, tmp_path_factory):
-    prom = Prometheus(operator, tmp_path_factory.mktemp("prometheus")).start()
-    yield prom
-    prom.stop()
 
 
 def worker_uids(bed) -> dict[str, str]:
