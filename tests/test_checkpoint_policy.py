@@ -113,6 +113,10 @@ def test_the_interval_shown_is_the_one_its_inputs_chose_not_a_restarted_pods_ini
               W1: TrainerProbe(step=40, interval_steps=10)}
     cadence = plan(raw, observed(raw, [worker(0), worker(1)], probes=probes), NOW).status["checkpointCadence"]
     assert (cadence["intervalSteps"], cadence["costSeconds"], cadence["mtbfSeconds"], cadence["stepSeconds"]) == (6, 0.2, 180.0, 1.4)
+    # A cost under a millisecond keeps its digits.
+    probes = {W0: TrainerProbe(step=40, interval_steps=6, cost_seconds=0.000123456, mtbf_seconds=180.0, step_seconds=1.4)}
+    cadence = plan(raw, observed(raw, [worker(0)], probes=probes), NOW).status["checkpointCadence"]
+    assert cadence["costSeconds"] == 0.0001235
     # Before rank 0 has chosen, the largest reported (a lagging pod reports less).
     probes = {W0: TrainerProbe(step=4, interval_steps=10), W1: TrainerProbe(step=4, interval_steps=8)}
     cadence = plan(raw, observed(raw, [worker(0), worker(1)], probes=probes), NOW).status["checkpointCadence"]

@@ -93,8 +93,10 @@ def _cadence(ctx: Pass) -> None:
             ctx.decide(IntervalChanged(cadence.interval_steps, new, why))
         cadence.interval_steps = new
         # As reported now: a trainer that just restarted has not measured a cost yet.
-        cadence.cost_seconds = round(cost, 3) if cost is not None else None
-        cadence.latency_seconds = round(latency, 3) if latency is not None else None
+        # Significant digits, not decimals: a checkpoint of a small model can cost well
+        # under a millisecond of training, and 0.0 would hide the input of the interval.
+        cadence.cost_seconds = float(f"{cost:.4g}") if cost is not None else None
+        cadence.latency_seconds = float(f"{latency:.4g}") if latency is not None else None
         cadence.mtbf_seconds = round(mtbf, 1) if mtbf is not None else None
         cadence.step_seconds = round(step, 3) if step is not None else None
     elif cadence.interval_steps is None and not auto:
