@@ -85,6 +85,9 @@ class ElasticJob:
     local_dirs: dict[int, Path] = field(default_factory=dict)
     """Node -> its tier-1 directory, where not ``node<i>/ckpt`` (e.g. a tiny filesystem)."""
     env: dict[str, str] = field(default_factory=dict)
+    node_env: dict[int, dict[str, str]] = field(default_factory=dict)
+    """Node -> environment of its own on top of ``env`` (a fault on one node, whichever
+    ranks the rendezvous gives it)."""
     health_port: int | None = None
     """Node i's launcher serves /healthz and /metrics on this port + i."""
     running: list[Node] = field(default_factory=list)
@@ -121,7 +124,8 @@ class ElasticJob:
         return self
 
     def _start_node(self, index: int, log_mode: str = "w") -> Node:
-        env = {**os.environ, "LLMTRAIN_FAULT_STATE_DIR": str(self.root / "faults"), "LLMTRAIN_LOG_LEVEL": "WARNING", **self.env}
+        env = {**os.environ, "LLMTRAIN_FAULT_STATE_DIR": str(self.root / "faults"), "LLMTRAIN_LOG_LEVEL": "WARNING", **self.env,
+               **self.node_env.get(index, {})}
         cfg_path = self._node_config(index)
         run_dir = self.node_dir(index) / "run"
         log = self.node_dir(index) / "node.log"

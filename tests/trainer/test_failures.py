@@ -217,13 +217,16 @@ def test_a_node_that_dies_whole_leaves_the_rendezvous_through_its_lease_and_the_
 
 def test_a_node_whose_torchrun_gives_up_leaves_the_rendezvous_open_and_the_others_train_on(tmp_path):
     # Node 1's torchrun may not restart its ranks (--max-restarts=0): its rank's crash at
-    # step 8 ends its agent with a failure. Plain torchrun then marks the job's rendezvous
+    # step 8 ends its agent with a failure. (The crash is set on node 1, not on a rank: the
+    # rendezvous gives either node rank 1, and node 0 would simply restart it in place.) Plain torchrun then marks the job's rendezvous
     # closed, and node 0, re-forming its group after the lost peer, would fail with
     # RendezvousClosedError (as would every replacement node). Run as torchrun_agent.py,
     # the failed agent leaves it open: node 0 goes on alone and finishes.
     cfg = base_config(maxSteps=30)
+    pace = "slow@step=1,seconds=0.2,steps=400"
     job = ElasticJob(tmp_path, cfg, nodes=2, min_nodes=1, max_restarts=3, node_max_restarts={1: 0},
-                     env={"LLMTRAIN_FAULT_INJECT": "crash@step=8,rank=1;slow@step=1,seconds=0.2,steps=400"}).start()
+                     env={"LLMTRAIN_FAULT_INJECT": pace},
+                     node_env={1: {"LLMTRAIN_FAULT_INJECT": f"crash@step=8;{pace}"}}).start()
     try:
         codes = [node.proc.wait(timeout=240) for node in job.running]
     finally:
