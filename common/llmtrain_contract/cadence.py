@@ -35,7 +35,8 @@ def young_daly_seconds(cost_seconds: float, mtbf: float) -> float:
 
 @dataclass(frozen=True)
 class SaveCost:
-    """One asynchronous checkpoint as its writer measured it."""
+    """One checkpoint as its writer measured it (a synchronous one, the final or the
+    SIGTERM checkpoint, stalls for its whole latency)."""
 
     stall_seconds: float
     """The training loop blocked taking the snapshot."""
