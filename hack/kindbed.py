@@ -235,16 +235,9 @@ class KindCluster:
         return self.kubectl(*args, check=False).stdout
 
     def audit(self) -> list[dict[str, Any]]:
-        path = self.root / AUDIT / "audit.log"
-        if not path.exists():
-            return []
-        events = []
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                continue
-        return events
+        from localcluster.cluster import read_audit_log  # noqa: PLC0415
+
+        return read_audit_log(self.root / AUDIT / "audit.log")
 
     def wait_nodes_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -323,10 +316,6 @@ def write_config(root: Path) -> Path:
     path = root / "kind.json"
     path.write_text(kind_config(root))
     return path
-
-
-def clear(root: Path) -> None:
-    shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

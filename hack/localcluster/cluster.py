@@ -50,6 +50,19 @@ def check_reachable_in_pods(paths: list[Path]) -> None:
                                    f"outside {top}.")
 
 
+def read_audit_log(path: Path) -> list[dict[str, Any]]:
+    """The API server's audit events in ``path`` so far (JSON lines; none if absent)."""
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue  # a line being written right now
+    return events
+
+
 def build_tools(*tools: str) -> Path:
     """The bin directory holding ``tools`` (default: all), built first if missing. Waits
     while another run of build.sh builds them (the test suite starts one early)."""
@@ -191,16 +204,7 @@ class LocalCluster:
     def audit(self) -> list[dict[str, Any]]:
         """The API server's audit events so far: every write a workload's service account
         made (who, from which replica by user agent, when, and the answer)."""
-        path = control_plane.audit_log(self.layout)
-        if not path.exists():
-            return []
-        events = []
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                continue  # a line being written right now
-        return events
+        return read_audit_log(control_plane.audit_log(self.layout))
 
     # ------------------------------------------------------------------ faults
 
