@@ -96,11 +96,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # noqa: PLC0415 - after the config: a bad config fails fast without torch
 
     STARTUP["import_torch"] = time.perf_counter() - began
-    # Building the optimizer imports torch._dynamo (~1.5 s of a restart's critical path);
-    # start that import now so it overlaps the rendezvous and process-group init, which
-    # mostly wait on peers.
-    threading.Thread(target=_warm_imports, name="warm-imports", daemon=True).start()
-
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed on CPU (gloo)
     return run(cfg, Path(args.config).parent)
@@ -115,6 +110,14 @@ def run(cfg: TrainerConfig, config_dir: Path | None = None) -> int:
     from .metrics import NullMetrics, TrainerMetrics  # noqa: PLC0415
     from .trainer import Trainer  # noqa: PLC0415
 
+    # Building the optimizer imports torch._dynamo (~1.5 s of a restart's critical path);
+    # that import runs in a thread of its own while the process group starts, which mostly
+    # waits on peers. Only there: two threads importing overlapping module graphs can
+    # deadlock on import locks, which Python breaks by handing one of them a half-imported
+    # module ("module 'sympy' has no attribute 'core'"). Process-group init imports
+    # nothing, and the main thread joins the warm-up before it imports anything again.
+    warming = threading.Thread(target=_warm_imports, name="warm-imports", daemon=True)
+    warming.start()
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     trainer = None
@@ -124,6 +127,7 @@ def run(cfg: TrainerConfig, config_dir: Path | None = None) -> int:
         began = time.perf_counter()
         info = distmod.init(cfg.fault_tolerance.collective_timeout_seconds)
         STARTUP["dist_init"] = time.perf_counter() - began
+        warming.join()
         metrics = (
             TrainerMetrics(info.rank, cfg.strategy.kind, cfg.config_hash(), cfg.job_name)
             if cfg.metrics.enabled else NullMetrics()
