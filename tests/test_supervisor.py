@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -34,9 +35,16 @@ RANK = textwrap.dedent("""
     for step in range(1, 4):
         hb.beat(step)
         time.sleep(0.05)
-    if behaviour == "collective":
+    if behaviour in ("collective", "rescuer", "slow-rescuer"):
         hb.set_state(State.COLLECTIVE)
+    if behaviour in ("rescuer", "slow-rescuer"):
+        hb.offer_rescue(1.0)  # a victim that can save its last step within a second
     print("ready", flush=True)
+    if behaviour == "rescuer":
+        while not hb.rescue_requested():
+            time.sleep(0.02)
+        (run_dir / f"rescued-{local}").write_text("ok")
+        os._exit(83)
     if behaviour == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
     elif behaviour == "gil":
@@ -416,3 +424,64 @@ def test_a_pod_ending_with_a_hang_counted_in_place_says_so_in_its_termination_me
     assert code == ExitCode.HANG
     message = json.loads((tmp_path / "term").read_text())
     assert message["countedInPlace"] == 1, message
+
+
+def test_a_victim_offering_a_rescue_is_asked_for_it_and_ends_itself_instead_of_being_killed(tmp_path, ranks):
+    ranks += [start_rank(tmp_path, 0, "rescuer"), start_rank(tmp_path, 1, "sleep")]
+    verdicts = supervise_until_acted(Supervisor(tmp_path))
+    assert {(v.beat.local_rank, v.kind) for v in verdicts} == {(0, "victim"), (1, "stuck")}
+    assert ranks[1].wait(5) == -signal.SIGKILL, "the cause is killed at once"
+    assert ranks[0].wait(5) == 83, "the victim saved and exited by itself"
+    assert (tmp_path / "rescued-0").read_text() == "ok"
+    record = exitrecord.read_attempt(tmp_path, 0)
+    assert {r["local_rank"]: r["code"] for r in record} == {0: ExitCode.COLLECTIVE_TIMEOUT, 1: ExitCode.HANG}
+
+
+def test_a_victim_that_does_not_finish_its_rescue_within_its_budget_is_killed(tmp_path, ranks, capfd):
+    ranks += [start_rank(tmp_path, 0, "slow-rescuer"), start_rank(tmp_path, 1, "sleep")]
+    sup = Supervisor(tmp_path)
+    supervise_until_acted(sup)
+    asked = time.monotonic()
+    assert heartbeat.read_all(tmp_path)[0].rescue_requested
+    time.sleep(0.5)
+    sup.check()
+    assert ranks[0].poll() is None, "killed before its budget ran out"
+    wait_for(lambda: sup.check() is not None and ranks[0].poll() is not None, 10, 0.2, "the overdue victim killed")
+    assert ranks[0].returncode == -signal.SIGKILL
+    assert 1.0 <= time.monotonic() - asked <= 1.0 + 1.0 + 1.5  # budget + slack + polls
+    assert "did not finish its rescue checkpoint in time" in capfd.readouterr().err
+
+
+def test_a_victim_without_a_rescue_offer_is_killed_with_its_cause(tmp_path, ranks):
+    ranks += [start_rank(tmp_path, 0, "collective"), start_rank(tmp_path, 1, "sleep")]
+    supervise_until_acted(Supervisor(tmp_path))
+    assert ranks[0].wait(5) == -signal.SIGKILL and ranks[1].wait(5) == -signal.SIGKILL
+    assert not heartbeat.read_all(tmp_path)[0].rescue_requested
+
+
+def test_the_watchdog_answers_a_rescue_request_within_its_poll(tmp_path):
+    rescued: list[float] = []
+    hb = Heartbeat(tmp_path, rank=0, local_rank=0, attempt=0, timeout_seconds=60)
+    dog = Watchdog(60, lambda stale: None, heartbeat=hb, on_rescue=lambda: rescued.append(time.monotonic())).start()
+    try:
+        dog.offer_rescue(4.5)
+        (beat,) = heartbeat.read_all(tmp_path)
+        assert beat.rescue_budget == 4.5 and not beat.rescue_requested
+        time.sleep(0.6)
+        assert not rescued, "no request, no rescue"
+        asked = time.monotonic()
+        assert heartbeat.request_rescue(tmp_path, beat)
+        wait_for(lambda: rescued, 5, 0.02, "the rescue callback")
+        assert rescued[0] - asked <= 0.5, "answered within a poll (0.25 s)"
+        assert heartbeat.read_all(tmp_path)[0].rescue_requested
+    finally:
+        dog.stop()
+
+
+def test_a_rescue_request_for_a_pid_that_moved_on_is_not_written(tmp_path):
+    hb = Heartbeat(tmp_path, rank=0, local_rank=0, attempt=0, timeout_seconds=60)
+    (beat,) = heartbeat.read_all(tmp_path)
+    assert not heartbeat.request_rescue(tmp_path, replace(beat, pid=beat.pid + 1)), "another process's heartbeat file now"
+    assert not hb.rescue_requested()
+    assert heartbeat.request_rescue(tmp_path, beat) and hb.rescue_requested()
+    hb.close()

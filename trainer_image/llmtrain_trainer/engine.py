@@ -96,6 +96,18 @@ class Engine(Protocol):
         """Whether a new snapshot can be taken now (the previous one's memory is free)."""
         ...
 
+    def updates(self) -> int:
+        """How many optimizer steps this engine's state has taken (restored ones included)."""
+        ...
+
+    def rescue_snapshot(self, updates: int) -> Snapshot | None:
+        """A snapshot for a rescue checkpoint, taken from a thread other than the training
+        loop's (which may be blocked in a collective), of the state after exactly
+        ``updates`` optimizer steps. None when this engine cannot give one: the state is
+        sharded (a peer's part is lost with it), not in host memory, being updated, or
+        already past that step."""
+        ...
+
     def replicated_files(self) -> set[str]:
         """Files every rank shares (written once per node, stored once per job)."""
         ...
@@ -276,6 +288,8 @@ class DDPEngine:
         """The arena a snapshot is being written from: no step may change it."""
         self._lock = threading.Lock()
         self._released_cond = threading.Condition(self._lock)
+        self._updating = False
+        """An optimizer step is changing the live arena (a rescue must not read it)."""
         self._prefault: threading.Thread | None = None
         self._copy_done: Any = None
         if self.dev.type == "cpu":
@@ -338,14 +352,23 @@ class DDPEngine:
                 self._released_cond.wait()
                 frozen = self._frozen is not None and self._frozen is self.live
             target, self._spare = (self._spare, None) if frozen else (None, self._spare)
+            self._updating = True
         if target is None:
-            self.optimizer.step(self.live)
+            try:
+                self.optimizer.step(self.live)
+            finally:
+                with self._lock:
+                    self._updating = False
             return
         # The live arena is frozen for a checkpoint being written: compute into the spare.
         if self._prefault is not None:
             self._prefault.join()  # its zero-fill must not race with the step's writes
             self._prefault = None
-        self.optimizer.step(self.live, into=target)
+        try:
+            self.optimizer.step(self.live, into=target)
+        finally:
+            with self._lock:
+                self._updating = False
         with self._lock:
             old, self.live = self.live, target
             if self._frozen is not old:
@@ -358,6 +381,18 @@ class DDPEngine:
     def snapshot_free(self) -> bool:
         with self._lock:
             return self._frozen is None
+
+    def updates(self) -> int:
+        return self.optimizer.steps
+
+    def rescue_snapshot(self, updates: int) -> ArenaSnapshot | None:
+        if not self.info.is_node_leader or self.staging is not None:
+            return None  # GPU: the device state is not readable while a kernel may hang
+        with self._lock:
+            if self._updating or self._frozen is not None or self.optimizer.steps != updates:
+                return None
+            self._frozen = self.live
+        return ArenaSnapshot(self, self.live, self._meta())
 
     def snapshot(self) -> ArenaSnapshot | None:
         if not self.info.is_node_leader:

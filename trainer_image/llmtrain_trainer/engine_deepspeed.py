@@ -242,6 +242,12 @@ class DeepSpeedEngine:
     def snapshot_free(self) -> bool:
         return self._snapshot is None
 
+    def updates(self) -> int:
+        return int(self.engine.global_steps)
+
+    def rescue_snapshot(self, updates: int) -> None:
+        return None  # ZeRO shards the optimizer state: a peer's shard is lost with it
+
     def snapshot(self) -> DeepSpeedSnapshot:
         """``save_checkpoint`` with a capturing engine: DeepSpeed builds its state dicts
         (and runs its collectives) as usual, but nothing is copied or written here."""

@@ -24,18 +24,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-_LAYOUT = struct.Struct("<4s6iqddd")
+_LAYOUT = struct.Struct("<4s6iqdddd4xi")
 """magic, version, pid, rank, local rank, attempt, state, step, beat (``clock()``), the
 rank's current hang limit (``watchdog.first_step_limit`` until its attempt's first step),
-when its first step ended (``clock()``; 0 before)."""
+when its first step ended (``clock()``; 0 before), the seconds a rescue checkpoint may take
+(0: the rank cannot save one), and the supervisor's rescue request (written by the
+supervisor, the one field a reader writes)."""
 _MAGIC = b"LTHB"
-_VERSION = 2
-_SIZE = 64
+_VERSION = 3
+_SIZE = 128
 _STATE_OFFSET = 4 + 5 * 4
 _STEP_OFFSET = 4 + 6 * 4
 _BEAT_OFFSET = _STEP_OFFSET + 8
 _TIMEOUT_OFFSET = _BEAT_OFFSET + 8
 _FIRST_STEP_OFFSET = _TIMEOUT_OFFSET + 8
+_RESCUE_BUDGET_OFFSET = _FIRST_STEP_OFFSET + 8
+_RESCUE_REQUEST_OFFSET = _RESCUE_BUDGET_OFFSET + 8 + 4
 
 
 def clock() -> float:
@@ -73,7 +77,7 @@ class Heartbeat:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         tmp.write_bytes(_LAYOUT.pack(_MAGIC, _VERSION, os.getpid(), rank, local_rank, attempt, State.STARTING, 0,
-                                     clock(), float(timeout_seconds), 0.0).ljust(_SIZE, b"\0"))
+                                     clock(), float(timeout_seconds), 0.0, 0.0, 0).ljust(_SIZE, b"\0"))
         tmp.replace(path)  # a reader never sees a half-written record of a new run
         self.path = path
         with path.open("r+b") as fh:
@@ -96,6 +100,19 @@ class Heartbeat:
         then: ``torchrun_agent.admit_after_first_step``)."""
         with contextlib.suppress(ValueError, TypeError):
             struct.pack_into("<d", self._map, _FIRST_STEP_OFFSET, clock())
+
+    def offer_rescue(self, budget_seconds: float) -> None:
+        """Tell the supervisor this rank can save a rescue checkpoint when it is judged a
+        victim, within ``budget_seconds`` (0 withdraws the offer)."""
+        with contextlib.suppress(ValueError, TypeError):
+            struct.pack_into("<d", self._map, _RESCUE_BUDGET_OFFSET, float(budget_seconds))
+
+    def rescue_requested(self) -> bool:
+        """Whether the supervisor asked this rank for a rescue checkpoint."""
+        try:
+            return struct.unpack_from("<i", self._map, _RESCUE_REQUEST_OFFSET)[0] != 0
+        except (ValueError, TypeError):
+            return False
 
     def set_state(self, state: State) -> State:
         previous, self._state = self._state, state
@@ -134,6 +151,9 @@ class Beat:
     timeout: float
     first_step: float = 0.0
     """When the process's first step ended (``clock()``), 0 before."""
+    rescue_budget: float = 0.0
+    """Seconds the rank may take for a rescue checkpoint; 0: it cannot save one."""
+    rescue_requested: bool = False
 
     def stale_for(self, now: float | None = None) -> float:
         return (clock() if now is None else now) - self.beat
@@ -142,7 +162,7 @@ class Beat:
 def read(path: Path) -> Beat | None:
     try:
         data = path.read_bytes()[:_LAYOUT.size]
-        magic, version, pid, rank, local_rank, attempt, state, step, beat, timeout, first_step = _LAYOUT.unpack(data)
+        magic, version, pid, rank, local_rank, attempt, state, step, beat, timeout, first_step, budget, request = _LAYOUT.unpack(data)
     except (OSError, struct.error):
         return None
     if magic != _MAGIC or version != _VERSION:
@@ -151,7 +171,24 @@ def read(path: Path) -> Beat | None:
         state = State(state)
     except ValueError:
         return None
-    return Beat(pid, rank, local_rank, attempt, state, step, beat, timeout, first_step)
+    return Beat(pid, rank, local_rank, attempt, state, step, beat, timeout, first_step, budget, request != 0)
+
+
+def request_rescue(run_dir: Path, beat: Beat) -> bool:
+    """The supervisor's side: ask the rank of ``beat`` for a rescue checkpoint (a store into
+    its heartbeat file, which the rank maps). False when the file is gone or is another
+    process's by now."""
+    path = folder(run_dir) / f"local-{beat.local_rank}.hb"
+    try:
+        with path.open("r+b") as fh:
+            current = read(path)
+            if current is None or current.pid != beat.pid:
+                return False
+            fh.seek(_RESCUE_REQUEST_OFFSET)
+            fh.write(struct.pack("<i", 1))
+        return True
+    except OSError:
+        return False
 
 
 def read_all(run_dir: Path) -> list[Beat]:

@@ -14,8 +14,13 @@ outside, in ``/proc``, and tells the cause from its victims:
 Then it writes one exit record per stale rank (``HANG`` for a cause, ``COLLECTIVE_TIMEOUT``
 for a victim, so the blame lands on the cause's pod and victims are never charged), dumps
 the stacks of the causes with ``py-spy dump --nonblocking`` (which reads a stopped or
-spinning process without pausing it), and SIGKILLs the stale ranks: torchrun then
+spinning process without pausing it), and SIGKILLs the causes: torchrun then
 ends the worker group and restarts it (or exits, and the launcher reports the record).
+A victim that offers a rescue checkpoint (its heartbeat's budget: a replicated state,
+consistent at its last step while it waits for the peer) is asked for one instead, and
+exits by itself once it saved it; it is killed if it is still alive after its budget and
+a second. Its peers lost their state with the cause; the victim still holds the last
+step, and the next attempt resumes there instead of at the last periodic checkpoint.
 
 The torchrun agent is watched too: an agent stopped for longer than the ranks' timeout
 can neither restart nor report its workers, so the supervisor kills it and its workers
@@ -72,6 +77,8 @@ HEALTHY_CHECK_AGE_SECONDS = 30.0
 take ``DUMP_TIMEOUT_SECONDS`` per rank)."""
 DEFAULT_AGENT_TIMEOUT_SECONDS = 60.0
 """How long the agent may stay stopped when no rank has published its timeout yet."""
+RESCUE_SLACK_SECONDS = 1.0
+"""How much longer than its own budget a victim asked for a rescue checkpoint may live."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +168,8 @@ class Supervisor:
     """(attempt, record) of a rank's permanent exit, once the supervisor ended torchrun for it."""
     _seen: dict[int, _Seen] = field(default_factory=dict)
     _ended: set[int] = field(default_factory=set)
+    _rescuing: dict[int, float] = field(default_factory=dict)
+    """pid -> the ``clock()`` deadline of a victim asked for a rescue checkpoint."""
     _agent_stopped_since: float | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -197,6 +206,7 @@ class Supervisor:
                 continue  # a file left by an earlier container, its pid reused by a newer process
             live.append((beat, info))
         self._check_agent(now, [b.timeout for b, _ in live])
+        self._end_overdue_rescues(now)
         armed: list[tuple[Beat, ProcInfo, _Seen]] = []
         for beat, info in live:
             seen = self._seen.get(beat.pid)
@@ -214,10 +224,20 @@ class Supervisor:
             for beat, info, seen in armed
             if beat.stale_for(now) > beat.timeout * JOINT_FRACTION
         ]
-        self._act(stale)
+        self._act(stale, now)
         return stale
 
-    def _act(self, verdicts: list[Verdict]) -> None:
+    def _end_overdue_rescues(self, now: float) -> None:
+        for pid, deadline in list(self._rescuing.items()):
+            info = proc_info(pid)
+            if info is None or info.state == "Z":
+                del self._rescuing[pid]
+            elif now > deadline:
+                del self._rescuing[pid]
+                _write_stderr(f"llmtrain supervisor: the victim pid {pid} did not finish its rescue checkpoint in time; killing it\n")
+                _kill(pid)
+
+    def _act(self, verdicts: list[Verdict], now: float | None = None) -> None:
         # The records first: with them the launcher counts the hang (attempts.py) while
         # py-spy still reads the stacks, which takes a second or two on a busy node.
         for verdict in verdicts:
@@ -229,9 +249,16 @@ class Supervisor:
             if verdict.cause:
                 text += f"stacks of rank {verdict.beat.rank} (py-spy, read from outside):\n{dump_stack(verdict.beat.pid)}\n"
             _write_stderr(text)
+        now = heartbeat.clock() if now is None else now
         for verdict in verdicts:
-            self._ended.add(verdict.beat.pid)
-            _kill(verdict.beat.pid)
+            beat = verdict.beat
+            self._ended.add(beat.pid)
+            if not verdict.cause and beat.rescue_budget > 0 and heartbeat.request_rescue(self.run_dir, beat):
+                self._rescuing[beat.pid] = now + beat.rescue_budget + RESCUE_SLACK_SECONDS
+                _write_stderr(f"llmtrain supervisor: asked rank {beat.rank} (pid {beat.pid}) for a rescue checkpoint of step "
+                              f"{beat.step} (budget {beat.rescue_budget:g}s)\n")
+                continue
+            _kill(beat.pid)
 
     def _check_permanent(self) -> None:
         if self.agent_pid is None or self.permanent is not None or self.agent_hang is not None:

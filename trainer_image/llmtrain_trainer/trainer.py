@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -34,8 +35,9 @@ from .dist import DistInfo
 from .engine import engine_class
 from .engine_deepspeed import convert_to_universal, wait_for_universal
 from .faults import FaultInjector
-from .heartbeat import Heartbeat, State
+from .heartbeat import WAITING_STATES, Heartbeat, State
 from .numerics import DataPosition, LossGuard
+from .peers import is_collective_failure
 from .schedule import lr_at
 from .stragglers import StragglerWatch
 from .watchdog import Watchdog, dump_stacks_and_exit, first_step_limit
@@ -90,8 +92,16 @@ class Trainer:
         self.watchdog = Watchdog(
             hang_timeout, self._on_hang,
             heartbeat=Heartbeat(run_dir, info.rank, info.local_rank, info.restart_count, first_step_limit(hang_timeout)),
-            supervised=os.environ.get(Env.SUPERVISED) == "1",
+            supervised=os.environ.get(Env.SUPERVISED) == "1", on_rescue=self._on_rescue_request,
         )
+        self._boundary: tuple[int, int, rng.Raw] | None = None
+        """(step, the engine's optimizer steps, the RNG state) at the last step boundary: what
+        a rescue checkpoint saves. None while the state is being replaced (a restore)."""
+        self._restored_step = 0
+        self._rescuable = False
+        self._rescue_guard = threading.Lock()
+        self._rescue_started = False
+        self._rescue_done = threading.Event()
         self.engine: Any = None
         tiers = build_tiers(cfg)
         meta = {"config_hash": cfg.config_hash(), "strategy": self.strategy, "job": cfg.job_name, "max_steps": cfg.max_steps}
@@ -110,6 +120,8 @@ class Trainer:
 
     def _on_hang(self, stale: float) -> None:
         timeout = self.cfg.fault_tolerance.hang_timeout_seconds
+        if self.watchdog.state in WAITING_STATES:
+            self.rescue(f"no step progress for {stale:.1f}s while waiting for a peer")
         if self.watchdog.state == State.COLLECTIVE:
             # Blocked in a collective: a peer stopped participating. That peer is the
             # cause (its own pod reports it); this rank is a victim, never charged.
@@ -122,6 +134,52 @@ class Trainer:
             code, stale,
             lambda: exitrecord.write(self.run_dir, self.info.restart_count, self.info.rank, self.info.local_rank, code, message, self.step),
         )
+
+    def _on_rescue_request(self) -> None:
+        """The supervisor judged this rank a victim and asked for a rescue checkpoint (it
+        wrote the exit record): save it, then end as the supervisor would have."""
+        self.rescue("the supervisor judged this rank a victim of a peer that stopped")
+        sys.stderr.flush()
+        os._exit(ExitCode.COLLECTIVE_TIMEOUT)
+
+    def rescue(self, why: str) -> None:
+        """A peer failed (``why``): save the last step into tier 1 if this rank's state
+        still is that step's (a replicated state, the optimizer not yet past it; the
+        engine checks) and no checkpoint of it exists yet. Called once, by the training
+        thread after a collective raised or by the watchdog thread while the training
+        thread is blocked in one; a second caller waits for the first to finish, so that
+        the process does not end in the middle of the write. Bounded by
+        ``checkpoint.sigtermBudgetSeconds``; never raises."""
+        budget = self.cfg.checkpoint.sigterm_budget_seconds
+        with self._rescue_guard:
+            first, self._rescue_started = not self._rescue_started, True
+        if not first:
+            self._rescue_done.wait(budget)
+            return
+        try:
+            boundary = self._boundary
+            if boundary is None or self.engine is None:
+                return
+            step, updates, state = boundary
+            newest = max(self.ckpt.newest_saved() or 0, self._restored_step)
+            if step <= newest:
+                log.warning("%s; step %d is the newest checkpoint already, no rescue checkpoint needed", why, step)
+                return
+            began = time.monotonic()
+            why_not = self.ckpt.rescue(step, step * self.cfg.global_batch_size, updates, rng.encode(state), began + budget)
+            if why_not is None:
+                log.warning("%s; rescue checkpoint of step %d saved into tier 1 in %.2fs (the last periodic one: step %d)",
+                            why, step, time.monotonic() - began, newest)
+            else:
+                log.warning("%s; no rescue checkpoint of step %d: %s", why, step, why_not)
+        except Exception as err:  # noqa: BLE001 - the rank is failing already; the rescue only adds
+            log.error("%s; the rescue checkpoint failed: %s", why, err)
+        finally:
+            self._rescue_done.set()
+
+    def _mark_boundary(self) -> None:
+        """The state is exactly ``self.step``'s now (after a step, a restore)."""
+        self._boundary = (self.step, self.engine.updates(), rng.raw()) if self._rescuable else None
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         # Only set a flag: the loop stops at the next step boundary that all ranks agree on.
@@ -262,6 +320,15 @@ class Trainer:
             self.exit_message = str(err)
             log.error("%s", err)
             return ExitCode.BAD_NUMERICS
+        except Exception as err:
+            if is_collective_failure(err):
+                self.rescue(f"a collective failed ({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''})")
+                if self.watchdog.rescue_requested():
+                    # The supervisor judged this rank a victim and wrote its exit record
+                    # before it asked: end as the request does, leaving that record.
+                    sys.stderr.flush()
+                    os._exit(ExitCode.COLLECTIVE_TIMEOUT)
+            raise
         finally:
             self.close()
 
@@ -271,6 +338,13 @@ class Trainer:
         self.setup()
         self.startup["setup"] = time.perf_counter() - began
         self._first_step = True
+        # A rescue checkpoint needs the whole state in this process's memory: a replicated
+        # engine on the host (the engine refuses otherwise), and a tier to save it in.
+        self._rescuable = isinstance(self.ckpt, CheckpointManager) and self.strategy == "ddp"
+        self._restored_step = self.step
+        self._mark_boundary()
+        if self._rescuable:
+            self.watchdog.offer_rescue(self.cfg.checkpoint.sigterm_budget_seconds)
         self.watchdog.start()
         self._log_file = (self.run_dir / "steps.jsonl").open("a") if self.info.rank == 0 else None
 
@@ -302,6 +376,7 @@ class Trainer:
             self._roll_back(step + 1, bad)
             return False
         self.step = step + 1
+        self._mark_boundary()
         seconds = time.perf_counter() - began
         self.watchdog.beat(self.step)
         samples = self.step * cfg.global_batch_size
@@ -340,6 +415,7 @@ class Trainer:
             raise BadNumerics(f"bad numerics at step {bad_step}: {why}; {self.position.rollbacks} rollbacks already "
                               f"(maxRollbacks={limit})")
         self.ckpt.wait_free()  # a write in flight holds a good step: let it commit first
+        self._boundary = None  # the state is replaced below: nothing to rescue until it is
         # A group-wide agreement and load: a rank waiting here waits for its peers.
         with self.watchdog.section(State.COLLECTIVE):
             choice, path = self._agree_on_restore()
@@ -354,6 +430,8 @@ class Trainer:
         # checkpoint stay skipped.
         skip = self.position.skip(self.step, bad_step, self.cfg.global_batch_size, why)
         self._publish_position()
+        self._restored_step = self.step
+        self._mark_boundary()
         self.cadence.start(self.step)
         self.watchdog.beat()
         if self.info.rank == 0:

@@ -12,6 +12,10 @@ code that never releases the GIL, so under the launcher the first detector is th
 launcher's supervisor, which reads the rank's heartbeat file from outside
 (``supervisor.py``). This watchdog then waits ``SUPERVISOR_GRACE_SECONDS`` longer and
 only acts if the supervisor did not.
+
+A rank the supervisor judged a victim may be asked for a rescue checkpoint instead of being
+killed (``supervisor.py``): this thread sees the request in the heartbeat page and calls
+``on_rescue``, which saves the last step and ends the process.
 """
 
 from __future__ import annotations
@@ -49,13 +53,15 @@ def first_step_limit(timeout_seconds: float) -> float:
 
 class Watchdog:
     def __init__(self, timeout_seconds: float, on_hang: Callable[[float], None], poll_seconds: float | None = None,
-                 heartbeat: Heartbeat | None = None, supervised: bool = False):
+                 heartbeat: Heartbeat | None = None, supervised: bool = False, on_rescue: Callable[[], None] | None = None):
         self._grace = SUPERVISOR_GRACE_SECONDS if supervised else 0.0
         self._steady = timeout_seconds
         self._first_step_done = False
         self.timeout = first_step_limit(timeout_seconds) + self._grace
         self.on_hang = on_hang
-        self.poll = poll_seconds or min(1.0, timeout_seconds / 10)
+        self.on_rescue = on_rescue
+        # A rescue request is answered within a poll: the supervisor's victim is waiting.
+        self.poll = poll_seconds or min(0.25, timeout_seconds / 10)
         self.heartbeat = heartbeat
         self._last = time.monotonic()
         self._stop = threading.Event()
@@ -82,6 +88,15 @@ class Watchdog:
         if heartbeat is not None:
             heartbeat.beat(step)
 
+    def offer_rescue(self, budget_seconds: float) -> None:
+        """Tell the supervisor this rank can save a rescue checkpoint (``heartbeat.py``)."""
+        if self.heartbeat is not None:
+            self.heartbeat.offer_rescue(budget_seconds)
+
+    def rescue_requested(self) -> bool:
+        heartbeat = self.heartbeat
+        return heartbeat is not None and heartbeat.rescue_requested()
+
     def section(self, state: State) -> ContextManager[None]:
         """Mark where the rank is (a collective, the train step) for whoever reads its
         heartbeat."""
@@ -99,6 +114,10 @@ class Watchdog:
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll):
+            heartbeat = self.heartbeat
+            if self.on_rescue is not None and heartbeat is not None and heartbeat.rescue_requested():
+                self.on_rescue()
+                return
             stale = time.monotonic() - self._last
             if stale > self.timeout:
                 self.on_hang(stale)

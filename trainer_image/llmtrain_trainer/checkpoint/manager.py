@@ -56,6 +56,10 @@ from .tensorio import ChecksumMismatch, read_tensors, write_small
 log = logging.getLogger("llmtrain.checkpoint")
 
 
+RESCUE_PARTS_WAIT_SECONDS = 2.0
+"""How long a node leader's rescue waits for the node's other ranks' parts: a rank of the
+node may be the one that failed, and the rescue commits the parts that came."""
+
 PULL_FAILED = ".pull-failed-"
 """In tier 1: the node leader's pull of a step failed (the message); its ranks stop waiting."""
 
@@ -341,6 +345,41 @@ class CheckpointManager:
         self.metrics.checkpoint_stall(blocked)
         return time.perf_counter() - started if sync else blocked
 
+    def rescue(self, step: int, samples: int, updates: int, rng_state: tuple[dict[str, torch.Tensor], dict[str, Any]],
+               deadline: float) -> str | None:
+        """A rescue checkpoint: ``step``'s state, saved into tier 1 only, synchronously,
+        after a peer failed (a collective raised, or the supervisor judged this rank a
+        victim). ``updates``: the engine's optimizer steps at ``step`` (the state must not
+        have moved past it); ``rng_state``: the generators as they were at ``step``'s end;
+        ``deadline``: ``time.monotonic()`` by which it must be done. Returns None when
+        saved, else why not (no exception: the rank is failing already)."""
+        if self.engine is None:
+            return "no engine yet"
+        if self._pending is not None:  # the periodic write in flight uses the snapshot memory
+            try:
+                self._pending.result(timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                return "the write of an earlier checkpoint did not finish within the budget"
+            except Exception:  # noqa: BLE001 - _guard logged it; the memory is free again
+                pass
+            self._pending = None
+        snap = self.engine.rescue_snapshot(updates)
+        if snap is None and self.info.is_node_leader:
+            return "the engine's state cannot be saved from here (sharded, on a device, or past the step)"
+        meta = {**self.meta, "samples_consumed": samples, "world_size": self.info.world_size,
+                "local_world_size": self.info.local_world_size, "time": time.time(), "rescue": True}
+        try:
+            self._persist(step, meta, snap, *rng_state, time.perf_counter(), None, [], _noop, rescue_deadline=deadline)
+        except Exception as err:  # noqa: BLE001 - a failing rank reports, it does not raise again
+            return str(err)
+        return None
+
+    def newest_saved(self) -> int | None:
+        """The newest step this rank stored into tier 1 (its part, or its node's commit)."""
+        with self._lock:
+            steps = [s for s in (self._stored_local, self.last_committed.get(self.local.name)) if s is not None]
+        return max(steps) if steps else None
+
     def _guard(self, job: Callable[[], None], step: int) -> None:
         try:
             job()
@@ -348,10 +387,12 @@ class CheckpointManager:
             log.error("checkpoint of step %d failed: %s", step, err)
 
     def _persist(self, step: int, meta: dict[str, Any], snap: Any, rng_tensors: dict[str, torch.Tensor], rng_meta: dict[str, Any],
-                 started: float, blocked: float | None, targets: list[Propagator], heartbeat: Callable[[], None]) -> None:
+                 started: float, blocked: float | None, targets: list[Propagator], heartbeat: Callable[[], None],
+                 rescue_deadline: float | None = None) -> None:
         """Write this rank's files into tier 1, then hand the step to ``targets``. If tier
         1 fails, the snapshot goes to ``targets`` from memory; without any, the error is
-        raised (the checkpoint exists nowhere)."""
+        raised (the checkpoint exists nowhere). A rescue (``rescue_deadline``) commits the
+        node's parts that arrived by then, and is not a sample of the cadence's cost."""
         local = self.local
         records: dict[str, dict[str, Any]] = {}
         began = time.perf_counter()
@@ -370,15 +411,18 @@ class CheckpointManager:
                 with self._lock:
                     self._stored_local = step  # the node leader commits it (or reports failure)
             else:
-                committed = local.commit(step, meta, set(self.info.ranks_on_node()), set(self.info.ranks_on_node()),
-                                         self.commit_timeout, heartbeat)
+                node = set(self.info.ranks_on_node())
+                if rescue_deadline is not None:
+                    node = self._rescue_parts(step, node, min(rescue_deadline, time.monotonic() + RESCUE_PARTS_WAIT_SECONDS))
+                committed = local.commit(step, meta, node, node, self.commit_timeout, heartbeat)
                 local.retain()
                 self._last_size = sum(f["size"] for f in committed.manifest["files"].values())
                 with self._lock:
                     self._stored_local = step
                 self._committed(local.name, step, time.perf_counter() - began, sum(r["size"] for r in records.values()))
                 latency = time.perf_counter() - started
-                self.costs.append(SaveCost(latency if blocked is None else blocked, latency))
+                if rescue_deadline is None:
+                    self.costs.append(SaveCost(latency if blocked is None else blocked, latency))
                 log.info("checkpoint step %d committed to %s (%s)", step, local.name, committed.location)
             self.health.ok(local.name, step)
         except (OSError, CheckpointError, RuntimeError) as err:
@@ -422,6 +466,16 @@ class CheckpointManager:
         saved.hold(len(targets))
         for propagator in targets:
             propagator.deliver(saved)
+
+    def _rescue_parts(self, step: int, node: set[int], until: float) -> set[int]:
+        """The node's ranks whose parts of ``step`` are in tier 1 by ``until`` (this
+        rank's always is: it wrote it)."""
+        parts = self.local.staging(step) / "parts"
+        while True:
+            present = {int(p.stem.split("-")[1]) for p in parts.glob("rank-*.json")}
+            if present >= node or time.monotonic() >= until:
+                return (present & node) | {self.info.rank}
+            time.sleep(0.02)
 
     def _committed(self, tier: str, step: int, seconds: float, size: int) -> None:
         with self._lock:
@@ -496,6 +550,12 @@ class NoCheckpoints:
 
     def save(self, step: int, samples: int, tiers_busy: list[bool] | None = None, sync: bool = False) -> float:
         return 0.0
+
+    def rescue(self, step: int, samples: int, updates: int, rng_state: Any, deadline: float) -> str | None:
+        return "checkpointing is off"
+
+    def newest_saved(self) -> None:
+        return None
 
     def wait(self) -> None:
         return None

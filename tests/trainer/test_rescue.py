@@ -1,0 +1,85 @@
+"""Rescue checkpoints under real torchrun: when a peer freezes, the survivor's replica
+still holds the last step; it saves that step into its tier 1 and the restarted group
+resumes there, so no step is trained twice (the periodic checkpoint is further back).
+
+The crash case (the survivor's all-reduce raises at once) is in test_exact_resume.py,
+which also shows the rescued run's losses are the uninterrupted run's."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from support.elastic import ElasticJob, base_config, losses_by_step, run_job
+from support.waiting import wait_for
+
+HANG_TIMEOUT = 8
+# Periodic checkpoints every 10 steps; the fault comes at the start of step 17, so the
+# newest periodic one is step 10 and the survivor holds step 16.
+CFG = base_config(maxSteps=24, checkpoint={"intervalSteps": 10},
+                  faultTolerance={"hangTimeoutSeconds": HANG_TIMEOUT, "collectiveTimeoutSeconds": 60})
+
+
+def _rescued(root, node: int) -> dict:
+    return json.loads((root / f"node{node}" / "ckpt" / "step-00000016" / "manifest.json").read_text())
+
+
+def _check_resumed_at_16(job) -> None:
+    logs = job.logs()
+    resumed = [int(m) for m in re.findall(r"resumed from step (\d+) ", logs)]
+    assert resumed and resumed[-1] == 16, f"resumed from {resumed}\n{logs}"
+    assert "rescue checkpoint of step 16 saved into tier 1" in logs, logs
+    seen = losses_by_step(job.steps())
+    assert sorted(seen) == list(range(1, 25))
+    assert not [s for s, losses in seen.items() if len(losses) > 1], "steps were trained twice"
+
+
+def test_a_frozen_peer_on_another_node_costs_no_step(tmp_path):
+    """Two nodes, one rank each; rank 1 is SIGSTOPped. Its node's supervisor kills it (the
+    cause); rank 0 is saved by its own supervisor's request or by its all-reduce failing
+    once rank 1 is gone, whichever comes first."""
+    job, codes = run_job(tmp_path, CFG, nodes=2, max_restarts=2, env={"LLMTRAIN_FAULT_INJECT": "stop@step=17,rank=1"})
+    assert codes == [0, 0], job.logs()
+    _check_resumed_at_16(job)
+    holders = [n for n in (0, 1) if (tmp_path / f"node{n}" / "ckpt" / "step-00000016").exists()]
+    assert holders, "no node holds the rescued step"
+    manifest = _rescued(tmp_path, holders[0])
+    assert manifest["rescue"] is True and manifest["world_size"] == 2
+
+
+def test_the_supervisor_asks_the_victim_for_its_rescue_checkpoint(tmp_path):
+    """One node, two ranks: the supervisor judges both in one pass, kills the frozen cause
+    and asks the victim (the node leader, which holds the replicated state) for a rescue
+    checkpoint instead of killing it."""
+    job, codes = run_job(tmp_path, CFG, nodes=1, procs_per_node=2, max_restarts=2,
+                         env={"LLMTRAIN_FAULT_INJECT": "stop@step=17,rank=1"})
+    assert codes == [0], job.logs()
+    assert re.search(r"asked rank 0 \(pid \d+\) for a rescue checkpoint of step 16", job.logs()), job.logs()
+    _check_resumed_at_16(job)
+    manifest = _rescued(tmp_path, 0)
+    # Rank 1 was the frozen one: only the leader's part (the state and its RNG) is in it.
+    assert manifest["rescue"] is True and manifest["ranks"] == [0], manifest
+    exits = json.loads((tmp_path / "node0" / "run" / "exit" / "attempt-0" / "local-0.json").read_text())
+    assert exits["message"].startswith("victim: rank 0 "), exits
+
+
+def test_a_victim_whose_cause_lives_on_saves_its_rescue_checkpoint_on_request(tmp_path):
+    """The cause is never killed (its node's launcher, and so its supervisor, is frozen
+    too, as in a partition): the victim's all-reduce just waits. Its supervisor asks it for
+    the rescue checkpoint, which its watchdog thread saves while the training thread stays
+    blocked; it ends, and its node trains on alone."""
+    job = ElasticJob(tmp_path, CFG, nodes=2, min_nodes=1, max_restarts=2,
+                     node_env={1: {"LLMTRAIN_FAULT_INJECT": "stop@step=17,target=launcher;stop@step=17"}}).start()
+    try:
+        wait_for(lambda: re.search(r"resumed from step \d+ ", job.running[0].output()), 120, 0.5, "node 0 resumed")
+        # Read before node 1 goes: its loss is a peer failure too, rescued in turn, and
+        # tier 1's retention may then drop step 16.
+        rescued = _rescued(tmp_path, 0)
+    finally:
+        job.kill_node(1)
+    codes = job.wait(300)
+    assert codes[0] == 0, job.logs()
+    logs = job.running[0].output()
+    assert "the supervisor judged this rank a victim of a peer that stopped; rescue checkpoint of step 16 saved" in logs, logs
+    assert "resumed from step 16 " in logs, logs
+    assert rescued["rescue"] is True
