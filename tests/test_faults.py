@@ -57,3 +57,17 @@ def test_a_triggered_fault_fires_at_the_first_step_after_its_file_appears(tmp_pa
     injector.at_step(3)
     injector.at_step(4)
     assert fired == ["gil"], "once, at the first step after the trigger"
+
+
+def test_an_at_agree_fault_fires_before_the_agreement_not_at_the_step_start(tmp_path):
+    with pytest.raises(ValueError, match="at must be step or agree"):
+        parse("stop@step=3,at=backward")
+    injector = FaultInjector(parse("slow@step=2,seconds=0.3,at=agree"), rank=0, attempt=0, state_dir=tmp_path)
+    began = time.monotonic()
+    injector.at_step(2)
+    assert time.monotonic() - began < 0.2, "fired at the step's start"
+    injector.before_agree(1)
+    assert time.monotonic() - began < 0.2, "fired at another step"
+    injector.before_agree(2)
+    assert time.monotonic() - began >= 0.3
+    assert (tmp_path / "fault-0-rank-0.fired").exists()

@@ -83,3 +83,15 @@ def test_skips_leave_every_sample_trained_once_or_skipped(rollbacks, gbs):
     assert len(trained) == len(set(trained)) and len(skipped) == len(set(skipped))
     assert sorted(trained + skipped) == list(range(len(trained) + len(skipped)))
     assert DataPosition.from_wire(pos.to_wire()) == pos
+
+
+def test_a_verdict_judges_like_judge_but_remembers_nothing():
+    """The rescue of a step whose loss the ranks never agreed on asks the guard about one
+    rank's loss without adding it to the window."""
+    guard = LossGuard(NumericsRuntime(spike_std_devs=3, window_steps=5))
+    for loss in (5.0, 5.1, 4.9, 5.0, 5.05):
+        guard.judge(loss)
+    window = list(guard.window)
+    assert guard.verdict(9.0) == guard.judge(9.0) and guard.verdict(9.0) is not None
+    assert guard.verdict(5.02) is None and guard.verdict(math.nan) is not None
+    assert list(guard.window) == window

@@ -24,6 +24,7 @@ def _step(engine: DDPEngine, cfg: TrainerConfig, step: int) -> None:
 
 def test_a_rescue_snapshot_is_only_of_the_step_the_trainer_last_finished():
     engine, cfg = _engine()
+    assert engine.can_rescue(), "a replicated state in host memory"
     _step(engine, cfg, 0)
     at_one = engine.updates()
     assert at_one == 1

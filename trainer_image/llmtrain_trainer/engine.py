@@ -100,6 +100,11 @@ class Engine(Protocol):
         """How many optimizer steps this engine's state has taken (restored ones included)."""
         ...
 
+    def can_rescue(self) -> bool:
+        """Whether this engine can ever give a rescue snapshot: the whole state replicated
+        in every rank and kept in host memory."""
+        ...
+
     def rescue_snapshot(self, updates: int) -> Snapshot | None:
         """A snapshot for a rescue checkpoint, taken from a thread other than the training
         loop's (which may be blocked in a collective), of the state after exactly
@@ -385,9 +390,13 @@ class DDPEngine:
     def updates(self) -> int:
         return self.optimizer.steps
 
+    def can_rescue(self) -> bool:
+        # GPU: the device state is not readable while a kernel may hang.
+        return self.staging is None and self.dev.type == "cpu"
+
     def rescue_snapshot(self, updates: int) -> ArenaSnapshot | None:
-        if not self.info.is_node_leader or self.staging is not None:
-            return None  # GPU: the device state is not readable while a kernel may hang
+        if not self.info.is_node_leader or not self.can_rescue():
+            return None
         with self._lock:
             if self._updating or self._frozen is not None or self.optimizer.steps != updates:
                 return None

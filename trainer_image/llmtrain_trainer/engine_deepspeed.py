@@ -245,8 +245,11 @@ class DeepSpeedEngine:
     def updates(self) -> int:
         return int(self.engine.global_steps)
 
+    def can_rescue(self) -> bool:
+        return False  # ZeRO shards the optimizer state: a peer's shard is lost with it
+
     def rescue_snapshot(self, updates: int) -> None:
-        return None  # ZeRO shards the optimizer state: a peer's shard is lost with it
+        return None
 
     def snapshot(self) -> DeepSpeedSnapshot:
         """``save_checkpoint`` with a capturing engine: DeepSpeed builds its state dicts

@@ -23,6 +23,10 @@ Off unless the environment variable ``LLMTRAIN_FAULT_INJECT`` is set. Its value 
                                   its loss, then every rank's gradients, weights and
                                   loss turn NaN (bad numerics)
 
+``at=agree``: the fault fires after the step's optimizer update, right before the
+per-step agreement, instead of at the start of the step (a rank stopped there leaves its
+peers blocked in the agreement with their state one step further).
+
 ``trigger=NAME`` instead of (or with) ``step``: the fault fires at the first step (from
 ``step``, default 1) that starts after a file ``NAME`` appears in the run dir, so that a
 benchmark injects it at a moment of its own clock (``gil@trigger=go,rank=1``).
@@ -72,6 +76,8 @@ def parse(text: str) -> list[Fault]:
             raise ValueError(f"{ENV}: fault {item!r} needs step=N or trigger=NAME")
         if opts.get("target", "self") not in TARGETS:
             raise ValueError(f"{ENV}: fault {item!r}: target must be one of {list(TARGETS)}")
+        if opts.get("at", "step") not in ("step", "agree"):
+            raise ValueError(f"{ENV}: fault {item!r}: at must be step or agree")
         faults.append(
             Fault(
                 kind=kind,
@@ -103,7 +109,16 @@ class FaultInjector:
 
     def at_step(self, step: int) -> None:
         self._step = step
+        self._fire_due(step, "step")
+
+    def before_agree(self, step: int) -> None:
+        """After ``step``'s optimizer update, before its agreement (``at=agree`` faults)."""
+        self._fire_due(step, "agree")
+
+    def _fire_due(self, step: int, point: str) -> None:
         for fault in self.faults:
+            if fault.params.get("at", "step") != point:
+                continue
             if fault.kind == "slow" and "steps" in fault.params:
                 if fault.step <= step < fault.step + int(fault.params["steps"]):
                     time.sleep(float(fault.params.get("seconds", "1")))  # pacing: no marker, quiet

@@ -84,6 +84,13 @@ class LossGuard:
 
     def judge(self, loss: float) -> str | None:
         """None for a good loss (remembered); else why it is bad (not remembered)."""
+        why = self.verdict(loss)
+        if why is None:
+            self.window.append(loss)
+        return why
+
+    def verdict(self, loss: float) -> str | None:
+        """``judge`` without remembering the loss."""
         if not math.isfinite(loss):
             return f"the loss is {loss}"
         if self.k > 0 and len(self.window) == self.window.maxlen:
@@ -94,7 +101,6 @@ class LossGuard:
             if std > 0 and (loss - mean) / std > self.k and loss - mean >= self.min_rise:
                 return (f"the loss {loss:.4g} is {(loss - mean) / std:.1f} standard deviations and {loss - mean:.3g} above "
                         f"the last {len(self.window)} steps' mean {mean:.4g}")
-        self.window.append(loss)
         return None
 
     def reset(self) -> None:

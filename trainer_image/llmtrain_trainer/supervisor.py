@@ -255,8 +255,8 @@ class Supervisor:
             self._ended.add(beat.pid)
             if not verdict.cause and beat.rescue_budget > 0 and heartbeat.request_rescue(self.run_dir, beat):
                 self._rescuing[beat.pid] = now + beat.rescue_budget + RESCUE_SLACK_SECONDS
-                _write_stderr(f"llmtrain supervisor: asked rank {beat.rank} (pid {beat.pid}) for a rescue checkpoint of step "
-                              f"{beat.step} (budget {beat.rescue_budget:g}s)\n")
+                _write_stderr(f"llmtrain supervisor: asked rank {beat.rank} (pid {beat.pid}) for a rescue checkpoint (its last "
+                              f"finished step: {beat.step}; budget {beat.rescue_budget:g}s)\n")
                 continue
             _kill(beat.pid)
 

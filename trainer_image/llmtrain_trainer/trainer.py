@@ -97,6 +97,9 @@ class Trainer:
         self._boundary: tuple[int, int, rng.Raw] | None = None
         """(step, the engine's optimizer steps, the RNG state) at the last step boundary: what
         a rescue checkpoint saves. None while the state is being replaced (a restore)."""
+        self._advanced: tuple[int, int, float] | None = None
+        """(step, the engine's optimizer steps, this rank's loss) once a step's optimizer
+        update ran but before the ranks agreed on its loss."""
         self._restored_step = 0
         self._rescuable = False
         self._rescue_guard = threading.Lock()
@@ -161,6 +164,15 @@ class Trainer:
             if boundary is None or self.engine is None:
                 return
             step, updates, state = boundary
+            advanced = self._advanced
+            if self.engine.updates() != updates and advanced is not None and advanced[1] == self.engine.updates():
+                # The optimizer already applied the next step (the peer failed in the
+                # agreement): that step's state, if this rank's view of it is sound.
+                doubt = self._doubt(advanced[2])
+                if doubt is not None:
+                    log.warning("%s; no rescue checkpoint of step %d: %s", why, advanced[0], doubt)
+                    return
+                step, updates, state = advanced[0], advanced[1], rng.raw()
             newest = max(self.ckpt.newest_saved() or 0, self._restored_step)
             if step <= newest:
                 log.warning("%s; step %d is the newest checkpoint already, no rescue checkpoint needed", why, step)
@@ -176,6 +188,19 @@ class Trainer:
             log.error("%s; the rescue checkpoint failed: %s", why, err)
         finally:
             self._rescue_done.set()
+
+    def _doubt(self, local_loss: float) -> str | None:
+        """Why a step whose loss the ranks never agreed on must not be saved: this rank's
+        own loss fails the loss guard (noisier than the global one, so the test is, if
+        anything, too strict), or a parameter is not finite (another rank's bad gradient
+        reached every replica through the all-reduce)."""
+        why = self.guard.verdict(local_loss)
+        if why is not None:
+            return f"its loss was never agreed, and this rank's {why.removeprefix('the ')}"
+        with torch.no_grad():
+            if not all(bool(torch.isfinite(p).all()) for p in self.engine.parameters()):
+                return "its loss was never agreed, and a parameter is not finite"
+        return None
 
     def _mark_boundary(self) -> None:
         """The state is exactly ``self.step``'s now (after a step, a restore)."""
@@ -338,9 +363,9 @@ class Trainer:
         self.setup()
         self.startup["setup"] = time.perf_counter() - began
         self._first_step = True
-        # A rescue checkpoint needs the whole state in this process's memory: a replicated
-        # engine on the host (the engine refuses otherwise), and a tier to save it in.
-        self._rescuable = isinstance(self.ckpt, CheckpointManager) and self.strategy == "ddp"
+        # A rescue checkpoint needs the whole state in this process's memory (a replicated
+        # engine on the host) and a tier to save it in.
+        self._rescuable = isinstance(self.ckpt, CheckpointManager) and self.engine.can_rescue()
         self._restored_step = self.step
         self._mark_boundary()
         if self._rescuable:
@@ -366,6 +391,9 @@ class Trainer:
         ]
         with self.watchdog.section(State.TRAIN_STEP):
             local_loss = self.engine.train_step(step, batches)
+        if self._rescuable:
+            self._advanced = (step + 1, self.engine.updates(), float(local_loss))
+        self.faults.before_agree(step + 1)
         local_seconds = self.engine.sync_started - began
         with self.watchdog.section(State.COLLECTIVE):
             loss, stop, busy, interval, tiers_busy, locals_ = self._agree(local_loss, local_seconds)
