@@ -76,8 +76,10 @@ def test_a_victim_whose_cause_lives_on_saves_its_rescue_checkpoint_on_request(tm
         # Read before node 1 goes: its loss is a peer failure too, rescued in turn, and
         # tier 1's retention may then drop step 16.
         rescued = _rescued(tmp_path, 0)
-    finally:
-        job.kill_node(1)
+    except BaseException:
+        job.kill()  # every node and the store: nothing outlives a failed test
+        raise
+    job.kill_node(1)
     codes = job.wait(300)
     assert codes[0] == 0, job.logs()
     victim = job.running[0].output()  # the fault is on node 1, whichever rank it holds
