@@ -37,6 +37,8 @@ RANK = textwrap.dedent("""
         time.sleep(0.05)
     if behaviour in ("collective", "rescuer", "slow-rescuer"):
         hb.set_state(State.COLLECTIVE)
+    if behaviour == "rescuing-busy":
+        hb.set_state(State.RESCUING)
     if behaviour in ("rescuer", "slow-rescuer"):
         hb.offer_rescue(1.0)  # a victim that can save its last step within a second
     print("ready", flush=True)
@@ -47,7 +49,7 @@ RANK = textwrap.dedent("""
         os._exit(83)
     if behaviour == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
-    elif behaviour == "gil":
+    elif behaviour in ("gil", "rescuing-busy"):
         re.match(r"(a+)+$", "a" * 40 + "b")
     elif behaviour == "healthy":
         step = 3
@@ -485,3 +487,14 @@ def test_a_rescue_request_for_a_pid_that_moved_on_is_not_written(tmp_path):
     assert not hb.rescue_requested()
     assert heartbeat.request_rescue(tmp_path, beat) and hb.rescue_requested()
     hb.close()
+
+
+def test_a_rank_saving_its_rescue_checkpoint_is_a_victim_however_much_cpu_it_burns(tmp_path, ranks):
+    """A rank whose collective raised saves its rescue checkpoint (hashing and writing: CPU)
+    before it ends; the supervisor must not blame it as spinning, nor charge it a hang."""
+    ranks += [start_rank(tmp_path, 0, "rescuing-busy")]
+    (verdict,) = supervise_until_acted(Supervisor(tmp_path))
+    assert (verdict.cause, verdict.kind) == (False, "victim"), verdict
+    assert "while saving its rescue checkpoint" in verdict.message()
+    (record,) = exitrecord.read_attempt(tmp_path, 0)
+    assert record["code"] == ExitCode.COLLECTIVE_TIMEOUT

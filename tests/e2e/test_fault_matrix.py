@@ -215,8 +215,9 @@ def _flip_a_byte(path) -> None:
 def test_08_a_corrupted_newest_checkpoint_is_skipped_with_the_reason_and_the_previous_one_used(operator, prometheus):
     bed, ns, name = operator, "e2e-m-corrupt", "corrupt"
     # Step 14 pauses every rank 20 s: the newest checkpoint is step 10 meanwhile, and the
-    # crash fires at the start of step 15, before step 15's checkpoint.
-    create(bed, ns, paced(name, "slow@step=14,seconds=20;crash@trigger=go,rank=1"))
+    # crash fires at the start of step 15, before step 15's checkpoint. Every rank crashes:
+    # a survivor would save the step it holds (a rescue checkpoint), newer than both.
+    create(bed, ns, paced(name, "slow@step=14,seconds=20;crash@trigger=go"))
     wait_status(bed, ns, name, lambda s: s.get("step", 0) >= 13, 300, "at the paused step 14")
     workers = pods(bed, ns, name)
     tier1 = [bed.state / "pods" / p["metadata"]["uid"] / "volumes" / "ckpt-local" for p in workers]
@@ -228,7 +229,7 @@ def test_08_a_corrupted_newest_checkpoint_is_skipped_with_the_reason_and_the_pre
     for pod in workers:
         (bed.state / "pods" / pod["metadata"]["uid"] / "volumes" / "run" / "go").write_text("")
     done = finished(bed, ns, name)
-    check_outcome(bed, ns, name, done, phase="Succeeded", step=STEPS, by_reason={"RestartedInPlace": 1},
+    check_outcome(bed, ns, name, done, phase="Succeeded", step=STEPS, by_reason={"RestartedInPlace": 2},
                   reasons={"RestartedInPlace", "Completed"})
     resumed = restores(bed, ns, name, since=began)
     assert [r.step for r in resumed] == [5] and resumed[0].tier == "local", resumed

@@ -59,10 +59,14 @@ class State(enum.IntEnum):
     """A pure collective (the per-step agreement, a barrier)."""
     DONE = 4
     """The training loop is over; nothing left to watch."""
+    RESCUING = 5
+    """A peer failed and this rank saves its rescue checkpoint before it ends: a victim,
+    whatever CPU the write takes."""
 
 
-WAITING_STATES = (State.TRAIN_STEP, State.COLLECTIVE)
-"""States in which an idle, stale rank is waiting for its peers."""
+WAITING_STATES = (State.TRAIN_STEP, State.COLLECTIVE, State.RESCUING)
+"""States in which an idle, stale rank is waiting for its peers (or saving what a peer's
+failure left it)."""
 
 
 def folder(run_dir: Path) -> Path:

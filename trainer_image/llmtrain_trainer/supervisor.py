@@ -111,7 +111,8 @@ class Verdict:
     stale: float
 
     def message(self) -> str:
-        where = {State.TRAIN_STEP: "in the train step", State.COLLECTIVE: "in a collective"}.get(self.beat.state, "outside any collective")
+        where = {State.TRAIN_STEP: "in the train step", State.COLLECTIVE: "in a collective",
+                 State.RESCUING: "while saving its rescue checkpoint"}.get(self.beat.state, "outside any collective")
         what = {
             "frozen": "is frozen (stopped: SIGSTOP, a debugger or a paused machine)",
             "spinning": "burns CPU without progress (native code holding the GIL, or a loop)",
@@ -127,6 +128,8 @@ def judge(beat: Beat, info: ProcInfo, busy_fraction: float, stale: float) -> Ver
     """Cause or victim, from the process's state and CPU use while it made no progress."""
     if info.state in ("T", "t"):
         return Verdict(beat, True, "frozen", stale)
+    if beat.state == State.RESCUING:
+        return Verdict(beat, False, "victim", stale)  # its write may well burn CPU
     if busy_fraction >= BUSY_CPU_FRACTION:
         return Verdict(beat, True, "spinning", stale)
     if beat.state in WAITING_STATES:

@@ -123,9 +123,10 @@ class Trainer:
 
     def _on_hang(self, stale: float) -> None:
         timeout = self.cfg.fault_tolerance.hang_timeout_seconds
-        if self.watchdog.state in WAITING_STATES:
+        state = self.watchdog.state  # where it hung, before a rescue marks it RESCUING
+        if state in WAITING_STATES:
             self.rescue(f"no step progress for {stale:.1f}s while waiting for a peer")
-        if self.watchdog.state == State.COLLECTIVE:
+        if state in (State.COLLECTIVE, State.RESCUING):
             # Blocked in a collective: a peer stopped participating. That peer is the
             # cause (its own pod reports it); this rank is a victim, never charged.
             code = ExitCode.COLLECTIVE_TIMEOUT
@@ -159,6 +160,11 @@ class Trainer:
         if not first:
             self._rescue_done.wait(budget)
             return
+        # A victim from now on, to the supervisor and this watchdog, however long the save
+        # takes or whatever CPU it burns: left in the state the failed section restored, a
+        # rank saving after its collective raised was judged stuck and charged a hang.
+        self.watchdog.enter(State.RESCUING)
+        self.watchdog.beat()
         try:
             boundary = self._boundary
             if boundary is None or self.engine is None:
@@ -180,7 +186,7 @@ class Trainer:
             began = time.monotonic()
             why_not = self.ckpt.rescue(step, step * self.cfg.global_batch_size, updates, rng.encode(state), began + budget)
             if why_not is None:
-                log.warning("%s; rescue checkpoint of step %d saved into tier 1 in %.2fs (the last periodic one: step %d)",
+                log.warning("%s; rescue checkpoint of step %d saved into tier 1 in %.2fs (the newest checkpoint before it: step %d)",
                             why, step, time.monotonic() - began, newest)
             else:
                 log.warning("%s; no rescue checkpoint of step %d: %s", why, step, why_not)
@@ -401,6 +407,7 @@ class Trainer:
         self._watch_stragglers(locals_)
         bad = self.guard.judge(loss)
         if bad is not None:
+            self._advanced = None  # judged bad: a rescue never saves it
             self._roll_back(step + 1, bad)
             return False
         self.step = step + 1

@@ -93,6 +93,11 @@ class Watchdog:
         if self.heartbeat is not None:
             self.heartbeat.offer_rescue(budget_seconds)
 
+    def enter(self, state: State) -> None:
+        """Mark where the rank is from now on (no section to return from)."""
+        if self.heartbeat is not None:
+            self.heartbeat.set_state(state)
+
     def rescue_requested(self) -> bool:
         heartbeat = self.heartbeat
         return heartbeat is not None and heartbeat.rescue_requested()
