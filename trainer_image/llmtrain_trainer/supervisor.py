@@ -240,7 +240,7 @@ class Supervisor:
                 _write_stderr(f"llmtrain supervisor: the victim pid {pid} did not finish its rescue checkpoint in time; killing it\n")
                 _kill(pid)
 
-    def _act(self, verdicts: list[Verdict], now: float | None = None) -> None:
+    def _act(self, verdicts: list[Verdict], now: float) -> None:
         # The records first: with them the launcher counts the hang (attempts.py) while
         # py-spy still reads the stacks, which takes a second or two on a busy node.
         for verdict in verdicts:
@@ -252,7 +252,6 @@ class Supervisor:
             if verdict.cause:
                 text += f"stacks of rank {verdict.beat.rank} (py-spy, read from outside):\n{dump_stack(verdict.beat.pid)}\n"
             _write_stderr(text)
-        now = heartbeat.clock() if now is None else now
         for verdict in verdicts:
             beat = verdict.beat
             self._ended.add(beat.pid)

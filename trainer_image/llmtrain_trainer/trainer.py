@@ -353,7 +353,8 @@ class Trainer:
             return ExitCode.BAD_NUMERICS
         except Exception as err:
             if is_collective_failure(err):
-                self.rescue(f"a collective failed ({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''})")
+                first_line = (str(err).splitlines() or [""])[0][:200]
+                self.rescue(f"a collective failed ({type(err).__name__}: {first_line})")
                 if self.watchdog.rescue_requested():
                     # The supervisor judged this rank a victim and wrote its exit record
                     # before it asked: end as the request does, leaving that record.
