@@ -5,7 +5,7 @@ SHELL := /bin/bash
 VENV  := .venv
 BIN   := $(VENV)/bin
 
-.PHONY: setup system-deps cluster-tools demo test test-fast lint crds cluster-up cluster-down bench clean
+.PHONY: setup system-deps cluster-tools demo test test-fast fault-matrix lint crds cluster-up cluster-down bench clean
 
 setup:
 	@bash hack/setup.sh
@@ -39,6 +39,12 @@ test: setup system-deps
 # Unit and API-contract tests only (no torchrun runs, no cluster, no built tools).
 test-fast: setup
 	$(BIN)/pytest -m "not slow and not cluster and not e2e and not tools"
+
+# The fifteen fault-matrix scenarios, ROUNDS pytest sessions in a row, each with a fresh
+# local cluster (about 15 min a round); a table per scenario (docs/development.md).
+ROUNDS ?= 5
+fault-matrix: setup system-deps cluster-tools
+	$(BIN)/python hack/fault_matrix.py --rounds $(ROUNDS)
 
 lint: setup
 	$(BIN)/lint-imports
