@@ -198,10 +198,15 @@ def spread(values: list[float]) -> Spread | None:
 
 
 def steady_step_seconds(steps: list[StepSeen], cuts: list[Interruption], world: int) -> float | None:
-    """The median time between two consecutive steps of one group at ``world``, outside
-    every interruption: the pace of undisturbed training."""
+    """The mean time between two consecutive steps of one group at ``world``, outside
+    every interruption: the pace of undisturbed training.
+
+    A mean, not a median: a step is stamped when the benchmark reads the log, so with
+    several steps per read the single gaps are 0 or a read period, and their median is
+    the read period's, not the step's. Their sum over a stretch is exact whatever the
+    reads."""
     spans = [(c.start, c.caught_up if c.caught_up is not None else float("inf")) for c in cuts]
     gaps = [b.at - a.at for a, b in zip(steps, steps[1:])
             if a.group == b.group and b.step == a.step + 1 and a.world == b.world == world
             and not any(lo <= b.at <= hi for lo, hi in spans)]
-    return statistics.median(gaps) if gaps else None
+    return sum(gaps) / len(gaps) if gaps else None

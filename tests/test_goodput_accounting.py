@@ -1,6 +1,7 @@
 """The goodput benchmark's accounting (bench/_goodput.py): interruptions found in a step
 log seen from outside, their spans, and ETTR."""
 
+import math
 import sys
 from pathlib import Path
 
@@ -86,6 +87,13 @@ def test_the_steady_pace_leaves_out_interruptions_and_other_world_sizes():
     cuts = interruptions(steps, [Injected("crash", 25.6, "x")], changes=[])
     assert steady_step_seconds(steps, cuts, 2) == pytest.approx(0.5)
     assert steady_step_seconds(steps, cuts, 1) == pytest.approx(2.0)
+
+
+def test_the_steady_pace_is_exact_when_the_log_is_read_slower_than_steps_are_made():
+    # Steps every 0.16 s, stamped when the benchmark reads the log every 0.25 s: the single
+    # gaps are 0 or 0.25 s (their median is 0.25), their mean is the step's pace.
+    steps = [StepSeen(math.ceil(i * 0.16 / 0.25) * 0.25, i, ("a", 0), 2) for i in range(1, 2001)]
+    assert steady_step_seconds(steps, [], 2) == pytest.approx(0.16, rel=0.01)
 
 
 def test_a_rollback_in_the_same_group_is_redone_work_and_a_job_that_stopped_is_lost_until_the_end():
