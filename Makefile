@@ -41,7 +41,7 @@ test-fast: setup
 	$(BIN)/pytest -m "not slow and not cluster and not e2e and not tools"
 
 # The fifteen fault-matrix scenarios, ROUNDS pytest sessions in a row, each with a fresh
-# local cluster (about 15 min a round); a table per scenario (docs/development.md).
+# local cluster (about 12.5 min a round here); a table per scenario (docs/development.md).
 ROUNDS ?= 5
 fault-matrix: setup system-deps cluster-tools
 	$(BIN)/python hack/fault_matrix.py --rounds $(ROUNDS)

@@ -90,9 +90,9 @@ def read_junit(path: Path) -> list[Case]:
         module = case.get("classname", "").replace(".", "/") + ".py"
         name = case.get("name", "").split("[", 1)[0]
         outcome = "passed"
-        for child, verdict in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
+        for child, label in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
             if case.find(child) is not None:
-                outcome = verdict
+                outcome = label
                 break
         cases.append(Case(f"{module}::{name}", float(case.get("time", 0) or 0), outcome))
     return cases
