@@ -26,6 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 E2E, BED = "tests/e2e", "tests/cluster/test_bed.py"
+# One test holds scenarios 5 and 6: a frozen rank and a rank holding the GIL, each its own job.
+HANGS = f"{E2E}/test_hangs.py::test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succeed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,9 +42,8 @@ SCENARIOS = (
     Scenario(2, "a whole node lost, then back", (f"{E2E}/test_failures.py::test_a_job_survives_a_crash_and_a_node_loss_and_succeeds",)),
     Scenario(3, "the pod hosting rank 0 deleted", (f"{E2E}/test_fault_matrix.py::test_03_the_pod_hosting_rank_0_deleted_saves_its_step_and_is_replaced",)),
     Scenario(4, "the rendezvous store pod killed", (f"{E2E}/test_fault_matrix.py::test_04_a_killed_rendezvous_store_restarts_and_the_workers_resume_from_their_sigterm_checkpoint",)),
-    # One test holds both: a frozen rank and a rank holding the GIL, each its own job.
-    Scenario(5, "a frozen rank", (f"{E2E}/test_hangs.py::test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succeed",)),
-    Scenario(6, "a real collective hang", (f"{E2E}/test_hangs.py::test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succeed",)),
+    Scenario(5, "a frozen rank", (HANGS,)),
+    Scenario(6, "a real collective hang", (HANGS,)),
     Scenario(7, "tiers 1 and 2 wiped, S3 restores", (f"{E2E}/test_checkpoints.py::test_every_copy_but_s3_wiped_the_job_resumes_from_s3_through_tier_1",)),
     Scenario(8, "the newest checkpoint corrupted", (f"{E2E}/test_fault_matrix.py::test_08_a_corrupted_newest_checkpoint_is_skipped_with_the_reason_and_the_previous_one_used",)),
     Scenario(9, "eviction with SIGTERM", (f"{E2E}/test_lifecycle.py::test_failover_eviction_suspend_resume_metrics_and_cleanup",)),
@@ -71,7 +72,7 @@ class Case:
 
 def selection() -> list[str]:
     """Every node id the scenarios name, once each, grouped by module in the order the
-    modules first appear: a module's fixtures (Prometheus, the S3 server's secret) are then
+    modules first appear: a module's fixtures (Prometheus, the e2e MinIO server) are then
     set up once per round rather than once per visit."""
     tests = list(dict.fromkeys(test for s in SCENARIOS for test in s.tests))
     modules = list(dict.fromkeys(t.split("::", 1)[0] for t in tests))
