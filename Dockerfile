@@ -59,7 +59,7 @@ RUN pip install --no-deps /wheels/*.whl && rm -rf /src /wheels \
  && mkdir -p /home/llmtrain/.cache && chown -R 65532:65532 /home/llmtrain
 WORKDIR /home/llmtrain
 USER 65532:65532
-ENTRYPOINT ["python", "-m", "llmtrain_trainer.launcher"]
+ENTRYPOINT ["python", "-m", "llmtrain_trainer.launch.launcher"]
 
 # ---------------------------------------------------------------- trainer, CUDA
 FROM ${CUDA_BASE} AS trainer-cuda
@@ -79,4 +79,4 @@ RUN pip install --no-deps /wheels/*.whl && rm -rf /src /wheels \
  && mkdir -p /home/llmtrain/.cache && chown -R 65532:65532 /home/llmtrain
 WORKDIR /home/llmtrain
 USER 65532:65532
-ENTRYPOINT ["python", "-m", "llmtrain_trainer.launcher"]
+ENTRYPOINT ["python", "-m", "llmtrain_trainer.launch.launcher"]

@@ -33,8 +33,10 @@ demo: setup
 	$(BIN)/llmtrain run examples/01-tiny-elastic-cpu.yaml --fresh \
 		--inject "crash@step=15,rank=1" --kill-node 1@35 --timeout 900
 
-test: setup system-deps
-	$(BIN)/pytest
+# What CI runs (.ci/run): a fast stage (lint, unit and API-contract tests) that ends the run
+# when it fails, then everything else; the Go-built tools build meanwhile (hack/test-stages.sh).
+test:
+	@bash hack/test-stages.sh
 
 # Unit and API-contract tests only (no torchrun runs, no cluster, no built tools).
 test-fast: setup
@@ -46,8 +48,10 @@ ROUNDS ?= 5
 fault-matrix: setup system-deps cluster-tools
 	$(BIN)/python hack/fault_matrix.py --rounds $(ROUNDS)
 
+# Import contracts, ruff and mypy (the whole tree, then the strict packages under
+# --strict); every check runs, and any finding fails it (hack/lint.py, docs/development.md).
 lint: setup
-	$(BIN)/lint-imports
+	$(BIN)/python hack/lint.py
 
 crds: setup
 	$(BIN)/llmtrain crd --write

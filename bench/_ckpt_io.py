@@ -83,10 +83,10 @@ def restore_bandwidth(tier: Path) -> float:
     cold cache."""
     from llmtrain_store import manifest as mf  # noqa: PLC0415
     from llmtrain_store.archive import decode_header, header_block_size  # noqa: PLC0415
-    from llmtrain_store.tiers import DirTier  # noqa: PLC0415
+    from llmtrain_store.directory import DirTier  # noqa: PLC0415
     from llmtrain_trainer.checkpoint.arena import Arena  # noqa: PLC0415
     from llmtrain_trainer.checkpoint.tensorio import read_arena  # noqa: PLC0415
-    from llmtrain_trainer.engine import DDPEngine  # noqa: PLC0415
+    from llmtrain_trainer.engines.ddp import DDPEngine  # noqa: PLC0415
 
     newest = DirTier("local", tier).list()[0]
     path = Path(newest.location) / "state.llmt"
@@ -112,7 +112,7 @@ def upload(tier: Any, local: Path, nodes: int = 1) -> Any:
     from llmtrain_store import manifest as mf  # noqa: PLC0415
     from llmtrain_store import shares  # noqa: PLC0415
     from llmtrain_store.sources import FileSource  # noqa: PLC0415
-    from llmtrain_store.tiers import DirTier  # noqa: PLC0415
+    from llmtrain_store.directory import DirTier  # noqa: PLC0415
     from llmtrain_trainer.checkpoint.propagate import pieces_of  # noqa: PLC0415
 
     newest = DirTier("local", local).list()[0]
@@ -140,7 +140,7 @@ def s3_restore(server: Any, local: Path, scratch: Path, rate: float | None) -> t
     sys.path.insert(0, str(HERE))
     from _links import PacedProxy  # noqa: PLC0415
     from llmtrain_store.s3 import S3Tier  # noqa: PLC0415
-    from llmtrain_trainer.engine import DDPEngine  # noqa: PLC0415
+    from llmtrain_trainer.engines.ddp import DDPEngine  # noqa: PLC0415
 
     proxy = PacedProxy("127.0.0.1", server.port, rate).start() if rate else None
     endpoint = f"http://127.0.0.1:{proxy.port}" if proxy else server.endpoint

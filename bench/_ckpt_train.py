@@ -18,7 +18,8 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 
 @dataclass
@@ -59,9 +60,9 @@ class OurTrainer:
     """The real trainer (DDP engine, world size 1) with tier 1 at ``tier``."""
 
     def __init__(self, preset: str, batch: int, seq: int, tier: Path, run: Path, strategy: dict[str, Any] | None = None):
-        from llmtrain_trainer import dist as distmod  # noqa: PLC0415
-        from llmtrain_trainer.metrics import NullMetrics  # noqa: PLC0415
-        from llmtrain_trainer.trainer import Trainer  # noqa: PLC0415
+        from llmtrain_trainer.train import dist as distmod  # noqa: PLC0415
+        from llmtrain_trainer.train.metrics import NullMetrics  # noqa: PLC0415
+        from llmtrain_trainer.train.loop import Trainer  # noqa: PLC0415
 
         cfg = trainer_config(preset, batch, seq, tier, run, strategy)
         run.mkdir(parents=True, exist_ok=True)
@@ -98,9 +99,9 @@ class DcpTrainer:
     def __init__(self, preset: str, batch: int, seq: int, folder: Path):
         import torch  # noqa: PLC0415
 
-        from llmtrain_trainer.data import build_source, micro_batch_indices  # noqa: PLC0415
-        from llmtrain_trainer.engine import make_model  # noqa: PLC0415
-        from llmtrain_trainer.schedule import param_groups  # noqa: PLC0415
+        from llmtrain_trainer.engines.data import build_source, micro_batch_indices  # noqa: PLC0415
+        from llmtrain_trainer.engines.model import make_model  # noqa: PLC0415
+        from llmtrain_trainer.engines.schedule import param_groups  # noqa: PLC0415
 
         cfg = trainer_config(preset, batch, seq, folder, folder)
         self.torch, self.cfg, self.folder = torch, cfg, folder
@@ -201,7 +202,7 @@ def measure(subject: Any, pairs: int, window: int, warmup: int = 2, log: Callabl
     return Stall(diffs, statistics.median(plain_steps), subject.state_bytes())
 
 
-def deferral(subject: "OurTrainer", steps: int, log: Callable[[str], None] = print) -> dict[str, float]:
+def deferral(subject: OurTrainer, steps: int, log: Callable[[str], None] = print) -> dict[str, float]:
     """Checkpoints due at every step, far faster than one can be written: the trainer's own
     loop (``step_once``) takes one whenever none is in flight, defers one that falls due
     during a write, and waits for the write when the next one falls due too. Counts the

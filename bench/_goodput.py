@@ -73,7 +73,7 @@ class Interruption:
     detected: float | None = None
     """The fault in the job's status (faults only)."""
     fault: Injected | None = None
-    rejoins: list["Interruption"] = field(default_factory=list)
+    rejoins: list[Interruption] = field(default_factory=list)
 
     @property
     def lost_steps(self) -> int | None:

@@ -35,7 +35,7 @@ class PacedProxy:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="paced-proxy", daemon=True)
 
-    def start(self) -> "PacedProxy":
+    def start(self) -> PacedProxy:
         self._thread.start()
         self._ready.wait(10)
         return self
@@ -106,7 +106,7 @@ class NodeLinks:
     def host_ip(self, i: int) -> str:
         return f"10.231.{i}.1"
 
-    def __enter__(self) -> "NodeLinks":
+    def __enter__(self) -> NodeLinks:
         self.down()
         for i in range(self.count):
             ns, host_if, node_if = self.ns(i), f"{self.prefix}h{i}", f"{self.prefix}p{i}"

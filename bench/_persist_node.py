@@ -16,7 +16,7 @@ def main() -> None:
     args = json.loads(sys.argv[1])
     os.environ.update(args["env"])
     from llmtrain_store.s3 import S3Tier  # noqa: PLC0415
-    from llmtrain_store.tiers import DirTier  # noqa: PLC0415
+    from llmtrain_store.directory import DirTier  # noqa: PLC0415
     from llmtrain_trainer.checkpoint.propagate import Layout, Propagator, Saved  # noqa: PLC0415
 
     class Health:

@@ -40,7 +40,7 @@ STEP_MARK, TIME_MARK = "987654321", "1234567890.5"
 def trainer_registry():
     """The real trainer's registry for a healthy rank of a 2-node job, its step and step
     time set to marks (so a page's size and parse cost are the real ones)."""
-    from llmtrain_trainer.metrics import TrainerMetrics  # noqa: PLC0415
+    from llmtrain_trainer.train.metrics import TrainerMetrics  # noqa: PLC0415
 
     m = TrainerMetrics(rank=0, strategy="ddp", config_hash="0" * 12, job="scale")
     m.started(world_size=2, restarts=0, failed_attempts={})
@@ -66,11 +66,11 @@ def trainer_page(names: list[str] | None = None) -> str:
 
 
 def launcher_page() -> bytes:
-    from llmtrain_trainer.supervisor import _Families  # noqa: PLC0415
+    from llmtrain_trainer.launch.supervisor import _Families  # noqa: PLC0415
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # noqa: PLC0415
     from llmtrain_contract.names import LauncherMetric  # noqa: PLC0415
 
-    return generate_latest(_Families([  # type: ignore[arg-type]
+    return generate_latest(_Families([
         CounterMetricFamily(LauncherMetric.FAILED_ATTEMPTS, "Failed attempts in this pod, by cause", labels=["cause"]),
         GaugeMetricFamily(LauncherMetric.ATTEMPT, "The attempt the local worker group runs", value=0),
         GaugeMetricFamily(LauncherMetric.WORKERS_RUNNING, "1 while torchrun's worker processes run", value=1)]))
@@ -112,7 +112,7 @@ class Pods:
             writer.write(b"HTTP/1.1 " + code + b"\r\nContent-Type: text/plain; version=0.0.4\r\nConnection: close\r\n"
                          b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
             await writer.drain()
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()

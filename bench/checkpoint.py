@@ -218,7 +218,8 @@ def main() -> None:
         say(f"plot: {args.plot}")
     result(**{k: round(v, 3) for k, v in values.items()}, stall_s=round(stall_disk.mean, 3),
            stall_ram_tier_s=round(stall_ram.mean, 3), io_steal_s=round(steal, 3), sync_save_s=round(sync, 2),
-           dcp_stall_s=round(stall_dcp.mean, 3), deepspeed_stall_s=round(stall_ds.mean, 3), s3_restore_speedup_loopback=round(loop_single / loop_parallel, 2))
+           dcp_stall_s=round(stall_dcp.mean, 3), deepspeed_stall_s=round(stall_ds.mean, 3),
+           s3_restore_speedup_loopback=round(loop_single / loop_parallel, 2))
 
 
 def plot(sweep: list[dict[str, float]], path: Path, preset: str) -> None:

@@ -46,7 +46,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "hack"), str(ROOT / "tests"), str(ROOT / "operator"), str(ROOT / "trainer_image"),
@@ -365,8 +366,8 @@ def report(seen: dict[str, Any], png: Path | None) -> dict[str, float]:
     if pace:
         print(f"cross-check: final step x steady step time / wall = {final * pace / acct.wall:.3f} "
               "(counts every slower step too, e.g. at world size 1)")
-    print(f"the operator's own status: phase {op.get('phase')}, ettr {op.get('ettr')}, goodput {op.get('goodput')}, restarts {op.get('restarts')} "
-          f"{op.get('restartsByReason')}, disruptions {op.get('disruptions')}")
+    print(f"the operator's own status: phase {op.get('phase')}, ettr {op.get('ettr')}, goodput {op.get('goodput')}, "
+          f"restarts {op.get('restarts')} {op.get('restartsByReason')}, disruptions {op.get('disruptions')}")
     print(f"the interval in force at the end: {json.dumps(op.get('checkpointCadence'))}")
     print(f"Prometheus: restarts by reason {scraped['restarts_by_reason']}; checkpoint stall {scraped['stall_seconds']:.3f}s "
           f"over {scraped['step_seconds']:.1f}s of steps (summed over ranks)")

@@ -35,7 +35,8 @@ certificate folder (the kubelet's part) and registers the webhook to select no o
 (the bed has no kube-proxy to route the API server to a Service).
 
     python bench/operator_scale.py [--quick] [--jobs N] [--kills K] [--no-peer]
-    RESULT jobs=500 kill_to_status_p50_s=... kill_to_status_p99_s=... event_to_action_p99_s=... reconcile_p99_s=... queue_p99_s=... rss_mb=... cpu_cores=... kubeflow_kill_to_status_p99_s=... ...
+    RESULT jobs=500 kill_to_status_p50_s=... kill_to_status_p99_s=... event_to_action_p99_s=... reconcile_p99_s=...
+           queue_p99_s=... rss_mb=... cpu_cores=... kubeflow_kill_to_status_p99_s=... ...
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "hack"), str(ROOT / "tests")]
@@ -130,7 +132,7 @@ def _kubeflow_restarting(job: dict[str, Any]) -> int:
     stamps = [c.get("lastTransitionTime") for c in conditions if c.get("type") == "Restarting"]
     if not stamps or not stamps[0]:
         return 0
-    return int(datetime.strptime(stamps[0], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp())
+    return int(datetime.strptime(stamps[0], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp())
 
 
 OURS = Controller(
@@ -410,7 +412,8 @@ def histograms(c: Controller) -> dict[str, list[tuple[float, float]]]:
         return {"reconcile": scrape_buckets(c.metrics_port, "llmtrain_operator_reconcile_duration_seconds"),
                 "queue": scrape_buckets(c.metrics_port, "llmtrain_operator_reconcile_queue_seconds"),
                 "event_to_action": scrape_buckets(c.metrics_port, "llmtrain_operator_event_to_action_seconds")}
-    return {"reconcile": scrape_buckets(c.metrics_port, "controller_runtime_reconcile_time_seconds", {"controller": "pytorchjob-controller"}),
+    return {"reconcile": scrape_buckets(c.metrics_port, "controller_runtime_reconcile_time_seconds",
+                                        {"controller": "pytorchjob-controller"}),
             "queue": scrape_buckets(c.metrics_port, "workqueue_queue_duration_seconds", {"name": "pytorchjob-controller"})}
 
 
@@ -429,7 +432,7 @@ def create_all(kube: Kube, c: Controller, rec: Record, jobs: int) -> float:
 
 
 def kill(kube: Kube, pod: dict[str, Any]) -> None:
-    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     statuses = [{"name": ct["name"], "image": ct["image"], "imageID": "", "ready": False, "restartCount": 0,
                  "state": {"terminated": {"exitCode": 137, "reason": "Error", "startedAt": now, "finishedAt": now}}}
                 for ct in pod["spec"]["containers"]]

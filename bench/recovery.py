@@ -41,7 +41,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "hack"), str(ROOT / "tests"), str(ROOT / "operator"), str(ROOT / "trainer_image"),
@@ -228,7 +229,8 @@ def main() -> None:
     for key, seen in samples.items():
         med, worst = statistics.median(seen), max(seen)
         target = TARGETS.get(key)
-        print(f"{key:<24} median {med:7.2f}s  worst {worst:7.2f}s" + (f"  target {target:5.1f}s  worst/target {worst / target:.2f}" if target else ""))
+        print(f"{key:<24} median {med:7.2f}s  worst {worst:7.2f}s"
+              + (f"  target {target:5.1f}s  worst/target {worst / target:.2f}" if target else ""))
         values[f"{key}_s"] = round(med, 2)
         if target:
             ratios.append(worst / target)

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import parser, result  # noqa: E402
+from _common import parser, result
 
 os.environ.setdefault("LLMTRAIN_LOG_LEVEL", "ERROR")
 
@@ -38,9 +38,9 @@ class BareLoop:
     def __init__(self, cfg):
         import torch  # noqa: PLC0415
 
-        from llmtrain_trainer.data import build_source  # noqa: PLC0415
-        from llmtrain_trainer.engine import make_model  # noqa: PLC0415
-        from llmtrain_trainer.schedule import param_groups  # noqa: PLC0415
+        from llmtrain_trainer.engines.data import build_source  # noqa: PLC0415
+        from llmtrain_trainer.engines.model import make_model  # noqa: PLC0415
+        from llmtrain_trainer.engines.schedule import param_groups  # noqa: PLC0415
 
         self.torch = torch
         self.cfg = cfg
@@ -51,8 +51,8 @@ class BareLoop:
         self.step = 0
 
     def step_once(self) -> None:
-        from llmtrain_trainer.data import micro_batch_indices  # noqa: PLC0415
-        from llmtrain_trainer.schedule import lr_at  # noqa: PLC0415
+        from llmtrain_trainer.engines.data import micro_batch_indices  # noqa: PLC0415
+        from llmtrain_trainer.engines.schedule import lr_at  # noqa: PLC0415
 
         cfg = self.cfg
         for group in self.opt.param_groups:
@@ -67,9 +67,9 @@ class BareLoop:
 
 
 def full_trainer(cfg, workdir: Path):
-    from llmtrain_trainer import dist as distmod  # noqa: PLC0415
-    from llmtrain_trainer.metrics import TrainerMetrics  # noqa: PLC0415
-    from llmtrain_trainer.trainer import Trainer  # noqa: PLC0415
+    from llmtrain_trainer.train import dist as distmod  # noqa: PLC0415
+    from llmtrain_trainer.train.metrics import TrainerMetrics  # noqa: PLC0415
+    from llmtrain_trainer.train.loop import Trainer  # noqa: PLC0415
 
     run = cfg.model_copy(update={"run_dir": str(workdir / "run")})
     run.checkpoint.tiers = [run.checkpoint.tiers[0].model_copy(update={"uri": str(workdir / "ckpt")})]

@@ -26,8 +26,46 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 E2E, BED = "tests/e2e", "tests/cluster/test_bed.py"
-# One test holds scenarios 5 and 6: a frozen rank and a rank holding the GIL, each its own job.
-HANGS = f"{E2E}/test_hangs.py::test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succeed"
+
+
+def _module(name: str, *tests: str) -> tuple[str, ...]:
+    return tuple(f"{E2E}/{name}::{test}" for test in tests)
+
+
+# In these modules one job (two in test_hangs.py) goes through several faults, each
+# fault's checks a test of its own, and the last tests check how the job ended, which
+# needs every fault before it: a scenario there names every test of its module.
+FAILURES = _module(
+    "test_failures.py",
+    "test_a_process_crash_is_charged_to_its_pod_and_recovered",
+    "test_a_lost_node_is_charged_once_the_survivor_trains_on_and_the_replacement_avoids_it",
+    "test_the_job_succeeds_with_each_failure_charged_once",
+)
+# Scenarios 5 and 6 share them: a frozen rank and a rank holding the GIL, each its own job.
+HANGS = _module(
+    "test_hangs.py",
+    "test_a_frozen_only_rank_is_ended_by_its_launcher_and_restored_from_tier_1",
+    "test_a_rank_holding_the_gil_is_blamed_its_blocked_peer_is_not_and_the_pair_resumes",
+    "test_a_frozen_pod_is_killed_by_its_liveness_probe_and_blamed_on_that_pod",
+    "test_a_straggler_is_reported_with_its_rank_pod_and_node_and_not_charged",
+    "test_the_single_job_rolls_back_its_nan_and_succeeds_charged_only_its_hang",
+    "test_the_pair_succeeds_charged_its_hang_and_its_frozen_pod_once_each",
+    "test_prometheus_has_the_two_jobs_charges_as_the_operator_counted_them",
+)
+LIFECYCLE = _module(
+    "test_lifecycle.py",
+    "test_an_operator_failover_leaves_the_running_pods_alone",
+    "test_prometheus_scrapes_the_trainers_and_the_operator_and_no_alert_fires",
+    "test_an_eviction_is_a_disruption_not_a_restart_and_loses_at_most_the_step_in_flight",
+    "test_a_suspended_job_keeps_its_status_and_checkpoints_and_resumes_from_the_newest",
+    "test_deleting_the_job_garbage_collects_its_children",
+)
+LEADER_ELECTION = _module(
+    "test_leader_election.py",
+    "test_two_replicas_started_together_never_both_write",
+    "test_a_lost_leader_is_replaced_by_the_standby_which_alone_writes_and_says_it_leads",
+    "test_a_gracefully_stopped_leader_hands_over_at_the_next_retry",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,26 +76,42 @@ class Scenario:
 
 
 SCENARIOS = (
-    Scenario(1, "SIGKILL of one rank", (f"{E2E}/test_fault_matrix.py::test_01_one_rank_sigkilled_restarts_in_place_from_its_node_local_checkpoint",)),
-    Scenario(2, "a whole node lost, then back", (f"{E2E}/test_failures.py::test_a_job_survives_a_crash_and_a_node_loss_and_succeeds",)),
-    Scenario(3, "the pod hosting rank 0 deleted", (f"{E2E}/test_fault_matrix.py::test_03_the_pod_hosting_rank_0_deleted_saves_its_step_and_is_replaced",)),
-    Scenario(4, "the rendezvous store pod killed", (f"{E2E}/test_fault_matrix.py::test_04_a_killed_rendezvous_store_restarts_and_the_workers_resume_from_their_sigterm_checkpoint",)),
-    Scenario(5, "a frozen rank", (HANGS,)),
-    Scenario(6, "a real collective hang", (HANGS,)),
-    Scenario(7, "tiers 1 and 2 wiped, S3 restores", (f"{E2E}/test_checkpoints.py::test_every_copy_but_s3_wiped_the_job_resumes_from_s3_through_tier_1",)),
-    Scenario(8, "the newest checkpoint corrupted", (f"{E2E}/test_fault_matrix.py::test_08_a_corrupted_newest_checkpoint_is_skipped_with_the_reason_and_the_previous_one_used",)),
-    Scenario(9, "eviction with SIGTERM", (f"{E2E}/test_lifecycle.py::test_failover_eviction_suspend_resume_metrics_and_cleanup",)),
-    Scenario(10, "the operator restarted during a node-loss recovery", (f"{E2E}/test_fault_matrix.py::test_10_an_operator_restarted_during_a_node_loss_recovers_it_exactly_once",)),
+    Scenario(1, "SIGKILL of one rank", (
+        f"{E2E}/test_fault_matrix.py::test_01_one_rank_sigkilled_restarts_in_place_from_its_node_local_checkpoint",
+    )),
+    Scenario(2, "a whole node lost, then back", FAILURES),
+    Scenario(3, "the pod hosting rank 0 deleted", (
+        f"{E2E}/test_fault_matrix.py::test_03_the_pod_hosting_rank_0_deleted_saves_its_step_and_is_replaced",
+    )),
+    Scenario(4, "the rendezvous store pod killed", (
+        f"{E2E}/test_fault_matrix.py::test_04_a_killed_rendezvous_store_restarts_and_the_workers_resume_from_their_sigterm_checkpoint",
+    )),
+    Scenario(5, "a frozen rank", HANGS),
+    Scenario(6, "a real collective hang", HANGS),
+    Scenario(7, "tiers 1 and 2 wiped, S3 restores", (
+        f"{E2E}/test_checkpoints.py::test_every_copy_but_s3_wiped_the_job_resumes_from_s3_through_tier_1",
+    )),
+    Scenario(8, "the newest checkpoint corrupted", (
+        f"{E2E}/test_fault_matrix.py::test_08_a_corrupted_newest_checkpoint_is_skipped_with_the_reason_and_the_previous_one_used",
+    )),
+    Scenario(9, "eviction with SIGTERM", LIFECYCLE),
+    Scenario(10, "the operator restarted during a node-loss recovery", (
+        f"{E2E}/test_fault_matrix.py::test_10_an_operator_restarted_during_a_node_loss_recovers_it_exactly_once",
+    )),
     Scenario(11, "the API server restarted", (f"{E2E}/test_fault_matrix.py::test_11_an_api_server_restart_costs_the_job_nothing",)),
-    Scenario(12, "the restart budget exhausted", (f"{E2E}/test_fault_matrix.py::test_12_an_exhausted_restart_budget_fails_the_job_once_and_starts_nothing_after",)),
+    Scenario(12, "the restart budget exhausted", (
+        f"{E2E}/test_fault_matrix.py::test_12_an_exhausted_restart_budget_fails_the_job_once_and_starts_nothing_after",
+    )),
     Scenario(13, "an invalid spec", (
         f"{BED}::test_invalid_specs_are_rejected_by_the_api_servers_schema_and_cel",
         f"{BED}::test_operator_only_rules_are_accepted_by_the_server_and_left_to_the_operator",
         f"{BED}::test_immutable_fields_are_enforced_on_update",
         f"{E2E}/test_checkpoints.py::test_a_missing_credentials_secret_makes_the_job_invalid_naming_it_and_creating_it_lets_the_job_run",
     )),
-    Scenario(14, "many jobs, room for few", (f"{E2E}/test_fault_matrix.py::test_14_jobs_beyond_the_clusters_room_wait_without_restarts_or_pod_churn",)),
-    Scenario(15, "the standby replica takes over", (f"{E2E}/test_leader_election.py::test_two_replicas_started_together_never_both_write_and_a_lost_leader_is_replaced",)),
+    Scenario(14, "many jobs, room for few", (
+        f"{E2E}/test_fault_matrix.py::test_14_jobs_beyond_the_clusters_room_wait_without_restarts_or_pod_churn",
+    )),
+    Scenario(15, "the standby replica takes over", LEADER_ELECTION),
 )
 
 

@@ -174,7 +174,7 @@ class KindCluster:
         self.view = StateView(self.root)
 
     @classmethod
-    def from_env(cls) -> "KindCluster":
+    def from_env(cls) -> KindCluster:
         return cls(os.environ.get("LLMTRAIN_KIND_CLUSTER", "llmtrain"), Path(os.environ["LLMTRAIN_KIND_STATE"]),
                    Path(os.environ.get("LLMTRAIN_KIND_BIN", "/usr/local/bin")))
 
@@ -192,7 +192,7 @@ class KindCluster:
     def env(self) -> dict[str, str]:
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PATH": f"{self.bin}:{os.environ.get('PATH', '')}"}
 
-    def up(self) -> "KindCluster":
+    def up(self) -> KindCluster:
         from kubernetes import client, config  # noqa: PLC0415
         from localcluster import provisioner  # noqa: PLC0415
 

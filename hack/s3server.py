@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from localcluster.cluster import build_tools  # noqa: E402
+from localcluster.cluster import build_tools
 
 ACCESS_KEY = "llmtrain-test"
 SECRET_KEY = "llmtrain-test-secret-0123456789"
@@ -52,7 +52,7 @@ class MinioServer:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 60) -> "MinioServer":
+    def start(self, timeout: float = 60) -> MinioServer:
         self.data.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "MINIO_ROOT_USER": ACCESS_KEY, "MINIO_ROOT_PASSWORD": SECRET_KEY,
                "MINIO_BROWSER": "off", "MINIO_UPDATE": "off", "MINIO_CI_CD": "1"}
@@ -68,7 +68,7 @@ class MinioServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"minio exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
             try:
-                with urllib.request.urlopen(f"{self.endpoint}/minio/health/ready", timeout=1) as response:
+                with urllib.request.urlopen(f"{self.endpoint}/minio/health/ready", timeout=1) as response:  # noqa: S310 - our http endpoint
                     if response.status == 200:
                         return self
             except (urllib.error.URLError, OSError):
@@ -87,7 +87,7 @@ class MinioServer:
                 self.proc.wait()
         self.proc = None
 
-    def __enter__(self) -> "MinioServer":
+    def __enter__(self) -> MinioServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

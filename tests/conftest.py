@@ -10,29 +10,54 @@ from support import prebuild
 _PREBUILD = pytest.StashKey()
 
 
-def _needs_cluster(item) -> bool:
-    return any(part in str(item.fspath) for part in ("/cluster/", "/e2e/"))
+LAST = ("cluster", "e2e")
+"""The tiers that need the local cluster."""
+REQUIRED = {
+    "minio": ("tools",),  # MinIO, built from its Go module by `make test`
+    "local_cluster": LAST,
+    "operator": ("e2e",),  # tests/e2e/conftest.py: the operator installed with helm
+}
+"""A test that uses one of these fixtures (itself or through another fixture) must carry
+one of its markers: markers are declared by each test module (``pytestmark``) or test,
+never added here, so this check keeps `-m` selections and the session's order true."""
+
+
+def _marked(item, *names: str) -> bool:
+    return any(item.get_closest_marker(name) for name in names)
+
+
+def _check_markers(items) -> None:
+    wrong = []
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        for fixture, markers in REQUIRED.items():
+            if fixture in fixtures and not _marked(item, *markers):
+                wrong.append(f"  {item.nodeid}: uses the {fixture!r} fixture but is not marked "
+                             + " or ".join(markers))
+    if wrong:
+        raise pytest.UsageError(
+            "tests that need a tool or the local cluster must declare its marker "
+            "(`pytestmark = pytest.mark.NAME` in the module, or `@pytest.mark.NAME` on the test; "
+            "docs/development.md, \"Test tiers and markers\"):\n" + "\n".join(wrong))
 
 
 def pytest_collection_modifyitems(config, items):
-    """Suites that need the local cluster run last, so that the cluster (which stays up
-    for the rest of the session once started) does not compete with the timing-sensitive
-    torchrun suites for this machine's two cores. Modules with a test that needs MinIO
-    come just before them: the Go-built tools, when missing, are built meanwhile (see
-    ``support.prebuild``), and a module stays in one piece for its module fixtures."""
-    tool_modules = set()
-    for item in items:
-        if "minio" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.tools)
-            tool_modules.add(item.fspath)
-    items.sort(key=lambda item: 2 if _needs_cluster(item) else int(item.fspath in tool_modules))
+    """Suites that need the local cluster (marked ``cluster`` or ``e2e``) run last, so that
+    the cluster (which stays up for the rest of the session once started) does not compete
+    with the timing-sensitive torchrun suites for this machine's two cores. Modules with a
+    test marked ``tools`` come just before them: the Go-built tools, when missing, are
+    built meanwhile (see ``support.prebuild``), and a module stays in one piece for its
+    module fixtures. This hook only orders: it never adds a marker."""
+    _check_markers(items)
+    tool_modules = {item.path for item in items if _marked(item, "tools")}
+    items.sort(key=lambda item: 2 if _marked(item, *LAST) else int(item.path in tool_modules))
 
 
 def pytest_collection_finish(session):
     """Starts the tools' build early when a selected test (after `-m`/`-k`) will need them."""
     config = session.config
     kind = os.environ.get("LLMTRAIN_E2E_BED") == "kind"  # kind brings its own Kubernetes
-    if not config.option.collectonly and not kind and any(_needs_cluster(i) or i.get_closest_marker("tools") for i in session.items):
+    if not config.option.collectonly and not kind and any(_marked(i, *LAST, "tools") for i in session.items):
         config.stash[_PREBUILD] = prebuild.start()
 
 

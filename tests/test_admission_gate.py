@@ -7,9 +7,10 @@ import subprocess
 import sys
 import time
 
-from llmtrain_trainer import heartbeat, torchrun_agent
-from llmtrain_trainer.heartbeat import Heartbeat
-from llmtrain_trainer.torchrun_agent import FirstStepGate
+from llmtrain_trainer.pod import heartbeat
+from llmtrain_trainer.launch import torchrun_agent
+from llmtrain_trainer.pod.heartbeat import Heartbeat
+from llmtrain_trainer.launch.torchrun_agent import FirstStepGate
 
 
 class Clock:
@@ -63,8 +64,8 @@ from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 SimpleElasticAgent._rendezvous = lambda self, group: "formed"
 DynamicRendezvousHandler.num_nodes_waiting = lambda self: 2
-from llmtrain_trainer import torchrun_agent
-from llmtrain_trainer.heartbeat import Heartbeat
+from llmtrain_trainer.launch import torchrun_agent
+from llmtrain_trainer.pod.heartbeat import Heartbeat
 assert torchrun_agent.admit_after_first_step({str(tmp_path)!r}) is not None
 print(DynamicRendezvousHandler.num_nodes_waiting(None))
 assert SimpleElasticAgent._rendezvous(None, None) == "formed"

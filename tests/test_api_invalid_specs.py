@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from llmtrain_operator.api import SpecInvalid, parse_job
+from llmtrain_contract.names import METRICS_PORT
+from llmtrain_operator.api import SpecInvalid, parse_job, receive
+from llmtrain_operator.api.spec import MetricsSpec
 from support.specs import invalid_cases, load_job
 
 CASES = invalid_cases()
@@ -67,3 +69,34 @@ def test_defaults_fill_in_what_the_example_leaves_out():
     assert job.spec.checkpoint.local.keep == 2
     assert job.spec.metrics.port == 9400
     assert list(job.spec.world_sizes()) == [1, 2]
+
+
+def test_the_default_metrics_port_is_the_contracts():
+    # The operator scrapes, the pods expose and the trainer serves the same default port.
+    assert MetricsSpec().port == METRICS_PORT
+
+
+def test_receive_reads_a_valid_job_and_its_status_apart():
+    raw = load_job()
+    raw["metadata"].update(generation=3)
+    raw["status"] = {"phase": "Running", "restarts": 2}
+    received = receive(raw)
+    assert received.job is not None and received.job.metadata.name == raw["metadata"]["name"] and received.invalid is None
+    assert (received.status.phase, received.status.restarts, received.generation, received.deleting) == ("Running", 2, 3, False)
+
+
+def test_receive_reports_an_invalid_spec_without_raising_and_still_reads_the_status():
+    raw = load_job()
+    raw["spec"]["replicas"] = {"min": 3, "max": 2}
+    raw["metadata"].update(generation="garbage", deletionTimestamp="2026-11-21T12:00:00Z")
+    raw["status"] = {"phase": "Running", "restarts": 4, "conditions": "not a list"}
+    received = receive(raw)
+    assert received.job is None and "spec.replicas.min" in {e.path for e in received.invalid.errors}
+    assert received.status.restarts == 4, "an unreadable status keeps its counters"
+    assert received.generation is None, "only a real integer is a generation"
+    assert received.deleting
+
+
+def test_receive_of_something_that_is_not_a_mapping_is_an_invalid_job():
+    received = receive(["not", "a", "job"])
+    assert received.job is None and "expected a mapping" in str(received.invalid)

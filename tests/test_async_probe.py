@@ -11,7 +11,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from llmtrain_operator.probe import AsyncProber, scrape, scrape_launcher
-from llmtrain_trainer.metrics import TrainerMetrics
+from llmtrain_trainer.train.metrics import TrainerMetrics
 from prometheus_client import generate_latest
 
 
@@ -31,7 +31,7 @@ class Server:
         page = trainer_page()
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 if self.path == "/slow":
                     time.sleep(5)
                 body = {"/trainer": page, "/slow": page,
@@ -120,6 +120,7 @@ def test_the_restricted_page_reads_as_the_whole_page_and_is_a_fraction_of_it():
     server.shutdown()
     full, part = parse(whole), parse(restricted)
     assert part == full
-    assert (part.step, part.world_size, part.interval_steps, part.stragglers, part.rollbacks, len(part.skipped)) == (77, 4, 25, {3: 1.8}, 1, 1)
+    assert (part.step, part.world_size, part.interval_steps, part.stragglers, part.rollbacks, len(part.skipped)) \
+        == (77, 4, 25, {3: 1.8}, 1, 1)
     assert part.tier_degraded == {"s3": "Unreachable"} and part.failed_attempts == {"crash": 1, "victim": 3}
     assert len(restricted) < len(whole) / 2

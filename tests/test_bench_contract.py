@@ -28,7 +28,7 @@ def test_each_benchmark_accepts_quick_and_ends_with_a_result_line(script):
 
 def test_the_result_line_format():
     sys.path.insert(0, str(BENCH))
-    from _common import result  # noqa: PLC0415 - bench/ is on the path only from here
+    from _common import result  # bench/ is on the path only from here
 
     import io
     from contextlib import redirect_stdout

@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from llmtrain_trainer import build_locks
+from llmtrain_trainer.engines import build_locks
 
 
 def _lock(root, op: str, age: float):

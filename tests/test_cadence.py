@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 
 import pytest
 from hypothesis import given

@@ -133,7 +133,8 @@ def test_a_fixed_interval_has_no_history_and_no_cadence_file():
 
 def test_the_final_checkpoint_reported_in_the_termination_messages_reaches_the_status_of_a_finished_job():
     raw = job(S3, status=running_status())
-    before = plan(raw, observed(raw, [worker(0), worker(1)], probes={W0: TrainerProbe(step=30, last_checkpoint={"local": 30, "s3": 30})}), NOW)
+    before = plan(raw, observed(raw, [worker(0), worker(1)], probes={W0: TrainerProbe(step=30, last_checkpoint={"local": 30, "s3": 30})}),
+                  NOW)
     done = [worker(i, phase="Succeeded", exit_code=0, termination={"code": 0, "reason": "Completed", "checkpoints": c})
             for i, c in enumerate([{"local": 40, "s3": 40}, {"local": 40}])]
     finished = plan({**raw, "status": before.status}, observed(raw, done, probes={}), NOW + timedelta(seconds=5))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from llmtrain_trainer import exitrecord
+from llmtrain_trainer.pod import exitrecord
 from llmtrain_contract.exitcodes import ExitCode
 
 

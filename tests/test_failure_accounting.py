@@ -184,7 +184,8 @@ def run_ops(ops: list[tuple]) -> tuple[dict, Bookkeeper]:
         statuses.append(status)
         keeper.saw(obs, world.now)
         for action in result.actions:
-            if isinstance(action, CreateObject) and action.kind == "Pod" and action.manifest["metadata"]["labels"].get("llmtrain.io/role") == "worker":
+            if isinstance(action, CreateObject) and action.kind == "Pod" \
+                    and action.manifest["metadata"]["labels"].get("llmtrain.io/role") == "worker":
                 world.create(action.manifest)
             elif isinstance(action, DeletePod) and outcome != "deletes-failed" and action.name.startswith("tiny-elastic-worker"):
                 world.delete(action)

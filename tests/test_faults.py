@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from llmtrain_trainer.faults import FaultInjector, parse
+from llmtrain_trainer.train.faults import FaultInjector, parse
 
 
 def test_unknown_kinds_and_missing_steps_are_named():

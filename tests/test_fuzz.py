@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,7 +16,7 @@ from support.specs import load_job
 
 BASE = load_job()
 BASE["metadata"].update(namespace="ml", uid="u", generation=1)
-NOW = datetime(2026, 11, 21, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 21, tzinfo=UTC)
 
 
 def _paths(node, prefix=()):

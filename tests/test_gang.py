@@ -70,7 +70,8 @@ def test_volcano_pods_wait_while_its_pod_group_is_pending_and_start_once_it_is_i
     assert group["apiVersion"] == "scheduling.volcano.sh/v1beta1"
     assert group["spec"] == {"minMember": 2, "queue": "research", "priorityClassName": "high"}
     for phase in ("", "Pending"):
-        result, status, actions, _ = run(raw, observed(raw, [], pod_group=pod_group_view({"spec": group["spec"], "status": {"phase": phase}})))
+        result, status, actions, _ = run(raw, observed(raw, [],
+                                                       pod_group=pod_group_view({"spec": group["spec"], "status": {"phase": phase}})))
         assert not [a for a in actions if a.startswith("create Pod/") and "worker" in a], phase
         held = condition(status)
         assert held["status"] == "False" and held["reason"] == "PodGroupPending" and "Volcano" in held["message"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from _goodput import (KINDS, Injected, StepSeen, account, episode_lost, interruptions, schedule,  # noqa: E402
+from _goodput import (KINDS, Injected, StepSeen, account, episode_lost, interruptions, schedule,
                       steady_step_seconds, union_seconds)
 
 

@@ -159,7 +159,8 @@ def test_the_build_context_leaves_out_the_caches_and_keeps_what_the_images_copy(
     copied = {src for s in stages for op, rest in s.instructions if op == "COPY" and not rest.startswith("--from=")
               for src in rest.split()[:-1]}
     for src in copied:
-        files = [p for p in (ROOT / src).rglob("*") if p.is_file() and "__pycache__" not in p.parts] if (ROOT / src).is_dir() else [ROOT / src]
+        files = ([p for p in (ROOT / src).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+                 if (ROOT / src).is_dir() else [ROOT / src])
         assert files, f"COPY {src}: nothing there"
         for f in files:
             assert not _ignored(patterns, str(f.relative_to(ROOT))), f"COPY {src}: {f.relative_to(ROOT)} is left out of the context"

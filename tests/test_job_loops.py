@@ -41,15 +41,24 @@ def test_any_other_change_is(edit):
     assert beyond_status(JOB, changed(**edit))
 
 
-def pod(name, node):
-    return {"metadata": {"name": name}, "spec": {"nodeName": node} if node else {}}
+def pod(name, node, owner):
+    return {"metadata": {"name": name, "ownerReferences": [{"uid": owner}]},
+            "spec": {"nodeName": node} if node else {}}
 
 
-def test_a_node_concerns_the_jobs_with_a_pod_on_it_or_a_charged_failure_of_it():
-    pods = {("ns", "on-it"): [pod("p0", "node-1"), pod("p1", "node-2")], ("ns", "elsewhere"): [pod("p2", "node-2")],
-            ("ns", "pending"): [pod("p3", None)]}
-    bodies = {("ns", "remembers"): {"status": {"internal": {"chargedFailures": ["node:node-1@2026-01-01T00:00:00Z"]}}},
-              ("ns", "remembers-another"): {"status": {"internal": {"chargedFailures": ["node:node-10@t", "pod:abc"]}}}}
+def body(uid, charged=()):
+    return {"metadata": {"uid": uid}, "status": {"internal": {"chargedFailures": list(charged)}}}
+
+
+def test_a_node_concerns_the_jobs_that_own_a_pod_on_it_or_a_charged_failure_of_it():
+    pods = {("ns", "on-it"): [pod("p0", "node-1", "u-on"), pod("p1", "node-2", "u-on")],
+            ("ns", "elsewhere"): [pod("p2", "node-2", "u-else")], ("ns", "pending"): [pod("p3", None, "u-pending")],
+            # A namesake's leftover: it carries the job's label, but the job does not own it.
+            ("ns", "namesake"): [pod("p4", "node-1", "u-deleted-namesake")]}
+    bodies = {("ns", "on-it"): body("u-on"), ("ns", "elsewhere"): body("u-else"), ("ns", "pending"): body("u-pending"),
+              ("ns", "namesake"): body("u-namesake"),
+              ("ns", "remembers"): body("u-r", ["node:node-1@2026-01-01T00:00:00Z"]),
+              ("ns", "remembers-another"): body("u-ra", ["node:node-10@t", "pod:abc"])}
     assert jobs_of_node("node-1", pods, bodies) == {("ns", "on-it"), ("ns", "remembers")}
 
 
@@ -153,15 +162,15 @@ def test_a_node_heartbeat_wakes_no_job_and_a_node_going_not_ready_wakes_only_its
 
     class Loops:
         def bodies(self):
-            return {}
+            return {("ns", "on-1"): body("u-1"), ("ns", "on-2"): body("u-2")}
 
         def wake(self, key):
             woken.append(key)
 
     monkeypatch.setattr(handlers, "LOOPS", Loops())
     monkeypatch.setattr(handlers, "_NODE_VIEWS", {})
-    monkeypatch.setattr(handlers, "_INDEXES", {"pods_by_job": {("ns", "on-1"): [pod("p", "node-1")],
-                                                               ("ns", "on-2"): [pod("q", "node-2")]}})
+    monkeypatch.setattr(handlers, "_INDEXES", {"pods_by_job": {("ns", "on-1"): [pod("p", "node-1", "u-1")],
+                                                               ("ns", "on-2"): [pod("q", "node-2", "u-2")]}})
 
     def node(ready, heartbeat):
         return {"metadata": {"name": "node-1"}, "status": {"conditions": [
@@ -175,3 +184,21 @@ def test_a_node_heartbeat_wakes_no_job_and_a_node_going_not_ready_wakes_only_its
     assert woken == [("ns", "on-1"), ("ns", "on-1")]
     asyncio.run(handlers.node_changed(type="DELETED", name="node-1", body=node("Unknown", "t2")))
     assert woken == [("ns", "on-1")] * 3
+
+
+def test_a_created_child_counts_as_seen_only_once_the_watch_shows_it_owned_by_the_job(monkeypatch):
+    # Read-your-writes after a pass: an object of that name that another (deleted) job of
+    # the same name still owns is not the one this pass created.
+    class Loops:
+        def body(self, key):
+            return {**body("u-1"), "status": {"lastReconcileTime": "t"}}
+
+    indexes = {"pods_by_job": {("ns", "a"): [pod("a-worker-0", "node-1", "u-old")]}, "nodes_by_name": {},
+               "services_by_job": {("ns", "a"): [{"metadata": {"name": "a-workers", "ownerReferences": [{"uid": "u-1"}]}}]},
+               "configmaps_by_job": {}}
+    monkeypatch.setattr(handlers, "LOOPS", Loops())
+    monkeypatch.setattr(handlers, "_INDEXES", indexes)
+    assert handlers._visible(("ns", "a"), "t", (("Service", "a-workers"),))
+    assert not handlers._visible(("ns", "a"), "t", (("Pod", "a-worker-0"),))
+    indexes["pods_by_job"][("ns", "a")] = [pod("a-worker-0", "node-1", "u-1")]
+    assert handlers._visible(("ns", "a"), "t", (("Pod", "a-worker-0"), ("Service", "a-workers")))

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmtrain_trainer import exitrecord
-from llmtrain_trainer.launcher import agent_command, agent_error, decide
+from llmtrain_trainer.pod import exitrecord
+from llmtrain_trainer.launch.launcher import agent_command, agent_error, decide
 
 
 def test_a_success_reports_the_newest_commit_per_tier_over_the_local_ranks(tmp_path):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import pytest
 from hypothesis import given, settings
@@ -55,7 +55,7 @@ class Clock:
 
 
 def elector(store: Store, name: str, clock: Clock) -> Leadership:
-    wall = lambda: datetime(2026, 11, 22, tzinfo=timezone.utc) + timedelta(seconds=clock.t)  # noqa: E731
+    wall = lambda: datetime(2026, 11, 22, tzinfo=UTC) + timedelta(seconds=clock.t)  # noqa: E731
     return Leadership(store, name, DURATION, RENEW, RETRY, clock=clock, wall=wall)
 
 

@@ -8,7 +8,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 from llmtrain_contract.config import NumericsRuntime
-from llmtrain_trainer.numerics import DataPosition, LossGuard
+from llmtrain_trainer.train.numerics import DataPosition, LossGuard
 
 
 def test_non_finite_losses_are_bad_from_the_first_step_and_not_remembered():

@@ -30,16 +30,16 @@ def exported(tmp_path: Path) -> dict[str, set[str]]:
     """Sample name -> its label names, from the real registries of the operator and the
     trainer and from what the launcher serves."""
     from llmtrain_operator import metrics as operator_metrics
-    from llmtrain_trainer.attempts import AttemptTracker
-    from llmtrain_trainer.metrics import TrainerMetrics
-    from llmtrain_trainer.supervisor import render_metrics
+    from llmtrain_trainer.launch.attempts import AttemptTracker
+    from llmtrain_trainer.train.metrics import TrainerMetrics
+    from llmtrain_trainer.launch.supervisor import render_metrics
 
     out: dict[str, set[str]] = {}
     for registry in (operator_metrics.REGISTRY, TrainerMetrics(rank=0, strategy="ddp", config_hash="x", job="j").registry):
         # A labelled metric without children yet exports no sample to read its labels
         # from: prometheus_client keeps the sample names per collector, and the label
         # names on the metric object.
-        for collector, sample_names in registry._collector_to_names.items():  # noqa: SLF001
+        for collector, sample_names in registry._collector_to_names.items():
             labels = set(getattr(collector, "_labelnames", ()))
             for name in sample_names:
                 out[name] = labels | ({"le"} if name.endswith("_bucket") else set())

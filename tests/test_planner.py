@@ -8,7 +8,8 @@ from datetime import timedelta
 
 import pytest
 from llmtrain_operator.api.observed import PodView, TrainerProbe
-from llmtrain_operator.planner import plan
+from llmtrain_operator.api import receive
+from llmtrain_operator.planner import plan, plan_received
 from support.planning import NOW, ago, job, node, observed, running_status, summary, worker
 
 W0, W1 = "tiny-elastic-worker-0", "tiny-elastic-worker-1"
@@ -257,7 +258,8 @@ def test_replacements_avoid_quarantined_nodes():
     raw = job(status=running_status(quarantinedNodes=[{"node": "node-1", "until": ago(-300)}]))
     result = plan(raw, observed(raw, [worker(0)]), NOW)
     pod = next(a.manifest for a in result.actions if getattr(a, "kind", "") == "Pod")
-    expr = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][0]
+    expr = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
+        "matchExpressions"][0]
     assert expr == {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["node-1"]}
 
 
@@ -396,7 +398,8 @@ def test_suspend_deletes_pods_and_keeps_status():
 
 def test_resume_recreates_pods_without_counting_a_restart():
     raw = job(status={**running_status(restarts=2), "phase": "Suspended",
-                      "conditions": [{"type": "Suspended", "status": "True", "reason": "JobSuspended", "message": "", "lastTransitionTime": ago(60)}]})
+                      "conditions": [{"type": "Suspended", "status": "True", "reason": "JobSuspended", "message": "",
+                                      "lastTransitionTime": ago(60)}]})
     _, status, actions, events = run(raw, observed(raw, [], with_store=False))
     assert "Resumed" in events and status["restarts"] == 2
     assert f"create Pod/{W0}" in actions and "create Pod/tiny-elastic-rdzv" in actions
@@ -472,7 +475,8 @@ def test_a_secret_the_operator_may_not_read_is_reported_missing_from_the_pods_th
 
 def test_a_wait_for_the_jobs_own_config_map_or_an_image_is_not_a_missing_dependency():
     raw = job(status=running_status(phase="Pending"))
-    pods = [_waiting(worker(0), 'configmap "tiny-elastic-config" not found'), _waiting(worker(1), "Back-off pulling image", "ImagePullBackOff")]
+    pods = [_waiting(worker(0), 'configmap "tiny-elastic-config" not found'),
+            _waiting(worker(1), "Back-off pulling image", "ImagePullBackOff")]
     _, status, _, _ = run(raw, observed(raw, pods))
     assert status["phase"] != "Invalid"
     assert not [c for c in status.get("conditions", []) if c["type"] == "Invalid" and c["status"] == "True"]
@@ -484,7 +488,8 @@ def test_an_image_that_would_run_as_root_is_reported_with_the_way_out_once_it_ha
     fresh = [_waiting(worker(0, created=NOW - timedelta(seconds=5)), message)]
     _, status, _, _ = run(raw, observed(raw, fresh))
     assert status["phase"] != "Invalid", "a moment's wait is not judged yet"
-    old = [_waiting(worker(0, created=NOW - timedelta(seconds=60)), message), _waiting(worker(1, created=NOW - timedelta(seconds=60)), message)]
+    old = [_waiting(worker(0, created=NOW - timedelta(seconds=60)), message),
+           _waiting(worker(1, created=NOW - timedelta(seconds=60)), message)]
     _, status, _, events = run(raw, observed(raw, old))
     invalid = next(c for c in status["conditions"] if c["type"] == "Invalid")
     assert status["phase"] == "Invalid" and invalid["reason"] == "ContainerConfigError" and events == ["ContainerConfigError"]
@@ -670,7 +675,7 @@ def test_the_pod_template_merges_over_the_worker_pod_and_operator_fields_win():
     assert {v["name"] for v in spec["volumes"]} == {"run", "dshm", "tmp", "config", "ckpt-local", "data"}
     trainer = next(c for c in spec["containers"] if c["name"] == "trainer")
     assert {m["mountPath"] for m in trainer["volumeMounts"]} >= {"/run/llmtrain", "/etc/llmtrain", "/ckpt/local", "/data"}
-    assert trainer["command"][:3] == ["python", "-m", "llmtrain_trainer.launcher"]  # the command is the operator's
+    assert trainer["command"][:3] == ["python", "-m", "llmtrain_trainer.launch.launcher"]  # the command is the operator's
     assert {"name": "EXTRA", "value": "1"} in trainer["env"]
     assert [e.get("value") for e in trainer["env"] if e["name"] == "LLMTRAIN_JOB"] == ["tiny-elastic"]  # owned env wins
     assert [c["name"] for c in spec["containers"]] == ["trainer", "sidecar"]
@@ -779,7 +784,7 @@ def test_a_script_pod_runs_the_launcher_copied_in_from_the_runtime_image():
     pod = worker_pod(spec, 0, 0, runtime_image="registry.local/llmtrain-operator:9")
     [init] = pod["spec"]["initContainers"]
     assert init["image"] == "registry.local/llmtrain-operator:9"
-    assert init["command"] == ["python", "-m", "llmtrain_trainer.bundle", "/opt/llmtrain"]
+    assert init["command"] == ["python", "-m", "llmtrain_trainer.launch.bundle", "/opt/llmtrain"]
     assert init["securityContext"]["allowPrivilegeEscalation"] is False
     [trainer] = pod["spec"]["containers"]
     assert trainer["image"] == "example.com/mine:1"
@@ -819,3 +824,15 @@ def test_a_script_that_reports_its_steps_is_watched_like_the_trainer():
     fresh = job(SCRIPT, status=running_status(lastProgressTime=ago(130), step=7))
     _, status, actions, _ = run(fresh, observed(fresh, [worker(0), worker(1)], probes={}))
     assert status["restartsByReason"] == {"Wedged": 1}, "once it reported a step, its silence is a wedge"
+
+
+def test_planning_a_received_job_leaves_what_was_received_as_it_was():
+    # The handler reads the job once per pass and hands that reading to the planner, which
+    # builds the new status from a copy.
+    raw = job(status=running_status(step=10))
+    received = receive(raw)
+    before = received.status.model_dump()
+    result = plan_received(received, observed(raw, [worker(0), worker(1, phase="Failed", exit_code=137)]), NOW)
+    assert result.status["restarts"] == 1
+    assert received.status.model_dump() == before
+    assert plan_received(received, observed(raw, [worker(0), worker(1, phase="Failed", exit_code=137)]), NOW).status == result.status

@@ -30,7 +30,8 @@ def admitted(flavors=(), evicted=False):
     obj = {"metadata": {"resourceVersion": "42"}, "status": {
         "admission": {"clusterQueue": "cq", "podSetAssignments": [{"name": "workers", "flavors": {"cpu": "spot"}, "count": 2},
                                                                   {"name": "rendezvous", "flavors": {"cpu": "spot"}, "count": 1}]},
-        "conditions": [cond("QuotaReserved", "True"), cond("Admitted", "True")] + ([cond("Evicted", "True", "Preempted")] if evicted else [])}}
+        "conditions": [cond("QuotaReserved", "True"), cond("Admitted", "True")]
+        + ([cond("Evicted", "True", "Preempted")] if evicted else [])}}
     return workload_view(obj, flavors=list(flavors))
 
 

@@ -1,4 +1,4 @@
-"""Rendezvous leases (``llmtrain_trainer.rdzv_leases``) against a real c10d TCPStore and
+"""Rendezvous leases (``llmtrain_trainer.rendezvous.leases``) against a real c10d TCPStore and
 torchrun's own rendezvous state: a lease that ends takes its agent out of the state as
 torchrun's dead-node check would, a lease that is held does not, and nothing else in the
 state is touched."""
@@ -17,7 +17,7 @@ import time
 import pytest
 from llmtrain_contract.command import torchrun_args
 from llmtrain_contract.names import RDZV_LEASE_PORT_OFFSET
-from llmtrain_trainer import rdzv_leases
+from llmtrain_trainer.rendezvous import leases
 from support.waiting import wait_for
 
 from torch.distributed import TCPStore
@@ -31,7 +31,7 @@ RUN = "job-uid"
 def _state(complete: bool, *nodes: _NodeDesc, waiting: tuple[_NodeDesc, ...] = ()) -> _RendezvousState:
     state = _RendezvousState()
     state.round, state.complete = 3, complete
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     for rank, node in enumerate(nodes):
         state.participants[node] = rank
         state.last_heartbeats[node] = now
@@ -49,52 +49,52 @@ C = _NodeDesc("other-pod.pods.example.svc.cluster.local", 202, 0)
 
 def test_a_gone_participant_leaves_a_finished_round_which_moves_on_when_empty():
     state = _state(True, A, B)
-    assert rdzv_leases.drop_node(state, HOST, 202, min_nodes=1)
+    assert leases.drop_node(state, HOST, 202, min_nodes=1)
     assert list(state.participants) == [A] and B not in state.last_heartbeats
     assert (state.complete, state.round) == (True, 3), "the others keep the finished round"
-    assert rdzv_leases.drop_node(state, HOST, 101, min_nodes=1)
+    assert leases.drop_node(state, HOST, 101, min_nodes=1)
     assert (state.participants, state.complete, state.round) == ({}, False, 4), "no one left: the next round opens"
 
 
 def test_an_alias_names_the_agent_when_torchrun_took_another_name_from_dns():
     state = _state(True, _NodeDesc("localhost", 7, 0), A)
-    assert not rdzv_leases.drop_node(state, "vm", 7, min_nodes=1)
-    assert rdzv_leases.drop_node(state, ["vm", "localhost"], 7, min_nodes=1)
+    assert not leases.drop_node(state, "vm", 7, min_nodes=1)
+    assert leases.drop_node(state, ["vm", "localhost"], 7, min_nodes=1)
     assert list(state.participants) == [A]
 
 
 def test_only_the_named_agent_goes_and_a_forming_round_below_its_minimum_loses_its_deadline():
     state = _state(False, A, C, waiting=(B,))
-    assert rdzv_leases.drop_node(state, "other-pod", 202, min_nodes=2)  # C: same pid as B, another host
+    assert leases.drop_node(state, "other-pod", 202, min_nodes=2)  # C: same pid as B, another host
     assert set(state.participants) == {A} and state.wait_list == {B}
     assert state.deadline is None, "one participant left of the two needed"
-    assert rdzv_leases.drop_node(state, HOST, 202, min_nodes=2)  # B, from the wait list
+    assert leases.drop_node(state, HOST, 202, min_nodes=2)  # B, from the wait list
     assert state.wait_list == set() and set(state.last_heartbeats) == {A}
-    assert not rdzv_leases.drop_node(state, HOST, 999, min_nodes=2), "an agent not in the state changes nothing"
+    assert not leases.drop_node(state, HOST, 999, min_nodes=2), "an agent not in the state changes nothing"
 
 
 def test_the_host_name_matches_whatever_fqdn_torchrun_got_and_an_address_only_itself():
-    assert rdzv_leases.same_host("w-0.workers.ns.svc.cluster.local", "w-0")
-    assert rdzv_leases.same_host("w-0", "w-0")
-    assert not rdzv_leases.same_host("w-01.workers.ns.svc.cluster.local", "w-0")
-    assert rdzv_leases.same_host("10.244.0.5", "10.244.0.5")
-    assert not rdzv_leases.same_host("10.244.0.6", "10.244.0.5"), "not by the first label of an address"
-    assert not rdzv_leases.same_host("10.host", "10.244.0.5")
+    assert leases.same_host("w-0.workers.ns.svc.cluster.local", "w-0")
+    assert leases.same_host("w-0", "w-0")
+    assert not leases.same_host("w-01.workers.ns.svc.cluster.local", "w-0")
+    assert leases.same_host("10.244.0.5", "10.244.0.5")
+    assert not leases.same_host("10.244.0.6", "10.244.0.5"), "not by the first label of an address"
+    assert not leases.same_host("10.host", "10.244.0.5")
 
 
 def test_the_launcher_finds_the_lease_in_torchruns_flags_and_only_for_an_external_c10d_store():
     flags = torchrun_args(nnodes_min=2, nnodes_max=4, nproc_per_node=1, rdzv_endpoint="job-rdzv.ns.svc:29400", rdzv_id=RUN,
                           max_restarts=3)
-    address, hello = rdzv_leases.lease_for(["python", "-m", "torch.distributed.run", *flags, "-m", "x"], 42)
+    address, hello = leases.lease_for(["python", "-m", "torch.distributed.run", *flags, "-m", "x"], 42)
     assert address == ("job-rdzv.ns.svc", 29400 + RDZV_LEASE_PORT_OFFSET)
     assert hello == {"run_id": RUN, "addr": HOST, "pid": 42, "min_nodes": 2, "aliases": None}, "the FQDN: resolved by the lease"
     spaced = ["torchrun", "--rdzv_backend", "c10d", "--rdzv_endpoint", "[::1]:7000", "--rdzv_id", "r", "--rdzv_conf", "is_host=false"]
-    assert rdzv_leases.lease_for(spaced, 1)[0] == ("::1", 7001)
+    assert leases.lease_for(spaced, 1)[0] == ("::1", 7001)
     with_addr = [*flags[:-1], "--local-addr=10.244.0.7", flags[-1]]
-    assert rdzv_leases.lease_for(["torchrun", *with_addr, "train.py"], 7)[1] == \
+    assert leases.lease_for(["torchrun", *with_addr, "train.py"], 7)[1] == \
         {"run_id": RUN, "addr": "10.244.0.7", "pid": 7, "min_nodes": 2}, "a pod's agent is its IP, no alias"
-    assert rdzv_leases.lease_for(["torchrun", "--standalone", "train.py"], 1) is None
-    assert rdzv_leases.lease_for(["torchrun", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "--rdzv-id=r", "x.py"], 1) is None, \
+    assert leases.lease_for(["torchrun", "--standalone", "train.py"], 1) is None
+    assert leases.lease_for(["torchrun", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "--rdzv-id=r", "x.py"], 1) is None, \
         "an agent that hosts the store itself has nobody to hold a lease with"
 
 
@@ -103,7 +103,7 @@ def test_the_launcher_finds_the_lease_in_torchruns_flags_and_only_for_an_externa
                                   b'{"run_id": "r", "addr": "h", "pid": 1, "min_nodes": 1, "aliases": "h2"}\n'])
 def test_a_bad_hello_is_refused_naming_what_is_wrong(line):
     with pytest.raises(ValueError):
-        rdzv_leases.parse_hello(line)
+        leases.parse_hello(line)
 
 
 @pytest.fixture()
@@ -120,26 +120,26 @@ def _write(store, state: _RendezvousState) -> None:
 
 
 def _read(store) -> _RendezvousState:
-    return pickle.loads(C10dRendezvousBackend(store, RUN).get_state()[0])  # noqa: S301
+    return pickle.loads(C10dRendezvousBackend(store, RUN).get_state()[0])
 
 
 def test_release_edits_the_state_in_the_store_and_retries_after_another_writer(store):
     me = _NodeDesc(HOST, os.getpid(), 0)
     _write(store, _state(True, A, me))
-    assert rdzv_leases.release(store, RUN, HOST, os.getpid(), 1)
+    assert leases.release(store, RUN, HOST, os.getpid(), 1)
     assert list(_read(store).participants) == [A]
-    assert not rdzv_leases.release(store, RUN, HOST, os.getpid(), 1), "already gone"
-    assert not rdzv_leases.release(store, "another-run", HOST, 101, 1), "no state for that run"
+    assert not leases.release(store, RUN, HOST, os.getpid(), 1), "already gone"
+    assert not leases.release(store, "another-run", HOST, 101, 1), "no state for that run"
 
 
 def test_a_lease_resolves_the_fqdn_torchrun_took_and_the_store_matches_it(store):
-    server = rdzv_leases.serve("127.0.0.1", store.port, store)
+    server = leases.serve("127.0.0.1", store.port, store)
     try:
         fqdn_node = _NodeDesc(socket.getfqdn(), 303, 0)
         _write(store, _state(True, A, fqdn_node))
         flags = torchrun_args(nnodes_min=1, nnodes_max=2, nproc_per_node=1, rdzv_endpoint=f"127.0.0.1:{store.port}", rdzv_id=RUN,
                               max_restarts=1)
-        lease = rdzv_leases.hold(["torchrun", *flags, "x.py"], 303)
+        lease = leases.hold(["torchrun", *flags, "x.py"], 303)
         wait_for(lambda: lease.conn is not None, 10, 0.05, "the lease connected")
         lease.close()
         wait_for(lambda: set(_read(store).participants) == {A}, 10, 0.05, "the agent named by torchrun's FQDN released")
@@ -148,12 +148,12 @@ def test_a_lease_resolves_the_fqdn_torchrun_took_and_the_store_matches_it(store)
 
 
 def test_a_lease_that_ends_releases_its_agent_and_one_that_is_held_does_not(store, capsys):
-    server = rdzv_leases.serve("127.0.0.1", store.port, store)
+    server = leases.serve("127.0.0.1", store.port, store)
     assert server is not None and server.port == store.port + RDZV_LEASE_PORT_OFFSET
     try:
         _write(store, _state(True, A, B))
-        held = rdzv_leases.Lease(("127.0.0.1", server.port), {"run_id": RUN, "addr": HOST, "pid": 101, "min_nodes": 1})
-        ending = rdzv_leases.Lease(("127.0.0.1", server.port), {"run_id": RUN, "addr": HOST, "pid": 202, "min_nodes": 1})
+        held = leases.Lease(("127.0.0.1", server.port), {"run_id": RUN, "addr": HOST, "pid": 101, "min_nodes": 1})
+        ending = leases.Lease(("127.0.0.1", server.port), {"run_id": RUN, "addr": HOST, "pid": 202, "min_nodes": 1})
         wait_for(lambda: held.conn is not None and ending.conn is not None, 10, 0.05, "both leases connected")
         time.sleep(0.3)
         assert set(_read(store).participants) == {A, B}, "held leases release nobody"
@@ -176,7 +176,7 @@ def test_a_lease_that_ends_releases_its_agent_and_one_that_is_held_does_not(stor
 
 
 def test_a_bad_hello_is_dropped_and_the_server_serves_on(store, capsys):
-    server = rdzv_leases.serve("127.0.0.1", store.port, store)
+    server = leases.serve("127.0.0.1", store.port, store)
     try:
         with socket.create_connection(("127.0.0.1", server.port)) as bad:
             bad.sendall(b"hello?\n")
@@ -193,7 +193,7 @@ def test_a_bad_hello_is_dropped_and_the_server_serves_on(store, capsys):
 def test_a_lease_port_in_use_leaves_leases_off_with_a_note(store, capsys):
     taken = socket.create_server(("127.0.0.1", store.port + RDZV_LEASE_PORT_OFFSET))
     try:
-        assert rdzv_leases.serve("127.0.0.1", store.port, store) is None
+        assert leases.serve("127.0.0.1", store.port, store) is None
         assert f"rendezvous leases: off, port {store.port + RDZV_LEASE_PORT_OFFSET}" in capsys.readouterr().err
     finally:
         taken.close()
@@ -206,28 +206,28 @@ def _hello(addr: str, pid: int, min_nodes: int = 1) -> dict:
 def test_a_forming_round_completes_once_every_lease_holder_joined_and_not_before():
     state = _state(False, B, waiting=())
     holders = [_hello(HOST, 101), _hello(HOST, 202)]
-    assert not rdzv_leases.complete_if_all_joined(state, holders), "A holds a lease and has not joined"
+    assert not leases.complete_if_all_joined(state, holders), "A holds a lease and has not joined"
     assert not state.complete and state.deadline is not None
     state.participants[A] = 0
-    assert rdzv_leases.complete_if_all_joined(state, holders)
+    assert leases.complete_if_all_joined(state, holders)
     assert (state.complete, state.deadline, state.round) == (True, None, 3)
     assert state.participants == {node: rank for rank, node in enumerate(sorted([A, B]))}, "ranks as torchrun assigns them"
 
     # Below min_nodes, with no lease at all, or once complete or closed: left to torchrun.
-    assert not rdzv_leases.complete_if_all_joined(_state(False, A), [_hello(HOST, 101, min_nodes=2)])
-    assert not rdzv_leases.complete_if_all_joined(_state(False, A), [])
-    assert not rdzv_leases.complete_if_all_joined(_state(True, A), [_hello(HOST, 101)])
+    assert not leases.complete_if_all_joined(_state(False, A), [_hello(HOST, 101, min_nodes=2)])
+    assert not leases.complete_if_all_joined(_state(False, A), [])
+    assert not leases.complete_if_all_joined(_state(True, A), [_hello(HOST, 101)])
     closed = _state(False, A)
     closed.closed = True
-    assert not rdzv_leases.complete_if_all_joined(closed, [_hello(HOST, 101)])
+    assert not leases.complete_if_all_joined(closed, [_hello(HOST, 101)])
     # A participant the store holds no lease for (its launcher could not connect) does not
     # stop the others' round; an agent neither joined nor known joins the next one.
-    assert rdzv_leases.complete_if_all_joined(_state(False, A, C), [_hello(HOST, 101)])
+    assert leases.complete_if_all_joined(_state(False, A, C), [_hello(HOST, 101)])
 
 
 def test_the_store_completes_a_round_when_the_last_lease_holder_joins(store, capsys):
-    server = rdzv_leases.LeaseServer("127.0.0.1", store.port + RDZV_LEASE_PORT_OFFSET, store, round_poll_seconds=0.02)
-    leases = [rdzv_leases.Lease(("127.0.0.1", server.port), {"run_id": RUN, "addr": HOST, "pid": pid, "min_nodes": 1})
+    server = leases.LeaseServer("127.0.0.1", store.port + RDZV_LEASE_PORT_OFFSET, store, round_poll_seconds=0.02)
+    held = [leases.Lease(("127.0.0.1", server.port), {"run_id": RUN, "addr": HOST, "pid": pid, "min_nodes": 1})
               for pid in (101, 202)]
     try:
         wait_for(lambda: len(server.held) == 2, 10, 0.02, "both leases held")
@@ -243,7 +243,7 @@ def test_the_store_completes_a_round_when_the_last_lease_holder_joins(store, cap
         assert _read(store).participants == {A: 0, B: 1}
         assert f"round 3 of rendezvous '{RUN}' complete: all 2 lease holders joined (2 nodes)" in capsys.readouterr().out
     finally:
-        for lease in leases:
+        for lease in held:
             lease.close()
         server.close()
 
@@ -256,7 +256,7 @@ from datetime import timedelta
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-from llmtrain_trainer import torchrun_agent
+from llmtrain_trainer.launch import torchrun_agent
 
 assert torchrun_agent.poll_faster()
 began = time.monotonic(); dr._delay(seconds=1); slept = time.monotonic() - began
@@ -284,7 +284,7 @@ print(seen, holder._cache_duration)
 
 
 def test_a_held_lease_probes_its_peer_so_that_a_powered_off_node_ends_it(store):
-    server = rdzv_leases.serve("127.0.0.1", store.port, store)
+    server = leases.serve("127.0.0.1", store.port, store)
     try:
         with socket.create_connection(("127.0.0.1", server.port)) as client:
             client.sendall((json.dumps({"run_id": RUN, "addr": HOST, "pid": 101, "min_nodes": 1}) + "\n").encode())

@@ -11,6 +11,7 @@ from llmtrain_operator import metrics
 from llmtrain_operator.handlers.reconcile import Children, reconcile
 from llmtrain_operator.handlers.slots import Slots
 from llmtrain_operator.settings import OperatorSettings
+from support.planning import job
 
 # The package re-exports a function named `reconcile`, which hides the submodule attribute.
 reconcile_module = importlib.import_module("llmtrain_operator.handlers.reconcile")
@@ -63,12 +64,12 @@ async def test_probes_run_outside_the_slots(monkeypatch):
         return "written"
 
     async def source(namespace, name):
-        return Children(pods=[], nodes=[], services=frozenset(), configmaps={})
+        return Children(pods=[], nodes=[], services=[], configmaps=[])
 
     monkeypatch.setattr(reconcile_module, "probe_workers", slow_probe)
     monkeypatch.setattr(reconcile_module, "_decide_and_write", decide)
     slots, settings = Slots(1), OperatorSettings(probes_enabled=True)
-    jobs = [{"metadata": {"name": f"job-{i}", "namespace": "ml"}, "spec": {}} for i in range(4)]
+    jobs = [job({"metadata.name": f"job-{i}"}) for i in range(4)]
     results = await asyncio.gather(*(reconcile(None, job, source, settings, slots=slots) for job in jobs))
     assert results == ["written"] * 4
     assert probing.peak == 4, "every job's probe ran at once although there is one slot"
@@ -155,16 +156,19 @@ async def test_a_pass_that_waited_plans_from_what_happened_meanwhile(monkeypatch
     seen = []
     state = {"pods": ["before"]}
 
-    async def source(namespace, name):
-        return Children(pods=list(state["pods"]), nodes=[], services=frozenset(), configmaps={},
-                        body={"metadata": {"name": name, "namespace": namespace}, "spec": {}, "status": {"seen": True}})
+    def pod(name):
+        return {"metadata": {"name": name, "ownerReferences": [{"uid": "uid-a"}]}}
 
-    async def decide(k8s, body, settings, now, started, observed, gate, *rest):
+    async def source(namespace, name):
+        return Children(pods=[pod(p) for p in state["pods"]], nodes=[], services=[], configmaps=[],
+                        body={"metadata": {"name": name, "namespace": namespace, "uid": "uid-a"}, "spec": {},
+                              "status": {"seen": True}})
+
+    async def decide(k8s, body, received, settings, now, started, observed, gate, *rest):
         seen.append((body["status"], [p.name for p in observed.pods]))
         return "written"
 
     monkeypatch.setattr(reconcile_module, "_decide_and_write", decide)
-    monkeypatch.setattr(reconcile_module, "pod_view", lambda p: type("P", (), {"name": p, "role": "x"})())
     slots = Slots(1)
     release = asyncio.Event()
 
@@ -174,8 +178,8 @@ async def test_a_pass_that_waited_plans_from_what_happened_meanwhile(monkeypatch
 
     first = asyncio.create_task(holder())
     await asyncio.sleep(0.01)
-    job = {"metadata": {"name": "a", "namespace": "ml"}, "spec": {}}
-    waiting = asyncio.create_task(reconcile(None, job, source, OperatorSettings(probes_enabled=False), slots=slots))
+    body = {"metadata": {"name": "a", "namespace": "ml", "uid": "uid-a"}, "spec": {}}
+    waiting = asyncio.create_task(reconcile(None, body, source, OperatorSettings(probes_enabled=False), slots=slots))
     await asyncio.sleep(0.01)
     state["pods"] = ["after"]
     release.set()

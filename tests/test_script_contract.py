@@ -16,18 +16,20 @@ import pytest
 
 from llmtrain_contract.command import script_program
 from llmtrain_contract.names import Env
-from llmtrain_trainer import bundle, exitrecord, progress
-from llmtrain_trainer.launcher import decide
+from llmtrain_trainer.launch import bundle
+from llmtrain_trainer.pod import exitrecord
+from llmtrain_trainer.pod import progress
+from llmtrain_trainer.launch.launcher import decide
 
 def _run(tmp_path: Path, body: str, *argv: str, env: dict[str, str] | None = None, runner: list[str] | None = None,
          python: list[str] | None = None) -> subprocess.CompletedProcess:
-    """One rank, as torchrun would start it: ``python -m llmtrain_trainer.script <script>``."""
+    """One rank, as torchrun would start it: ``python -m llmtrain_trainer.train.script <script>``."""
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(body))
     run_dir = tmp_path / "run"
     environment = {**os.environ, Env.RUN_DIR: str(run_dir), "RANK": "3", "LOCAL_RANK": "1",
                    "TORCHELASTIC_RESTART_COUNT": "2", **(env or {})}
-    command = [*(python or [sys.executable]), *(runner or ["-m", "llmtrain_trainer.script"]), str(script), *argv]
+    command = [*(python or [sys.executable]), *(runner or ["-m", "llmtrain_trainer.train.script"]), str(script), *argv]
     return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=60, cwd=tmp_path)
 
 
@@ -85,15 +87,15 @@ def test_a_module_runs_as_python_dash_m_would_run_it(tmp_path):
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "train.py").write_text("import sys\nprint(__name__, sys.argv[1:])\nraise SystemExit(65)\n")
-    done = subprocess.run([sys.executable, "-m", "llmtrain_trainer.script", "-m", "mypkg.train", "x"], cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-m", "llmtrain_trainer.train.script", "-m", "mypkg.train", "x"], cwd=tmp_path,
                           env={**os.environ, Env.RUN_DIR: str(tmp_path / "run")}, capture_output=True, text=True, timeout=60)
     assert done.returncode == 65 and done.stdout.strip() == "__main__ ['x']", done.stderr
     assert exitrecord.read_attempt(tmp_path / "run", 0)[0]["code"] == 65
 
 
 def test_the_runner_goes_in_front_of_python_scripts_only():
-    assert script_program(["/app/train.py"], ["--lr", "1"]) == ["-m", "llmtrain_trainer.script", "/app/train.py", "--lr", "1"]
-    assert script_program(["-m", "pkg.train"]) == ["-m", "llmtrain_trainer.script", "-m", "pkg.train"]
+    assert script_program(["/app/train.py"], ["--lr", "1"]) == ["-m", "llmtrain_trainer.train.script", "/app/train.py", "--lr", "1"]
+    assert script_program(["-m", "pkg.train"]) == ["-m", "llmtrain_trainer.train.script", "-m", "pkg.train"]
     assert script_program(["--no-python", "bash", "run.sh"]) == ["--no-python", "bash", "run.sh"], "not Python: as it is"
     assert script_program(["/app/train.py"], runner=("/opt/llmtrain/script.py",))[0] == "/opt/llmtrain/script.py"
 
@@ -118,8 +120,8 @@ def test_the_launcher_serves_a_scripts_progress_and_readiness_as_the_operator_re
 
     from llmtrain_operator.api.observed import TrainerProbe
     from llmtrain_operator.probe import combine, scrape_launcher
-    from llmtrain_trainer.attempts import AttemptTracker
-    from llmtrain_trainer.supervisor import Supervisor, serve_health
+    from llmtrain_trainer.launch.attempts import AttemptTracker
+    from llmtrain_trainer.launch.supervisor import Supervisor, serve_health
 
     # A stand-in torchrun agent with one live worker (torchrun's env names), then none.
     agent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, os; "
@@ -168,7 +170,7 @@ def test_the_bundle_runs_the_launcher_and_the_runner_with_no_project_installed(t
     dest = tmp_path / "opt"
     written = bundle.write(dest)
     assert sorted(p.name for p in written) == ["launcher.py", "rdzv_store.py", "script.py"]
-    assert not list(dest.rglob("__pycache__")) and not (dest / "lib" / "llmtrain_trainer" / "data").exists()
+    assert not list(dest.rglob("__pycache__")) and not (dest / "lib" / "llmtrain_trainer" / "engines" / "shards").exists()
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
         import importlib.util, sys
@@ -226,7 +228,7 @@ def test_a_rank_whose_collective_broke_because_a_peer_died_is_a_victim(tmp_path)
     Rank 0 is recorded as a victim (83), so the attempt's cause in rank 0's pod is a
     victim's, charged nowhere, while rank 1's pod has the crash (a real torchrun)."""
     from llmtrain_contract.command import worker_command
-    from llmtrain_trainer.exitrecord import attempt_cause
+    from llmtrain_trainer.pod.exitrecord import attempt_cause
 
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""

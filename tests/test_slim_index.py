@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from llmtrain_operator.api.observed import node_view, pod_view, slim_node, slim_pod
+from llmtrain_operator.api.observed import node_view, owned_by, pod_view, slim_child, slim_node, slim_pod
 from llmtrain_operator.api.job import parse_job
 from llmtrain_operator.planner.manifests import worker_pod
 from support.specs import load_job
@@ -52,3 +52,29 @@ def test_a_slim_node_has_the_same_view():
                        "images": [{"names": ["x"] * 10, "sizeBytes": 1}] * 50}}
     assert node_view(slim_node(node)) == node_view(node)
     assert "images" not in slim_node(node)["status"]
+
+
+def test_a_slim_child_keeps_its_name_owners_and_annotations_only():
+    cm = {"metadata": {"name": "tiny-elastic-config", "namespace": "ml", "uid": "cm-1", "labels": {"llmtrain.io/job": "tiny-elastic"},
+                       "ownerReferences": [{"kind": "LLMTrainJob", "name": "tiny-elastic", "uid": "uid-1", "controller": True}],
+                       "annotations": {"llmtrain.io/config-hash": "abc"}, "managedFields": [{"manager": "x"}]},
+          "data": {"config.yaml": "x" * 10_000}}
+    slim = slim_child(cm)
+    assert slim == {"metadata": {"name": "tiny-elastic-config", "ownerReferences": cm["metadata"]["ownerReferences"],
+                                 "annotations": {"llmtrain.io/config-hash": "abc"}}}
+    assert owned_by(slim, "uid-1")
+
+
+@pytest.mark.parametrize(("owners", "uid", "owned"), [
+    ([{"uid": "uid-1"}], "uid-1", True),
+    ([{"uid": "someone-else"}, {"uid": "uid-1"}], "uid-1", True),
+    ([{"uid": "uid-of-a-deleted-namesake"}], "uid-1", False),
+    ([], "uid-1", False),
+    (None, "uid-1", False),
+    ([{"uid": ""}], "", False),  # a job without a uid owns nothing
+], ids=["its-own", "one-of-several-owners", "a-namesakes", "no-owners", "no-field", "no-uid"])
+def test_a_child_is_the_jobs_when_an_owner_reference_names_its_uid(owners, uid, owned):
+    meta = {"name": "tiny-elastic-worker-0", "labels": {"llmtrain.io/job": "tiny-elastic"}}
+    if owners is not None:
+        meta["ownerReferences"] = owners
+    assert owned_by({"metadata": meta}, uid) is owned

@@ -4,13 +4,13 @@ accounting alone."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import pytest
 from llmtrain_operator.handlers.reconcile import progress_pace, status_changed
 from llmtrain_operator.settings import OperatorSettings
 
-NOW = datetime(2026, 11, 26, 8, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 26, 8, 0, 0, tzinfo=UTC)
 
 
 def status(written_ago: float, **fields):

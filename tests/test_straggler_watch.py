@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from llmtrain_contract.config import StragglerRuntime
 from llmtrain_operator.api.observed import TrainerProbe
-from llmtrain_trainer.stragglers import StragglerWatch
+from llmtrain_trainer.train.stragglers import StragglerWatch
 from support.planning import job, observed, running_status, worker
 from test_planner import W0, W1, run
 
@@ -69,7 +69,7 @@ def test_a_job_that_never_had_a_straggler_has_no_straggler_condition():
 def test_medians_of_others_agree_with_the_definition(values):
     import statistics
 
-    from llmtrain_trainer.stragglers import medians_of_others
+    from llmtrain_trainer.train.stragglers import medians_of_others
 
     expected = [statistics.median(values[:i] + values[i + 1:]) for i in range(len(values))]
     assert medians_of_others(values) == pytest.approx(expected)

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 from llmtrain_contract.exitcodes import ExitCode
-from llmtrain_trainer import exitrecord, heartbeat
-from llmtrain_trainer.heartbeat import Heartbeat, State
-from llmtrain_trainer.launcher import decide
-from llmtrain_trainer.supervisor import Supervisor, proc_info, serve_health
-from llmtrain_trainer.watchdog import Watchdog, first_step_limit
+from llmtrain_trainer.pod import exitrecord
+from llmtrain_trainer.pod import heartbeat
+from llmtrain_trainer.pod.heartbeat import Heartbeat, State
+from llmtrain_trainer.launch.launcher import decide
+from llmtrain_trainer.launch.supervisor import Supervisor, proc_info, serve_health
+from llmtrain_trainer.train.watchdog import Watchdog, first_step_limit
 from support.waiting import wait_for
 
 TIMEOUT = 1.0
@@ -28,7 +29,7 @@ TIMEOUT = 1.0
 RANK = textwrap.dedent("""
     import os, re, signal, sys, time
     from pathlib import Path
-    from llmtrain_trainer.heartbeat import Heartbeat, State
+    from llmtrain_trainer.pod.heartbeat import Heartbeat, State
     run_dir, local, behaviour = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     hb = Heartbeat(run_dir, rank=10 + local, local_rank=local, attempt=0, timeout_seconds={timeout})
     hb.set_state(State.STEPPING)
@@ -241,7 +242,7 @@ def test_healthz_answers_while_the_supervisor_checks(tmp_path):
 def test_a_health_port_in_use_is_a_clear_config_error(tmp_path, capfd):
     import socket
 
-    from llmtrain_trainer.launcher import main
+    from llmtrain_trainer.launch.launcher import main
 
     with socket.socket() as taken:
         taken.bind(("", 0))
@@ -262,7 +263,7 @@ def _worker(attempt: int, local_world_size: int) -> subprocess.Popen:
 def test_the_launcher_counts_an_attempt_failed_when_the_next_starts_and_agrees_with_the_trainer(tmp_path, ranks):
     import os
 
-    from llmtrain_trainer.attempts import AttemptTracker
+    from llmtrain_trainer.launch.attempts import AttemptTracker
 
     # Attempt 0: local rank 1 hung (the supervisor's 80), rank 0 its victim (83).
     # Attempt 1: local rank 0 crashed with an error, rank 1 died of a signal without a record.
@@ -288,7 +289,7 @@ def test_the_launcher_serves_its_failed_attempts_in_the_form_the_operator_parses
     import urllib.request
 
     from llmtrain_operator.probe import scrape_launcher
-    from llmtrain_trainer.attempts import AttemptTracker
+    from llmtrain_trainer.launch.attempts import AttemptTracker
 
     exitrecord.write(tmp_path, 0, 0, 0, ExitCode.HANG, "cause (frozen): rank 0", 3)
     ranks.append(_worker(1, 1))
@@ -313,7 +314,7 @@ def test_the_launcher_serves_its_failed_attempts_in_the_form_the_operator_parses
 def test_a_hung_attempt_with_restarts_left_counts_at_once_and_is_not_counted_again_when_the_next_starts(tmp_path, ranks):
     import os
 
-    from llmtrain_trainer.attempts import AttemptTracker
+    from llmtrain_trainer.launch.attempts import AttemptTracker
 
     tracker = AttemptTracker(tmp_path, agent_pid=os.getpid(), max_restarts=2)
     ranks.append(_worker(0, 2))
@@ -338,7 +339,7 @@ def test_a_hang_counted_at_once_stays_counted_once_when_a_membership_change_rest
     record (exitrecord.mark_started keeps it aside)."""
     import os
 
-    from llmtrain_trainer.attempts import AttemptTracker
+    from llmtrain_trainer.launch.attempts import AttemptTracker
 
     tracker = AttemptTracker(tmp_path, agent_pid=os.getpid(), max_restarts=2)
     ranks.append(_worker(0, 1))
@@ -358,7 +359,7 @@ def test_a_hang_in_the_last_allowed_attempt_is_not_counted_in_place(tmp_path, ra
     """With no restart left torchrun ends the pod: its exit reports that failure."""
     import os
 
-    from llmtrain_trainer.attempts import AttemptTracker
+    from llmtrain_trainer.launch.attempts import AttemptTracker
 
     tracker = AttemptTracker(tmp_path, agent_pid=os.getpid(), max_restarts=1)
     exitrecord.write(tmp_path, 0, 0, 0, ExitCode.HANG, "cause (frozen): rank 0", 3)
@@ -376,7 +377,7 @@ def test_a_hang_in_the_last_allowed_attempt_is_not_counted_in_place(tmp_path, ra
     (["torchrun", "-m", "x"], None),
 ])
 def test_the_launcher_reads_torchruns_max_restarts(command, expected):
-    from llmtrain_trainer.launcher import max_restarts
+    from llmtrain_trainer.launch.launcher import max_restarts
 
     assert max_restarts(command) == expected
 
@@ -389,7 +390,7 @@ def test_a_pod_ending_with_a_hang_counted_in_place_says_so_in_its_termination_me
     import threading
 
     from llmtrain_operator.probe import scrape_launcher
-    from llmtrain_trainer.launcher import main
+    from llmtrain_trainer.launch.launcher import main
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -398,7 +399,7 @@ def test_a_pod_ending_with_a_hang_counted_in_place_says_so_in_its_termination_me
     agent = textwrap.dedent(f"""
         import os, sys, time
         from pathlib import Path
-        from llmtrain_trainer import exitrecord
+        from llmtrain_trainer.pod import exitrecord
         exitrecord.write(Path({str(run_dir)!r}), 0, 0, 0, 80, "cause (frozen): rank 0", 4)
         while not Path({str(tmp_path / "scraped")!r}).exists():
             time.sleep(0.05)

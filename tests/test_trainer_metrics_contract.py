@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from llmtrain_contract.cadence import interval
 from llmtrain_operator.probe import parse
-from llmtrain_trainer.metrics import TrainerMetrics
+from llmtrain_trainer.train.metrics import TrainerMetrics
 from prometheus_client import generate_latest
 
 
@@ -45,7 +45,7 @@ def test_tier_health_and_the_cadence_reach_the_probe_and_a_recovered_tier_leaves
 
 
 def test_rollbacks_and_skipped_windows_reach_the_probe():
-    from llmtrain_trainer.numerics import DataPosition
+    from llmtrain_trainer.train.numerics import DataPosition
 
     m = TrainerMetrics(rank=0, strategy="ddp", config_hash="abc", job="j")
     assert parse(generate_latest(m.registry).decode()).skipped == ()

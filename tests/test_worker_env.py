@@ -53,7 +53,8 @@ def test_each_rank_gets_the_pods_cpus_over_its_ranks_as_intra_op_threads_unless_
     assert _threads({"spec.resources": {"requests": {"cpu": "4"}, "limits": {"cpu": "16"}}, "spec.procsPerNode": 2}) == ["8"]
     assert _threads({"spec.resources": {"requests": {"cpu": "7"}}, "spec.procsPerNode": 2}) == ["3"]
     assert _threads({"spec.resources": {"requests": {"cpu": "500m"}}}) == ["1"]
-    assert _threads({"spec.resources": {"requests": {"cpu": 12}}, "spec.procsPerNode": 4, "spec.trainer.builtin.globalBatchSize": 16}) == ["3"]
+    assert _threads({"spec.resources": {"requests": {"cpu": 12}}, "spec.procsPerNode": 4,
+                     "spec.trainer.builtin.globalBatchSize": 16}) == ["3"]
     # No CPU figure: torch's own default.
     assert _threads({"spec.resources": {"requests": {"memory": "2Gi"}}}) == []
     assert _threads({"spec.resources": None}) == []

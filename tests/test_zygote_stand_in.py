@@ -1,4 +1,4 @@
-"""The stand-in's side of the fork server's protocol (``llmtrain_trainer.zygote.run_forked``)
+"""The stand-in's side of the fork server's protocol (``llmtrain_trainer.pod.standin.run_forked``)
 against a scripted server: no server means "train here", the rank's end is mirrored (exit
 code or signal), and signals sent to the stand-in reach the rank. The real server under
 torchrun is tested in tests/trainer/test_zygote.py."""
@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from llmtrain_trainer import zygote
+from llmtrain_trainer.launch import zygote
+from llmtrain_trainer.pod import standin
 
-STAND_IN = "import sys; from llmtrain_trainer.zygote import run_forked; code = run_forked(sys.argv[1], ['x']); " \
+STAND_IN = "import sys; from llmtrain_trainer.pod.standin import run_forked; code = run_forked(sys.argv[1], ['x']); " \
            "print('none' if code is None else code, flush=True); sys.exit(0 if code is None else code)"
 
 
@@ -32,7 +33,7 @@ def test_only_the_builtin_trainer_gets_a_server():
 
 
 def test_no_server_at_the_path_means_train_here(tmp_path):
-    assert zygote.run_forked(str(tmp_path / "missing"), ["x"]) is None
+    assert standin.run_forked(str(tmp_path / "missing"), ["x"]) is None
 
 
 class _Script:

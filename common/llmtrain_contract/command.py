@@ -6,7 +6,7 @@ runner and the tests start processes with them, so all three agree on the flags.
 
 from __future__ import annotations
 
-from .names import RDZV_PORT, Env
+from .names import RDZV_PORT
 KEEP_ALIVE_SECONDS = 1
 KEEP_ALIVE_MAX_MISSED = 3
 """A node that stops renewing its rendezvous keep-alive for ~3 s is dropped from the
@@ -18,12 +18,12 @@ join: a failed rank or a replacement node costs up to this much before the group
 torch's 0.1 s would put ten rendezvous-state reads a second per node on the job's store."""
 
 
-STORE = ("-m", "llmtrain_trainer.rdzv_store")
-LAUNCHER = ("-m", "llmtrain_trainer.launcher")
-SCRIPT_RUNNER = ("-m", "llmtrain_trainer.script")
+STORE = ("-m", "llmtrain_trainer.rendezvous.store")
+LAUNCHER = ("-m", "llmtrain_trainer.launch.launcher")
+SCRIPT_RUNNER = ("-m", "llmtrain_trainer.train.script")
 """How Python runs each from an image that has this project installed. For an image
 without it, the operator passes the paths of the copies an init container made
-(``llmtrain_trainer.bundle``)."""
+(``llmtrain_trainer.launch.bundle``)."""
 
 
 def store_command(python: str, port: int = RDZV_PORT, host: str = "0.0.0.0", entry: tuple[str, ...] = STORE) -> list[str]:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from .base import CamelModel
+from .names import METRICS_PORT
 from .rules import Rule, Ruled, cel_get, cel_literal, default_of
 
 
@@ -362,7 +363,7 @@ class MetricsRuntime(CamelModel):
     host: str = "0.0.0.0"
     """Bind address. Environment variables are expanded (the operator renders
     ``$POD_IP``); an unset variable falls back to all interfaces."""
-    port: int = Field(9400, ge=0, le=65535)
+    port: int = Field(METRICS_PORT, ge=0, le=65535)
     """Local rank r serves on ``port + r``; 0 picks a free port (tests)."""
 
 

@@ -51,7 +51,7 @@ class ExitCode(enum.IntEnum):
     whatever data it skips. Permanent: needs a human (a lower learning rate, a fix)."""
 
 
-class FailureClass(str, enum.Enum):
+class FailureClass(enum.StrEnum):
     SUCCEEDED = "Succeeded"
     RETRYABLE = "Retryable"
     """Replace or restart, and count it against the restart budget."""

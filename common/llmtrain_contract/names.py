@@ -38,7 +38,7 @@ class Env:
     SUPERVISED = "LLMTRAIN_SUPERVISED"
     """Set to 1 by the launcher: its supervisor watches the ranks' heartbeats from outside."""
     ZYGOTE = "LLMTRAIN_ZYGOTE"
-    """The socket of the pod's fork server (``llmtrain_trainer.zygote``), set by the launcher
+    """The socket of the pod's fork server (``llmtrain_trainer.launch.zygote``), set by the launcher
     for the built-in trainer; a user may set it to ``0`` to start every rank from scratch."""
     ADMIT_AFTER_FIRST_STEP = "LLMTRAIN_ADMIT_AFTER_FIRST_STEP"
     """The run dir whose heartbeat files the torchrun agent reads before it admits a
@@ -48,7 +48,7 @@ class Env:
     """In a rank forked by the zygote: the pid torchrun started (the rank's stand-in), whose
     parent is the torchrun agent."""
     FAULT_INJECT = "LLMTRAIN_FAULT_INJECT"
-    """TEST ONLY: faults to inject (``llmtrain_trainer.faults``)."""
+    """TEST ONLY: faults to inject (``llmtrain_trainer.train.faults``)."""
     FAULT_STATE_DIR = "LLMTRAIN_FAULT_STATE_DIR"
     """TEST ONLY: where fired faults are remembered (default: the run dir)."""
 

@@ -12,10 +12,11 @@ rules into the one table that the tests and docs/api.md read.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pydantic import ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from .base import CamelModel, FieldRuleError
 
@@ -34,7 +35,7 @@ class Rule:
     """The same rule in CEL, over the model's object as the API server stores it."""
     server_cannot: str | None = None
     """Why the API server cannot check it (when ``cel`` is None)."""
-    example: Mapping[str, Any] = field(default_factory=dict)
+    example: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """Dotted paths relative to the model, set on a valid object to break the rule."""
 
     def __post_init__(self) -> None:
@@ -94,6 +95,6 @@ class Ruled(CamelModel):
         return enforce(self, type(self).RULES)
 
 
-def default_of(model: type, name: str) -> Any:
+def default_of(model: type[BaseModel], name: str) -> Any:
     """A field's default (for ``cel_get``), read from the model itself."""
     return model.model_fields[name].default

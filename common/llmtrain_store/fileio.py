@@ -122,10 +122,11 @@ class FileWriter:
         self.path = Path(path)
         self.hasher = PieceHasher(piece)
         self.size = 0
-        self._fd = _open_direct(self.path) if direct else None
-        self.direct = self._fd is not None
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = _open_direct(self.path) if direct else None
+        self.direct = fd is not None
+        if fd is None:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd: int = fd
 
     def write(self, data: bytes | memoryview, aligned_memory: bool = False) -> None:
         view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")

@@ -14,6 +14,7 @@ written last, is what makes a step exist for readers. Steps without it are swept
 
 from __future__ import annotations
 
+import builtins
 import io
 import json
 import logging
@@ -28,7 +29,7 @@ from typing import Any
 from . import manifest as mf
 from .fileio import Hasher, hash_file
 from .sources import Source, iter_range
-from .tiers import CheckpointError, Committed, digest_bytes, finish_fetch, merge_parts, new_manifest, wait_for_parts
+from .tier import CheckpointError, Committed, digest_bytes, finish_fetch, merge_parts, new_manifest, wait_for_parts
 
 CHUNK = 32 << 20
 """Part size of multipart uploads and ranged downloads."""
@@ -205,7 +206,8 @@ class S3Tier:
         self.client().put_object(Bucket=self.bucket, Key=key, Body=body)
 
     def _get(self, key: str) -> bytes:
-        return self.client().get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        data: bytes = self.client().get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        return data
 
     def _objects(self, prefix: str) -> dict[str, int]:
         """key -> size, of every object under ``prefix``."""
@@ -302,7 +304,7 @@ class S3Tier:
                 continue
         return sorted(out, key=lambda c: c.step, reverse=True)
 
-    def verify(self, committed: Committed, names: list[str] | None, allowed: re.Pattern[str]) -> str | None:
+    def verify(self, committed: Committed, names: builtins.list[str] | None, allowed: re.Pattern[str]) -> str | None:
         """Names and sizes: the bytes themselves are hashed as they are fetched."""
         try:
             files = mf.entries(committed.manifest, allowed)
@@ -320,7 +322,7 @@ class S3Tier:
                     return f"{stored} has {size} bytes, the manifest says {'' if exact else 'at least '}{expected}"
         return None
 
-    def fetch(self, committed: Committed, names: list[str], dest: Path, allowed: re.Pattern[str],
+    def fetch(self, committed: Committed, names: builtins.list[str], dest: Path, allowed: re.Pattern[str],
               heartbeat: Callable[[], None] = lambda: None, workers: int = 4,
               optional: frozenset[str] = frozenset()) -> dict[str, dict[str, Any]]:
         """Download the named files (slices in parallel, each as parallel ranged GETs)

@@ -5,6 +5,7 @@ file once per job takes each node 1/N of the time."""
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from .manifest import slice_name
 
@@ -24,10 +25,11 @@ def split(pieces: list[tuple[int, int, str]], nodes: int) -> list[list[tuple[int
     return runs
 
 
-def share_record(name: str, index: int, count: int, run: list[tuple[int, int, str]]) -> list[dict]:
+def share_record(name: str, index: int, count: int, run: list[tuple[int, int, str]]) -> list[dict[str, Any]]:
     """The manifest pieces of node ``index``'s share stored as one object."""
     obj = slice_name(name, index, count)
-    out, at = [], 0
+    out: list[dict[str, Any]] = []
+    at = 0
     for offset, size, digest in run:
         out.append({"name": obj, "offset": offset, "size": size, "hash": digest, "at": at})
         at += size

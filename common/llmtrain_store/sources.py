@@ -3,6 +3,7 @@ tier-1 file, or (when tier 1 failed) the snapshot still in memory."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -46,7 +47,7 @@ class MemorySource:
         return bytes(out)
 
 
-def iter_range(source: Source, offset: int, length: int, chunk: int = 32 << 20):
+def iter_range(source: Source, offset: int, length: int, chunk: int = 32 << 20) -> Iterator[bytes]:
     while length > 0:
         block = source.read(offset, min(chunk, length))
         if not block:

@@ -12,19 +12,19 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from . import manifest as mf
 from .fileio import Hasher, iter_file
 from .s3 import S3Tier
-from .tiers import Committed, DirTier
+from .directory import DirTier
+from .tier import Committed, Tier
 
 
 @dataclass(frozen=True)
 class Found:
     label: str
     """How the tier is named in the output: its path or URI, and its role."""
-    tier: Any
+    tier: Tier
 
 
 def tiers_of(target: str, endpoint: str | None = None) -> list[Found]:
@@ -127,7 +127,7 @@ def verify(found: Found, committed: Committed, progress: Callable[[int], None] =
     return problems[0] if problems else None
 
 
-def _blocks(tier: Any, committed: Committed, piece: mf.Piece) -> Iterator[bytes]:
+def _blocks(tier: Tier, committed: Committed, piece: mf.Piece) -> Iterator[bytes]:
     if isinstance(tier, S3Tier):
         body = tier.client().get_object(Bucket=tier.bucket, Key=f"{committed.location}/{piece.name}",
                                         Range=f"bytes={piece.at}-{piece.at + piece.size - 1}")["Body"]

@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +34,11 @@ STATUS_SECONDS = 10.0
 
 
 def micro_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def iso_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -208,7 +208,7 @@ class Agent:
     def _start(self, runner: PodRunner) -> None:
         try:
             runner.start()
-        except Exception as err:  # noqa: BLE001 - report, do not crash the agent
+        except Exception as err:  # report, do not crash the agent
             log.exception("starting %s failed", runner.key)
             for c in runner.containers:
                 c.waiting_reason, c.waiting_message = "CreateContainerError", str(err)

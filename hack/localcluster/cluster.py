@@ -82,7 +82,7 @@ class LocalCluster:
     timings: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def default(cls) -> "LocalCluster":
+    def default(cls) -> LocalCluster:
         state = Path(os.environ.get("LLMTRAIN_LOCALCLUSTER_STATE", ROOT / ".cache" / "localcluster"))
         return cls(state=state)
 
@@ -105,7 +105,7 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def up(self) -> "LocalCluster":
+    def up(self) -> LocalCluster:
         check_reachable_in_pods([ROOT, self.venv_bin, self.state])
         began = time.monotonic()
         self.bin = build_tools()
@@ -212,7 +212,7 @@ class LocalCluster:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(f"http://127.0.0.1:{CONTROL_PORT}{path}", data=data, method=method,
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - a loopback http URL built here
             return json.loads(resp.read() or b"{}")
 
     def kill_pod(self, namespace: str, name: str, signal: str = "SIGKILL") -> None:

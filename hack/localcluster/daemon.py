@@ -52,13 +52,13 @@ def control_server(agent: Agent, port: int, stop: threading.Event) -> ThreadingH
             self.end_headers()
             self.wfile.write(data)
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             if self.path == "/healthz":
                 self._json(200, {"nodes": {n: s.healthy for n, s in agent.nodes.items()}, "pods": len(agent.pods)})
             else:
                 self._json(404, {"error": self.path})
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
             try:
@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                        gpus=spec.get("gpus", 0), labels=spec["labels"])
     stop = threading.Event()
     dns_servers = dns.serve(api)
-    threads = [threading.Thread(target=t, daemon=True, name=t.__name__) for t in (agent.heartbeat_loop, agent.watch_loop, agent.supervise_loop)]
+    threads = [threading.Thread(target=t, daemon=True, name=t.__name__)
+               for t in (agent.heartbeat_loop, agent.watch_loop, agent.supervise_loop)]
     threads.append(threading.Thread(target=provisioner.loop, args=(client.CoreV1Api(api), state / "pvs", stop), daemon=True))
     for t in threads:
         t.start()

@@ -43,7 +43,7 @@ def ensure(folder: Path, server_ips: list[str], server_names: list[str]) -> dict
         "scheduler.crt", "scheduler.key", "agent.crt", "agent.key")}
     if all(p.exists() for p in files.values()):
         return files
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     valid = (now - datetime.timedelta(hours=1), now + datetime.timedelta(days=365))
     ca_key = _key()
     ca = (x509.CertificateBuilder().subject_name(_name("llmtrain-localcluster-ca")).issuer_name(_name("llmtrain-localcluster-ca"))
@@ -60,7 +60,8 @@ def ensure(folder: Path, server_ips: list[str], server_names: list[str]) -> dict
         builder = (x509.CertificateBuilder().subject_name(_name(cn, org)).issuer_name(ca.subject)
                    .public_key(key.public_key()).serial_number(x509.random_serial_number())
                    .not_valid_before(valid[0]).not_valid_after(valid[1])
-                   .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False))
+                   .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]),
+                                  critical=False))
         if server:
             sans = [x509.DNSName(n) for n in server_names] + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in server_ips]
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)

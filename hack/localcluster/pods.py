@@ -21,7 +21,7 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ does it within about a minute; tests do not wait that long)."""
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _quantity_bytes(value: Any) -> int | None:
@@ -152,13 +152,15 @@ class PodRunner:
                 return
         pending = self._pending_init()
         if pending is not None:
-            if pending.proc is None and pending.terminated is None and pending.waiting_reason in ("ContainerCreating", "CreateContainerConfigError"):
+            if pending.proc is None and pending.terminated is None \
+                    and pending.waiting_reason in ("ContainerCreating", "CreateContainerConfigError"):
                 self._launch(pending)
             for c in self.containers:
                 c.waiting_reason = "PodInitializing"
             return
         for c in self.containers:
-            if c.proc is None and c.terminated is None and c.waiting_reason in ("ContainerCreating", "CreateContainerConfigError", "PodInitializing"):
+            if c.proc is None and c.terminated is None \
+                    and c.waiting_reason in ("ContainerCreating", "CreateContainerConfigError", "PodInitializing"):
                 self._launch(c)
 
     def _pending_init(self) -> Container | None:
@@ -176,7 +178,8 @@ class PodRunner:
     def _launch(self, c: Container) -> None:
         spec = c.spec
         base = {
-            "PATH": f"{images.bin_dir(spec.get('image', ''), self.venv_bin, self.state)}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "PATH": f"{images.bin_dir(spec.get('image', ''), self.venv_bin, self.state)}"
+                    ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": "/root", "HOSTNAME": (self.pod.get("spec") or {}).get("hostname") or self.pod["metadata"]["name"],
             # No kube-proxy here: in-cluster clients talk to the API server on the bridge.
             "KUBERNETES_SERVICE_HOST": GATEWAY, "KUBERNETES_SERVICE_PORT": str(API_PORT),
@@ -205,7 +208,8 @@ class PodRunner:
         spec_file = self.folder / f"{c.name}.json"
         spec_file.write_text(json.dumps(launch))
         logfile = (self.folder / f"{c.name}.log").open("ab")
-        inner = ["ip", "netns", "exec", self.netns, "unshare", "--mount", "--uts", "--propagation", "private", sys.executable, INIT, str(spec_file)]
+        inner = ["ip", "netns", "exec", self.netns, "unshare", "--mount", "--uts", "--propagation", "private",
+                 sys.executable, INIT, str(spec_file)]
         if c.cgroup is not None:
             # Join the cgroup before `ip netns exec`, which remounts /sys for the netns and
             # hides the cgroup tree; every descendant inherits the membership.
@@ -357,7 +361,8 @@ class PodRunner:
             except OSError:
                 return False
         if "exec" in probe:
-            result = subprocess.run(["ip", "netns", "exec", self.netns, *probe["exec"]["command"]], capture_output=True, timeout=timeout + 5)
+            result = subprocess.run(["ip", "netns", "exec", self.netns, *probe["exec"]["command"]], capture_output=True,
+                                    timeout=timeout + 5)
             return result.returncode == 0
         return True
 
@@ -452,7 +457,8 @@ class PodRunner:
         elif c.proc is not None:
             entry["state"] = {"running": {"startedAt": c.started_at}}
         else:
-            entry["state"] = {"waiting": {"reason": c.waiting_reason or "ContainerCreating", **({"message": c.waiting_message} if c.waiting_message else {})}}
+            entry["state"] = {"waiting": {"reason": c.waiting_reason or "ContainerCreating",
+                                          **({"message": c.waiting_message} if c.waiting_message else {})}}
         if c.last_terminated:
             entry["lastState"] = {"terminated": {k: v for k, v in c.last_terminated.items() if v is not None}}
         return entry
@@ -464,7 +470,8 @@ class PodRunner:
             if policy == "Never" or (policy == "OnFailure" and all(c.terminated["exitCode"] == 0 for c in self.containers)):
                 phase = "Succeeded" if all(c.terminated["exitCode"] == 0 for c in self.containers) else "Failed"
         initialized = self._pending_init() is None
-        if any(c.proc is None and c.terminated is None and c.waiting_reason != "CrashLoopBackOff" for c in self.containers) or not initialized:
+        if any(c.proc is None and c.terminated is None and c.waiting_reason != "CrashLoopBackOff" for c in self.containers) \
+                or not initialized:
             phase = "Pending"
         if self._init_failed():
             phase = "Failed"

@@ -154,7 +154,8 @@ def prepare_volume(core: client.CoreV1Api, pod: dict[str, Any], volume: dict[str
                 data = _read_key(core, kind, ns, ref["name"], None, ref.get("optional", False)) or {}
                 _write_files(folder, data, ref.get("items"))
             elif "downwardAPI" in source:
-                data = {i["path"]: field_ref(pod, i["fieldRef"]["fieldPath"]) for i in source["downwardAPI"].get("items", []) if "fieldRef" in i}
+                data = {i["path"]: field_ref(pod, i["fieldRef"]["fieldPath"])
+                        for i in source["downwardAPI"].get("items", []) if "fieldRef" in i}
                 _write_files(folder, data, None)
         return folder
     if "persistentVolumeClaim" in volume:

@@ -16,8 +16,10 @@ import sys
 from pathlib import Path
 
 import yaml
+from llmtrain_contract.exitcodes import table
 
 from .api import SpecInvalid, parse_job
+from .api.crd import CRD_FILENAME, render_crd_yaml
 from .localrun.args import add_run_parser
 from .storecli import add_parser as add_checkpoints_parser
 
@@ -74,8 +76,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
-    from .api.crd import CRD_FILENAME, render_crd_yaml
-
     text = render_crd_yaml()
     if not args.write:
         sys.stdout.write(text)
@@ -89,8 +89,6 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 
 def cmd_exit_codes(_: argparse.Namespace) -> int:
-    from llmtrain_contract.exitcodes import table
-
     print(f"{'code':>4}  {'name':<20} {'class':<11} reason")
     for code, name, klass, reason in table():
         print(f"{code:>4}  {name:<20} {klass:<11} {reason}")

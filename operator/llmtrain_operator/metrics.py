@@ -31,7 +31,8 @@ RECOVER = Histogram("llmtrain_operator_time_to_recover_seconds", "From a detecte
 # Log-spaced (x1.5) from 1 ms to ~7 min: fine enough to read p50/p99 off the buckets, and
 # wide enough that an overloaded operator's queue shows its true size, not the top bucket.
 RECONCILE_BUCKETS = tuple(round(0.001 * 1.5**i, 6) for i in range(33))
-RECONCILE = Histogram("llmtrain_operator_reconcile_duration_seconds", "One reconcile pass (observe, plan, write), without the wait for a slot",
+RECONCILE = Histogram("llmtrain_operator_reconcile_duration_seconds",
+                      "One reconcile pass (observe, plan, write), without the wait for a slot",
                       buckets=RECONCILE_BUCKETS, registry=REGISTRY)
 QUEUE = Histogram("llmtrain_operator_reconcile_queue_seconds",
                   "Wait of a due pass for a free slot (LLMTRAIN_OPERATOR_MAX_CONCURRENT_RECONCILES) before it runs",
@@ -41,7 +42,8 @@ EVENT_TO_ACTION = Histogram("llmtrain_operator_event_to_action_seconds",
                             "(the wait for a slot, probes and failed attempts included)",
                             buckets=RECONCILE_BUCKETS, registry=REGISTRY)
 LEADER = Gauge("llmtrain_operator_leader", "1 while this replica holds the leader Lease and may write", registry=REGISTRY)
-GOODPUT = Gauge("llmtrain_operator_job_goodput_ratio", "Effective training time ratio of a job so far", ["job_namespace", "job_name"], registry=REGISTRY)
+GOODPUT = Gauge("llmtrain_operator_job_goodput_ratio", "Effective training time ratio of a job so far", ["job_namespace", "job_name"],
+                registry=REGISTRY)
 ETTR = Gauge("llmtrain_operator_job_ettr_ratio", "Effective training time ratio of a job so far, counting only preserved progress "
              "(replayed steps are not good time)", ["job_namespace", "job_name"], registry=REGISTRY)
 """``job_name``, not ``job``: Prometheus owns the ``job`` label (the scrape job's name)."""

@@ -26,8 +26,8 @@ RESTARTS = Metric.total(Metric.WORKER_GROUP_RESTARTS)
 FAILED_ATTEMPTS = Metric.total(Metric.FAILED_ATTEMPTS)
 LAUNCHER_FAILED_ATTEMPTS = Metric.total(LauncherMetric.FAILED_ATTEMPTS)
 READ = (Metric.STEP, Metric.WORLD_SIZE, RESTARTS, Metric.LAST_STEP_TIMESTAMP, Metric.CHECKPOINT_INTERVAL_STEPS,
-        Metric.CHECKPOINT_COST_SECONDS, Metric.CHECKPOINT_LATENCY_SECONDS, Metric.CHECKPOINT_MTBF_SECONDS, Metric.CHECKPOINT_CADENCE_STEP_SECONDS,
-        Metric.NUMERICS_ROLLBACKS)
+        Metric.CHECKPOINT_COST_SECONDS, Metric.CHECKPOINT_LATENCY_SECONDS, Metric.CHECKPOINT_MTBF_SECONDS,
+        Metric.CHECKPOINT_CADENCE_STEP_SECONDS, Metric.NUMERICS_ROLLBACKS)
 
 WANTED = (*READ, Metric.CHECKPOINT_LAST_STEP, Metric.CHECKPOINT_TIER_DEGRADED, FAILED_ATTEMPTS, Metric.STRAGGLER,
           Metric.SKIPPED_SAMPLES)
@@ -47,7 +47,7 @@ def parse(text: str) -> TrainerProbe:
     checkpoints: dict[str, int] = {}
     failed: dict[str, int] = {}
     degraded: dict[str, str] = {}
-    skipped: list[tuple[int, ...]] = []
+    skipped: list[tuple[int, int, int, int]] = []
     stragglers: dict[int, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -61,7 +61,9 @@ def parse(text: str) -> TrainerProbe:
                 stragglers[int(sample.labels["rank"])] = sample.value
             elif sample.name == Metric.SKIPPED_SAMPLES and sample.value >= 1:
                 try:
-                    skipped.append(tuple(int(sample.labels[k]) for k in ("first_step", "last_step", "first_sample", "end_sample")))
+                    first_step, last_step, first_sample, end_sample = (
+                        int(sample.labels[k]) for k in ("first_step", "last_step", "first_sample", "end_sample"))
+                    skipped.append((first_step, last_step, first_sample, end_sample))
                 except (KeyError, ValueError):
                     pass
             elif sample.name in READ:
@@ -120,7 +122,8 @@ def parse_launcher(text: str) -> LauncherReport:
                           last_step_time=values.get(LauncherMetric.LAST_STEP_TIMESTAMP) or None)
 
 
-def combine(trainers: dict[str, TrainerProbe], launchers: dict[str, LauncherReport]) -> tuple[dict[str, TrainerProbe], dict[str, dict[str, int]]]:
+def combine(trainers: dict[str, TrainerProbe],
+            launchers: dict[str, LauncherReport]) -> tuple[dict[str, TrainerProbe], dict[str, dict[str, int]]]:
     """(progress by pod, failed attempts by pod). A user's script has no trainer endpoint
     of ours; the progress it reported through its launcher stands in for one."""
     probes = dict(trainers)
@@ -187,7 +190,7 @@ class AsyncProber:
                 if response.status != 200:
                     return None
                 return (await response.read()).decode("utf-8", errors="replace")
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
             return None
 
     async def trainer(self, url: str, timeout: float) -> TrainerProbe | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields
+from typing import Any
 
 from . import __version__
 
@@ -139,7 +140,7 @@ def from_env(env: dict[str, str] | None = None) -> OperatorSettings:
     unknown = sorted(k for k in env if k.startswith(PREFIX) and k not in known)
     if unknown:
         raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    values = {}
+    values: dict[str, Any] = {}  # each parsed to its field's type by _parse
     for f in fields(OperatorSettings):
         var = "PROBES" if f.name == "probes_enabled" else f.name.upper()
         if PREFIX + var in env:

@@ -83,7 +83,8 @@ def _ls(args: argparse.Namespace, found: list[survey.Found]) -> int:
             print(f"  {'STEP':>9}  {'WORLD':>5}  {'RANKS':<12} {'SIZE':>10}  {'STRATEGY':<9} STATE")
         for row in rows:
             ranks = f"{row.ranks[0]}-{row.ranks[-1]}" if len(row.ranks) > 1 else str(row.ranks[0]) if row.ranks else "-"
-            state = ("complete" if row.complete else "partial (a node's share)") + (", ok" if row.problem is None else f", BAD: {row.problem}")
+            state = ("complete" if row.complete else "partial (a node's share)") + (
+                ", ok" if row.problem is None else f", BAD: {row.problem}")
             print(f"  {row.step:>9}  {row.world:>5}  {ranks:<12} {survey.human(row.bytes):>10}  {row.strategy:<9} {state}")
             bad += row.problem is not None
     return 1 if bad else 0
@@ -102,7 +103,8 @@ def _verify(args: argparse.Namespace, found: list[survey.Found]) -> int:
             bar = _bar(f"{tier.label} step {row.step}", row.bytes, args.no_progress)
             problem = survey.verify(tier, row.committed, progress=bar.update)
             bar.close()
-            print(f"{tier.label}: step {row.step}: " + ("verified, every byte matches its manifest" if problem is None else f"FAILED: {problem}"))
+            verdict = "verified, every byte matches its manifest" if problem is None else f"FAILED: {problem}"
+            print(f"{tier.label}: step {row.step}: {verdict}")
             bad += problem is not None
     return 1 if bad else 0
 

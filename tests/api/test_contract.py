@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import importlib
 from datetime import timedelta
 from typing import Any
 
-import kmock
 import pytest
+from llmtrain_contract.names import METRICS_PORT
+from llmtrain_operator.api.spec import LLMTrainJobSpec, SchedulingSpec
 from llmtrain_operator.handlers.reconcile import Children, drain_background, listing_source, reconcile
 from llmtrain_operator.k8s.client import PermanentApiError, TransientApiError
 from llmtrain_operator.settings import OperatorSettings
 from support.planning import NOW, ago, job
 
 from .conftest import JOBS, VERBS
+
+# The package re-exports a function named `reconcile`, which hides the submodule attribute.
+reconcile_module = importlib.import_module("llmtrain_operator.handlers.reconcile")
 
 SETTINGS = OperatorSettings(probes_enabled=False)
 NS, NAME = "ml", "tiny-elastic"
@@ -47,15 +52,19 @@ async def one_pass(api, k8s, now=NOW, source=None, settings=SETTINGS):
         await drain_background()  # events are posted off the pass's critical path
 
 
+OWNED = [{"apiVersion": "llmtrain.io/v1alpha1", "kind": "LLMTrainJob", "name": NAME, "uid": "uid-1", "controller": True}]
+"""The ownerReferences of the job's children (``support.planning.job`` has uid ``uid-1``)."""
+
+
 def pod(name: str, slot: int, phase: str = "Running", node: str = "node-0", ready: bool = True,
-        terminated: dict[str, Any] | None = None) -> dict[str, Any]:
+        terminated: dict[str, Any] | None = None, owners: list[dict[str, Any]] = OWNED) -> dict[str, Any]:
     status: dict[str, Any] = {"phase": phase, "podIP": None,
                               "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
     if terminated:
         status["containerStatuses"] = [{"name": "trainer", "state": {"terminated": terminated}}]
     return {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "creationTimestamp": ago(300),
+        "metadata": {"name": name, "namespace": NS, "creationTimestamp": ago(300), "ownerReferences": owners,
                      "labels": {"llmtrain.io/job": NAME, "llmtrain.io/role": "worker", "llmtrain.io/slot": str(slot),
                                 "llmtrain.io/generation": "0"}},
         "spec": {"nodeName": node}, "status": status,
@@ -147,7 +156,7 @@ async def test_a_failed_node_gets_its_pods_force_deleted(api, k8s):
 async def test_suspend_deletes_every_pod_and_resume_recreates_them(api, k8s):
     await started_job(api, k8s)
     api.objects["v1/pods", NS, "tiny-elastic-rdzv"] = {
-        **pod("tiny-elastic-rdzv", 0), "metadata": {"name": "tiny-elastic-rdzv", "namespace": NS,
+        **pod("tiny-elastic-rdzv", 0), "metadata": {"name": "tiny-elastic-rdzv", "namespace": NS, "ownerReferences": OWNED,
                                                     "labels": {"llmtrain.io/job": NAME, "llmtrain.io/role": "rendezvous"}}}
     raw = stored_job(api)
     raw["spec"]["suspend"] = True
@@ -181,6 +190,64 @@ async def test_no_api_calls_at_all_when_nothing_changed(api, k8s):
     assert requests_since(api, before) == []
 
 
+# ---------------------------------------------------------------- what a pass reads
+
+
+async def test_a_pod_with_the_jobs_label_that_the_job_does_not_own_is_neither_charged_nor_deleted(api, k8s):
+    # A namesake job, deleted and created again under the same name, left a failed pod behind
+    # that the garbage collector has not removed yet: the label matches, the owner does not.
+    await started_job(api, k8s)
+    api.objects["v1/pods", NS, "tiny-elastic-worker-0"] = pod(
+        "tiny-elastic-worker-0", 0, phase="Failed", ready=False, terminated={"exitCode": 137, "reason": "Error", "finishedAt": ago(1)},
+        owners=[{**OWNED[0], "uid": "uid-of-the-deleted-namesake"}])
+    before = len(api)
+    result = await one_pass(api, k8s)
+    calls = writes(requests_since(api, before))
+    assert not [c for c in calls if c[0] == "DELETE"], calls
+    assert stored_job(api)["status"]["restarts"] == 0
+    assert ("POST", "/api/v1/namespaces/ml/pods") in calls, "its own worker-0 is missing: created, and refused as existing"
+    assert ("Pod", "tiny-elastic-worker-0") not in result.created
+
+
+async def test_a_pass_parses_the_job_once_for_the_planner_and_for_what_it_reads(api, k8s, monkeypatch):
+    job_module = importlib.import_module("llmtrain_operator.api.job")
+    parsed, validated = [], []
+    real = job_module.parse_job
+    monkeypatch.setattr(job_module, "parse_job", lambda obj: parsed.append(obj) or real(obj))
+    for model in (LLMTrainJobSpec, SchedulingSpec):  # what the handler once validated apart from parse_job
+        plain = model.model_validate.__func__
+        monkeypatch.setattr(model, "model_validate", classmethod(lambda cls, *a, _f=plain, **k: validated.append(cls) or _f(cls, *a, **k)))
+    # Its dependencies (the Secret), its PodGroup and its Workload are all read from the spec.
+    put_job(api, job({"spec.checkpoint.s3": {"bucket": "ckpts", "credentialsSecret": {"name": "s3-creds"}},
+                      "spec.scheduling": {"gang": {"minAvailable": 2}},
+                      "metadata.labels": {"llmtrain.io/job": NAME, "kueue.x-k8s.io/queue-name": "team-a"}}))
+    before = len(api)
+    await one_pass(api, k8s)
+    calls = requests_since(api, before)
+    assert ("GET", "/api/v1/namespaces/ml/secrets/s3-creds") in calls
+    assert ("GET", "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ml/podgroups/tiny-elastic") in calls
+    assert ("GET", "/apis/kueue.x-k8s.io/v1beta1/namespaces/ml/workloads/llmtrainjob-tiny-elastic") in calls
+    assert len(parsed) == 1 and validated == []
+
+
+@pytest.mark.parametrize(("changes", "port"), [({}, METRICS_PORT), ({"spec.metrics.port": 9500}, 9500)], ids=["default", "set"])
+async def test_trainers_are_scraped_on_the_port_of_the_parsed_spec(api, k8s, monkeypatch, changes, port):
+    scraped = []
+
+    async def probe_workers(pods, port, timeout):
+        scraped.append(port)
+        return {}
+
+    async def probe_launchers(pods, timeout):
+        return {}
+
+    monkeypatch.setattr(reconcile_module, "probe_workers", probe_workers)
+    monkeypatch.setattr(reconcile_module, "probe_launchers", probe_launchers)
+    put_job(api, job(changes))
+    await one_pass(api, k8s, settings=OperatorSettings(probes_enabled=True))
+    assert scraped == [port]
+
+
 # ---------------------------------------------------------------- API errors
 
 
@@ -190,6 +257,7 @@ async def test_409_conflict_on_create_is_taken_as_already_there(api, k8s):
     result = await one_pass(api, k8s)
     assert result.plan.status["phase"] == "Created"
     assert stored_job(api)["status"]["phase"] == "Created"
+    assert not [c for c in result.created if c[0] == "Pod"], "a pod that existed already is not one this pass created"
 
 
 async def test_410_gone_on_a_list_is_a_transient_error_and_nothing_is_written(api, k8s):
@@ -295,6 +363,10 @@ async def test_a_refused_create_is_a_condition_and_an_event_with_the_servers_wor
     first = await one_pass(api, k8s)
     _drop_pods(api)
     assert ("Pod", "tiny-elastic-worker-0") not in first.created
+    # What was refused is remembered as the refused actions themselves, not re-read from their words.
+    refused = reconcile_module._REFUSALS[NS, NAME].refused
+    assert {(r.action.kind, r.action.name) for r in refused} == {
+        ("Pod", "tiny-elastic-rdzv"), ("Pod", "tiny-elastic-worker-0"), ("Pod", "tiny-elastic-worker-1")}
     assert ("Service", "tiny-elastic-workers") in first.created, "what was accepted stands"
     before = len(api)
     await one_pass(api, k8s, now=NOW + timedelta(seconds=1))

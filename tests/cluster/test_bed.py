@@ -14,6 +14,8 @@ from support.specs import ROOT, invalid_cases
 
 from .helpers import apply, phase, pod, wait_for
 
+pytestmark = pytest.mark.cluster
+
 NS = "bed"
 
 
@@ -148,7 +150,8 @@ def test_init_containers_run_first_share_volumes_and_a_failed_one_fails_a_never_
           containers:
           - name: main
             image: localcluster.local/python-torch:1
-            command: ["python", "-c", "import importlib.util as u, torch; print(open('/shared/order').read() + 'main', u.find_spec('llmtrain_trainer'))"]
+            command: ["python", "-c",
+                      "import importlib.util as u, torch; print(open('/shared/order').read() + 'main', u.find_spec('llmtrain_trainer'))"]
             volumeMounts: [{name: shared, mountPath: /shared}]
           volumes:
           - {name: shared, emptyDir: {}}
@@ -249,7 +252,8 @@ def test_a_failed_node_goes_not_ready_is_tainted_unreachable_and_its_pods_are_ma
 
 def test_the_crd_applies_and_the_examples_are_accepted(bed):
     bed.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "llmtrain.io_llmtrainjobs.yaml"))
-    wait_for(lambda: bed.kubectl("get", "crd", "llmtrainjobs.llmtrain.io", "-o", "jsonpath={.status.conditions[?(@.type=='Established')].status}").stdout == "True",
+    wait_for(lambda: bed.kubectl("get", "crd", "llmtrainjobs.llmtrain.io", "-o",
+                                 "jsonpath={.status.conditions[?(@.type=='Established')].status}").stdout == "True",
              30, what="CRD established")
     for example in sorted((ROOT / "examples").glob("*.yaml")):
         docs = [d for d in yaml.safe_load_all(example.read_text()) if d and d["kind"] == "LLMTrainJob"]
@@ -344,7 +348,8 @@ def test_a_partitioned_node_goes_unknown_while_its_processes_keep_running(bed):
         spec:
           nodeName: node-1
           containers:
-          - {name: main, image: unused, command: ["python", "-c", "import time\\nwhile True:\\n    print('alive', flush=True); time.sleep(1)"]}
+          - {name: main, image: unused,
+             command: ["python", "-c", "import time\\nwhile True:\\n    print('alive', flush=True); time.sleep(1)"]}
     """), NS)
     wait_for(lambda: phase(bed, "islander", NS) == "Running", 60, what="islander Running")
     uid = pod(bed, "islander", NS)["metadata"]["uid"]

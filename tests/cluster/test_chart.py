@@ -19,6 +19,8 @@ from support import scheduler_crds
 from support.specs import ROOT
 from support.waiting import wait_for
 
+pytestmark = pytest.mark.cluster
+
 CHART = str(ROOT / "charts" / "llmtrain-operator")
 NS = "chart-check"
 
@@ -277,7 +279,8 @@ def test_install_then_upgrade_with_a_crd_change_then_uninstall_leaves_no_operato
         bed.helm("upgrade", "life", str(newer), *base, "--reuse-values", "--set", "operator.resyncSeconds=7")
         served = bed.get("crd", crd["metadata"]["name"])
         assert served["metadata"]["annotations"]["llmtrain.io/chart-upgrade-check"] == "2"
-        env = {e["name"]: e.get("value") for e in bed.get("deployment", "life", "-n", ns)["spec"]["template"]["spec"]["containers"][0]["env"]}
+        env = {e["name"]: e.get("value")
+               for e in bed.get("deployment", "life", "-n", ns)["spec"]["template"]["spec"]["containers"][0]["env"]}
         assert env["LLMTRAIN_OPERATOR_RESYNC_SECONDS"] == "7" and env["LLMTRAIN_OPERATOR_NAMESPACE"] == jobs
 
         bed.helm("uninstall", "life", "--namespace", ns, "--wait", "--timeout", "120s")

@@ -15,6 +15,8 @@ from llmtrain_operator.planner.manifests import store_pod, worker_pod
 from support.specs import ROOT, apply_set, load_job
 from support.waiting import wait_for
 
+pytestmark = pytest.mark.cluster
+
 NS = "pss-restricted"
 
 

@@ -11,6 +11,8 @@ import yaml
 from llmtrain_operator.k8s.client import K8s, TransientApiError
 from support.specs import ROOT, load_job
 
+pytestmark = pytest.mark.cluster
+
 NS = "fencing"
 
 

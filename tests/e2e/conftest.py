@@ -19,12 +19,6 @@ AGENT_LOG_LINES = 30
 STAMPED = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 
 
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if "/e2e/" in str(item.fspath):
-            item.add_marker(pytest.mark.e2e)
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failed end-to-end test's report ends with the last lines of the job pods it ran
@@ -32,7 +26,7 @@ def pytest_runtest_makereport(item, call):
     the time anyone reads it."""
     outcome = yield
     report = outcome.get_result()
-    if report.when == "call" and report.failed and "/e2e/" in str(item.fspath):
+    if report.when == "call" and report.failed and item.get_closest_marker("e2e"):
         report.sections.append(("pod logs (newest first)", _pod_log_tails(call.start)))
 
 
@@ -76,7 +70,7 @@ def _agent_log_since(path, since: float) -> list[str]:
 @pytest.fixture(scope="module")
 def prometheus(operator, tmp_path_factory):
     """A real Prometheus scraping the cluster's annotated pods (one at a time: a fixed port)."""
-    from .prometheus import Prometheus  # noqa: PLC0415
+    from .prometheus import Prometheus
 
     prom = Prometheus(operator, tmp_path_factory.mktemp("prometheus")).start()
     yield prom

@@ -74,7 +74,7 @@ def run_dir(bed, pod: dict[str, Any]) -> Path:
 
 def rank_holder(bed, namespace: str, name: str, rank: int) -> tuple[dict[str, Any], int]:
     """The worker pod whose heartbeat files hold ``rank`` now, and that rank's pid."""
-    from llmtrain_trainer import heartbeat  # noqa: PLC0415 - the trainer package, only where a test needs it
+    from llmtrain_trainer.pod import heartbeat  # the trainer package, only where a test needs it
 
     for pod in pods(bed, namespace, name):
         for beat in heartbeat.read_all(run_dir(bed, pod)):

@@ -87,10 +87,10 @@ class Churn:
     _live: dict[str, bool] = field(default_factory=dict)
     _proc: Any = None
 
-    def __enter__(self) -> "Churn":
+    def __enter__(self) -> Churn:
         self._proc = subprocess.Popen(
-            [str(self.bed.bin / "kubectl"), "get", "pods", "-n", self.namespace, "-l", f"llmtrain.io/job={self.job},llmtrain.io/role=worker",
-             "--watch", "--output-watch-events", "-o", "json"],
+            [str(self.bed.bin / "kubectl"), "get", "pods", "-n", self.namespace,
+             "-l", f"llmtrain.io/job={self.job},llmtrain.io/role=worker", "--watch", "--output-watch-events", "-o", "json"],
             env=self.bed.env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         threading.Thread(target=self._run, daemon=True).start()
         return self

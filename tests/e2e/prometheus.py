@@ -16,7 +16,7 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import yaml
 from support.waiting import wait_for
@@ -31,7 +31,7 @@ class Prometheus:
         self.folder = folder
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "Prometheus":
+    def start(self) -> Prometheus:
         binary = shutil.which("prometheus")
         if binary is None:
             raise RuntimeError("prometheus is not installed (hack/system-deps.sh installs it)")

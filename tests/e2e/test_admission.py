@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from support.waiting import wait_for
 
 from .jobs import create, event_messages, job_manifest, pods, wait_status
+
+pytestmark = pytest.mark.e2e
 
 
 def _failure(status: dict) -> dict | None:

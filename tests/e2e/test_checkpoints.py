@@ -17,6 +17,9 @@ from s3server import MinioServer
 from .jobs import PVC, create, events, job_manifest, wait_status
 from .matrix import check_counters
 
+pytestmark = pytest.mark.e2e
+
+
 @pytest.fixture(scope="module")
 def s3(operator, tmp_path_factory):
     with MinioServer(tmp_path_factory.mktemp("minio-e2e"), host="0.0.0.0") as server:

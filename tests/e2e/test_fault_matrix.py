@@ -14,11 +14,14 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from support.waiting import wait_for
 
 from .conftest import OPERATOR_NS
 from .jobs import PVC, create, job_manifest, pods, rank_holder, status, wait_status
 from .matrix import Churn, check_outcome, condition, restores
+
+pytestmark = pytest.mark.e2e
 
 STEPS, INTERVAL = 40, 5
 PACE = f"slow@step=1,seconds=0.4,steps={STEPS}"

@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from support import scheduler_crds as crds
 from support.waiting import wait_for
 
 from .jobs import create, event_messages, get, job_manifest, pods, wait_status
 from .webhook import REFUSAL, RefusingWebhook
+
+pytestmark = pytest.mark.e2e
 
 NS = "e2e-gang"
 CRDS = {"scheduler-plugins": ("podgroups.scheduling.x-k8s.io", "scheduling.x-k8s.io_podgroups.yaml"),
@@ -36,55 +39,71 @@ def _pod_group(bed, scheduler: str, name: str) -> dict | None:
     return json.loads(out.stdout) if out.returncode == 0 else None
 
 
-def test_a_gang_job_gets_the_pod_group_its_scheduler_expects(operator):
-    bed = operator
-    for crd, _ in CRDS.values():
-        bed.kubectl("delete", "crd", crd, "--ignore-not-found", "--wait=true")
-    # No PodGroup API: the job says so, once, and runs without one.
-    create(bed, NS, _gang("gang-nocrd", "scheduler-plugins"))
-    missing = wait_status(bed, NS, "gang-nocrd", lambda s: _condition(s, "PodGroupReady").get("reason") == "PodGroupAPIMissing",
-                          60, "PodGroupAPIMissing")
-    assert "podgroups.scheduling.x-k8s.io/v1alpha1" in _condition(missing, "PodGroupReady")["message"]
-    assert any(r == "PodGroupAPIMissing" for r, _ in event_messages(bed, NS, "gang-nocrd"))
-    wait_for(lambda: len(pods(bed, NS, "gang-nocrd")) == 2, 60, what="the workers, without a PodGroup")
-    bed.kubectl("delete", "ltj", "gang-nocrd", "-n", NS, "--wait=false")
-
+def _install_crds(bed) -> None:
     for crd, file in CRDS.values():
         crds.install(bed, crd, file)
 
-    # scheduler-plugins: the PodGroup, owned by the job, then the workers naming it.
+
+def test_a_gang_job_without_the_pod_group_api_says_so_once_and_runs_without_one(operator):
+    bed = operator
+    for crd, _ in CRDS.values():
+        bed.kubectl("delete", "crd", crd, "--ignore-not-found", "--wait=true")
+    create(bed, NS, _gang("gang-nocrd", "scheduler-plugins"))
+    try:
+        missing = wait_status(bed, NS, "gang-nocrd", lambda s: _condition(s, "PodGroupReady").get("reason") == "PodGroupAPIMissing",
+                              60, "PodGroupAPIMissing")
+        assert "podgroups.scheduling.x-k8s.io/v1alpha1" in _condition(missing, "PodGroupReady")["message"]
+        assert any(r == "PodGroupAPIMissing" for r, _ in event_messages(bed, NS, "gang-nocrd"))
+        wait_for(lambda: len(pods(bed, NS, "gang-nocrd")) == 2, 60, what="the workers, without a PodGroup")
+    finally:
+        bed.kubectl("delete", "ltj", "gang-nocrd", "-n", NS, "--wait=false", check=False)
+
+
+def test_a_scheduler_plugins_gang_gets_its_pod_group_owned_by_the_job_and_deleted_with_it(operator):
+    """The PodGroup, owned by the job, then the workers naming it; deleting the job deletes
+    its PodGroup (ownerReferences)."""
+    bed = operator
+    _install_crds(bed)
     create(bed, NS, _gang("gang-sp", "scheduler-plugins"))
-    group = wait_for(lambda: _pod_group(bed, "scheduler-plugins", "gang-sp"), 60, what="the scheduler-plugins PodGroup")
-    owner = group["metadata"]["ownerReferences"][0]
-    assert owner["kind"] == "LLMTrainJob" and owner["uid"] == get(bed, NS, "gang-sp")["metadata"]["uid"]
-    assert group["spec"]["minMember"] == 2 and group["spec"]["minResources"] == {"cpu": "2", "memory": "4Gi"}
-    wait_status(bed, NS, "gang-sp", lambda s: _condition(s, "PodGroupReady").get("status") == "True", 60, "PodGroupReady")
-    workers = wait_for(lambda: (lambda p: p if len(p) == 2 else None)(pods(bed, NS, "gang-sp")), 60, what="the gang's workers")
-    assert all(p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "gang-sp" for p in workers)
-
-    # Volcano: no worker pod while the PodGroup is Pending; they come once it is Inqueue.
-    create(bed, NS, _gang("gang-volcano", "volcano"))
-    wait_for(lambda: _pod_group(bed, "volcano", "gang-volcano"), 60, what="the Volcano PodGroup")
-    wait_status(bed, NS, "gang-volcano", lambda s: _condition(s, "PodGroupReady").get("reason") == "PodGroupPending", 60,
-                "PodGroupPending")
-    time.sleep(4)  # two of the operator's polls of the phase
-    assert pods(bed, NS, "gang-volcano") == [], "Volcano's admission would refuse them"
-    assert pods(bed, NS, "gang-volcano", "rendezvous"), "the store does not wait"
-    admitted = time.monotonic()
-    bed.kubectl("patch", CRDS["volcano"][0], "gang-volcano", "-n", NS, "--type=merge", "-p", '{"status": {"phase": "Inqueue"}}')
-    wait_for(lambda: len(pods(bed, NS, "gang-volcano")) == 2, 30, what="the workers once Volcano took the gang in")
-    assert time.monotonic() - admitted < 15
-    # Suspended, the job gives the PodGroup back (a Volcano queue would keep its resources).
-    bed.kubectl("patch", "ltj", "gang-volcano", "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": true}}')
-    wait_for(lambda: _pod_group(bed, "volcano", "gang-volcano") is None, 60, what="the PodGroup of a suspended job gone")
-
-    # Deleting the job deletes its PodGroup (ownerReferences).
-    bed.kubectl("delete", "ltj", "gang-sp", "gang-volcano", "-n", NS, "--wait=false")
+    try:
+        group = wait_for(lambda: _pod_group(bed, "scheduler-plugins", "gang-sp"), 60, what="the scheduler-plugins PodGroup")
+        owner = group["metadata"]["ownerReferences"][0]
+        assert owner["kind"] == "LLMTrainJob" and owner["uid"] == get(bed, NS, "gang-sp")["metadata"]["uid"]
+        assert group["spec"]["minMember"] == 2 and group["spec"]["minResources"] == {"cpu": "2", "memory": "4Gi"}
+        wait_status(bed, NS, "gang-sp", lambda s: _condition(s, "PodGroupReady").get("status") == "True", 60, "PodGroupReady")
+        workers = wait_for(lambda: (lambda p: p if len(p) == 2 else None)(pods(bed, NS, "gang-sp")), 60, what="the gang's workers")
+        assert all(p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "gang-sp" for p in workers)
+    finally:
+        bed.kubectl("delete", "ltj", "gang-sp", "-n", NS, "--wait=false", check=False)
     wait_for(lambda: _pod_group(bed, "scheduler-plugins", "gang-sp") is None, 90, what="the PodGroup garbage-collected")
+
+
+def test_a_volcano_gang_waits_for_its_queue_and_gives_its_pod_group_back_when_suspended(operator):
+    """No worker pod while the PodGroup is Pending; they come once it is Inqueue."""
+    bed = operator
+    _install_crds(bed)
+    create(bed, NS, _gang("gang-volcano", "volcano"))
+    try:
+        wait_for(lambda: _pod_group(bed, "volcano", "gang-volcano"), 60, what="the Volcano PodGroup")
+        wait_status(bed, NS, "gang-volcano", lambda s: _condition(s, "PodGroupReady").get("reason") == "PodGroupPending", 60,
+                    "PodGroupPending")
+        time.sleep(4)  # two of the operator's polls of the phase
+        assert pods(bed, NS, "gang-volcano") == [], "Volcano's admission would refuse them"
+        assert pods(bed, NS, "gang-volcano", "rendezvous"), "the store does not wait"
+        admitted = time.monotonic()
+        bed.kubectl("patch", CRDS["volcano"][0], "gang-volcano", "-n", NS, "--type=merge", "-p", '{"status": {"phase": "Inqueue"}}')
+        wait_for(lambda: len(pods(bed, NS, "gang-volcano")) == 2, 30, what="the workers once Volcano took the gang in")
+        assert time.monotonic() - admitted < 15
+        # Suspended, the job gives the PodGroup back (a Volcano queue would keep its resources).
+        bed.kubectl("patch", "ltj", "gang-volcano", "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": true}}')
+        wait_for(lambda: _pod_group(bed, "volcano", "gang-volcano") is None, 60, what="the PodGroup of a suspended job gone")
+    finally:
+        bed.kubectl("delete", "ltj", "gang-volcano", "-n", NS, "--wait=false", check=False)
 
 
 def test_an_admission_webhook_refusing_a_gang_jobs_pods_shows_in_a_condition_and_an_event_within_seconds(operator):
     bed = operator
+    _install_crds(bed)
     with RefusingWebhook() as hook:
         bed.kubectl("apply", "-f", "-", input=json.dumps(hook.configuration("e2e-refuse-gang", "gang-refused")))
         try:

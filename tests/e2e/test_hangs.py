@@ -4,16 +4,23 @@ collective, and a whole worker pod frozen (launcher, torchrun and ranks). Each i
 detected from outside the failing process, blamed on the right pod and node in the
 status and Events, never charged to the victims, and the jobs succeed.
 
+Two jobs (the module's ``jobs`` fixture) go through these faults; each fault's checks are
+a test of their own, in order, so that a failed one hides nothing of the next, and the
+last tests check how each job ended.
+
 Sanity bounds only; detection and recovery times are measured by bench/recovery.py."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from support.waiting import wait_for
 
 from .jobs import create, event_messages, job_manifest, pod_with_marker, pods, run_dir, wait_status
 from .matrix import check_counters, restores
+
+pytestmark = pytest.mark.e2e
 
 NS = "e2e-hangs"
 HANG = 10
@@ -22,9 +29,14 @@ PACE = "slow@step=1,seconds=0.5,steps=200"
 """Every step takes >= 0.5 s: the jobs cannot finish before their faults are handled."""
 COMMON = {"spec.faultTolerance.hangTimeoutSeconds": HANG, "spec.faultTolerance.progressTimeoutSeconds": 600,
           "spec.faultTolerance.maxRestarts": 6, "spec.checkpoint.intervalSteps": 5}
+GIL_MARKER = "fault-0-rank-1.fired"
 
 
-def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succeed(operator, prometheus):
+@pytest.fixture(scope="module")
+def jobs(operator):
+    """Both jobs, created together; their faults fire on their own (the spec's fault
+    injection) but for the frozen pod, which its test makes. What one test hands to the
+    next goes into the dict."""
     bed = operator
     # The single job also meets bad numerics later: a NaN at step 20 rolls it back to
     # step 15 and skips the samples of steps 16..20 (8 per step).
@@ -34,11 +46,20 @@ def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succe
     # a ratio above the factor 2 even when a loaded machine adds seconds to every step.
     create(bed, NS, job_manifest("pair", {**COMMON, "spec.trainer.builtin.maxSteps": 70,
                                           "spec.faultTolerance.stragglers": {"factor": 2, "steps": 5},
-                                          "spec.env": [{"name": FAULTS, "value": f"gil@step=8,rank=1;slow@step=45,rank=1,seconds=2.5,steps=12;{PACE}"}]}))
+                                          "spec.env": [{"name": FAULTS,
+                                                        "value": f"gil@step=8,rank=1;slow@step=45,rank=1,seconds=2.5,steps=12;{PACE}"}]}))
+    return {}
 
-    # 1. The job's only rank is frozen: its own watchdog thread is frozen with it, and
-    # nobody else is left to time out. The launcher's supervisor ends it; torchrun restarts
-    # it in place.
+
+def _finished(bed, job: str) -> dict:
+    return wait_status(bed, NS, job, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, f"{job} finished")
+
+
+def test_a_frozen_only_rank_is_ended_by_its_launcher_and_restored_from_tier_1(operator, jobs):
+    """The job's only rank is frozen: its own watchdog thread is frozen with it, and nobody
+    else is left to time out. The launcher's supervisor ends it; torchrun restarts it in
+    place."""
+    bed = operator
     single = wait_status(bed, NS, "single", lambda s: s.get("restartsByReason", {}).get("Hang", 0) >= 1, 240, "the frozen rank detected")
     failure = single["lastFailure"]
     (pod,) = pods(bed, NS, "single")
@@ -51,23 +72,33 @@ def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succe
     resumed = wait_for(lambda: restores(bed, NS, "single", since=frozen_at), 120, 1, "the single job's restore")
     assert min(r.step for r in resumed) >= 8 - COMMON["spec.checkpoint.intervalSteps"] and resumed[0].tier == "local", resumed
 
-    # 2. Rank 1 holds the GIL; rank 0 waits for it in the gradient all-reduce. Only the
-    # spinning rank's pod is charged.
+
+def test_a_rank_holding_the_gil_is_blamed_its_blocked_peer_is_not_and_the_pair_resumes(operator, jobs):
+    """Rank 1 holds the GIL; rank 0 waits for it in the gradient all-reduce. Only the
+    spinning rank's pod is charged."""
+    bed = operator
     pair = wait_status(bed, NS, "pair", lambda s: s.get("restartsByReason", {}).get("Hang", 0) >= 1, 240, "the GIL-holding rank detected")
-    cause = pod_with_marker(bed, NS, "pair", "fault-0-rank-1.fired")
+    cause = pod_with_marker(bed, NS, "pair", GIL_MARKER)
+    jobs["cause"] = cause
     failure = pair["lastFailure"]
     assert (failure["kind"], failure["pod"], failure["node"]) == ("Hang", cause["metadata"]["name"], cause["spec"]["nodeName"]), failure
     assert pair["restartsByReason"] == {"Hang": 1}, pair["restartsByReason"]
-
-    # 3. The whole other pod is frozen (launcher, torchrun, ranks): nothing in it can
-    # report. The kubelet's liveness probe on the launcher fails, the pod is killed and
-    # replaced, blamed on that pod; the survivor's ranks were victims, not charged.
     wait_status(bed, NS, "pair", lambda s: s.get("lastRecoverySeconds") is not None and s.get("step", 0) >= 15, 240, "training again")
     # The restore after the hang lost at most one interval (the fault fired at step 8;
     # its marker holds the moment, so the pair's growth to two workers is left out).
-    fired = float((run_dir(bed, cause) / "faults" / "fault-0-rank-1.fired").read_text())
+    fired = float((run_dir(bed, cause) / "faults" / GIL_MARKER).read_text())
     resumed = restores(bed, NS, "pair", since=fired)
     assert resumed and min(r.step for r in resumed) >= 8 - COMMON["spec.checkpoint.intervalSteps"], resumed
+
+
+def test_a_frozen_pod_is_killed_by_its_liveness_probe_and_blamed_on_that_pod(operator, jobs):
+    """The whole other pod is frozen (launcher, torchrun, ranks): nothing in it can report.
+    The kubelet's liveness probe on the launcher fails, the pod is killed and replaced,
+    blamed on that pod; the survivor's ranks were victims, not charged."""
+    bed = operator
+    # The pair training again after the GIL hang: where the test before passed, at once.
+    wait_status(bed, NS, "pair", lambda s: s.get("lastRecoverySeconds") is not None and s.get("step", 0) >= 15, 240, "training again")
+    cause = jobs.get("cause") or pod_with_marker(bed, NS, "pair", GIL_MARKER)
     frozen = next(p for p in pods(bed, NS, "pair") if p["metadata"]["name"] != cause["metadata"]["name"])
     name = frozen["metadata"]["name"]
     bed.kill_pod(NS, name, "SIGSTOP")
@@ -77,7 +108,9 @@ def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succe
     assert "liveness" in failure["message"], failure
     assert replaced["restartsByReason"] == {"Hang": 1, "Signal9": 1}, replaced["restartsByReason"]
 
-    # 4. The straggler: reported with its rank, pod and node, not charged.
+
+def test_a_straggler_is_reported_with_its_rank_pod_and_node_and_not_charged(operator, jobs):
+    bed = operator
     slow = wait_status(bed, NS, "pair", lambda s: any(c["type"] == "Straggler" and c["status"] == "True" for c in s.get("conditions", [])),
                        300, "the straggler reported")
     message = next(c["message"] for c in slow["conditions"] if c["type"] == "Straggler")
@@ -86,14 +119,25 @@ def test_frozen_and_gil_holding_ranks_are_blamed_from_outside_and_the_jobs_succe
     assert any(r == "Straggler" and f"rank 1 in pod {holders[0]['metadata']['name']}" in m for r, m in event_messages(bed, NS, "pair"))
     assert slow["restartsByReason"] == {"Hang": 1, "Signal9": 1}
 
-    done = {job: wait_status(bed, NS, job, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, f"{job} finished")
-            for job in ("single", "pair")}
-    for job, final in done.items():
-        assert final["phase"] == "Succeeded", json.dumps(final)[:3000]
-    single = done["single"]
+
+def test_the_single_job_rolls_back_its_nan_and_succeeds_charged_only_its_hang(operator, jobs):
+    bed = operator
+    single = _finished(bed, "single")
+    assert single["phase"] == "Succeeded", json.dumps(single)[:3000]
     assert single["restartsByReason"] == {"Hang": 1}, "a rollback is not a restart"
     assert single["numerics"] == {"rollbacks": 1, "skipped": [{"firstStep": 16, "lastStep": 20, "firstSample": 120, "endSample": 160}]}
     assert any(r == "RolledBack" and "samples 120..159" in m for r, m in event_messages(bed, NS, "single"))
-    assert done["pair"]["restartsByReason"] == {"Hang": 1, "Signal9": 1}
-    # The two jobs' charges as the operator counted them, scraped by the real Prometheus.
+
+
+def test_the_pair_succeeds_charged_its_hang_and_its_frozen_pod_once_each(operator, jobs):
+    bed = operator
+    pair = _finished(bed, "pair")
+    assert pair["phase"] == "Succeeded", json.dumps(pair)[:3000]
+    assert pair["restartsByReason"] == {"Hang": 1, "Signal9": 1}
+
+
+def test_prometheus_has_the_two_jobs_charges_as_the_operator_counted_them(operator, prometheus, jobs):
+    bed = operator
+    for job in ("single", "pair"):
+        _finished(bed, job)
     check_counters(prometheus, NS, by_reason={"Hang": 2, "Signal9": 1}, succeeded=2)

@@ -1,6 +1,6 @@
 """Kueue's contract end to end on the real API server, with Kueue's own Workload and
 ResourceFlavor CRDs (v0.14.0, from its pinned module: hack/cluster-tools/
-scheduler-crds.sh). The test plays Kueue's scheduler, writing the Workload's admission and
+scheduler-crds.sh). The tests play Kueue's scheduler, writing the Workload's admission and
 eviction as Kueue does; the operator plays Kueue's integration for its job kind: the
 Workload, suspension until admission, the flavor's placement, the quota given back after
 an eviction, Finished at the end."""
@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from support import scheduler_crds as crds
 from support.waiting import wait_for
 
 from .jobs import create, event_messages, get, job_manifest, pods, wait_status
+
+pytestmark = pytest.mark.e2e
 
 NS, NAME, WL = "e2e-kueue", "queued", "llmtrainjob-queued"
 FLAVOR = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor", "metadata": {"name": "e2e-gpu-pool"},
@@ -32,7 +35,8 @@ def _condition(conditions: list[dict], type_: str) -> dict:
 
 def _kueue_writes(bed, status: dict) -> None:
     """What Kueue's scheduler writes into the Workload's status."""
-    bed.kubectl("patch", "workloads.kueue.x-k8s.io", WL, "-n", NS, "--subresource=status", "--type=merge", "-p", json.dumps({"status": status}))
+    bed.kubectl("patch", "workloads.kueue.x-k8s.io", WL, "-n", NS, "--subresource=status", "--type=merge",
+                "-p", json.dumps({"status": status}))
 
 
 def _now() -> str:
@@ -45,7 +49,8 @@ def _admit(bed) -> None:
                    for ps in workload["spec"]["podSets"]]
     kept = [c for c in (workload.get("status") or {}).get("conditions", []) if c["type"] not in ("QuotaReserved", "Admitted", "Evicted")]
     _kueue_writes(bed, {"admission": {"clusterQueue": "cluster-queue", "podSetAssignments": assignments}, "conditions": kept + [
-        {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "Quota reserved in ClusterQueue cluster-queue", "lastTransitionTime": _now()},
+        {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "Quota reserved in ClusterQueue cluster-queue",
+         "lastTransitionTime": _now()},
         {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "The workload is admitted", "lastTransitionTime": _now()}]})
 
 
@@ -53,18 +58,34 @@ def _spec_suspend(bed) -> bool | None:
     return (get(bed, NS, NAME).get("spec") or {}).get("suspend")
 
 
-def test_a_queued_job_waits_for_kueue_runs_when_admitted_yields_when_evicted_and_finishes_its_workload(operator):
+def _released(bed) -> dict:
+    """The Workload once its quota was given back (no admission)."""
+    return wait_for(lambda: (lambda w: w if not w["status"].get("admission") else None)(_workload(bed)), 30,
+                    what="the quota given back")
+
+
+@pytest.fixture(scope="module")
+def queued_job(operator):
+    """Kueue's CRDs, the flavor, and the job, created without suspend and labelled for the
+    queue ``team-a``. One job goes through the whole contract; each step's checks are a
+    test of their own, in order, so that a failed one hides nothing of the next."""
     bed = operator
     crds.install(bed, "workloads.kueue.x-k8s.io", "kueue.x-k8s.io_workloads.yaml")
     crds.install(bed, "resourceflavors.kueue.x-k8s.io", "kueue.x-k8s.io_resourceflavors.yaml")
     bed.kubectl("apply", "-f", "-", input=json.dumps(FLAVOR))
-
-    # Created without suspend: like Kueue's webhook, the operator suspends it, and creates its Workload.
-    # Paced, so that the eviction below lands mid-run (unpaced, 30 steps take seconds).
+    # Paced, so that the eviction lands mid-run (unpaced, 30 steps take seconds).
     manifest = job_manifest(NAME, {"spec.trainer.builtin.maxSteps": 30, "metadata.labels": {"kueue.x-k8s.io/queue-name": "team-a"},
                                    "spec.env": [{"name": "LLMTRAIN_FAULT_INJECT", "value": "slow@step=1,seconds=0.5,steps=30"}]})
     del manifest["spec"]["scheduling"]  # the flavor places the pods
     create(bed, NS, manifest)
+    yield
+    bed.kubectl("delete", "ltj", NAME, "-n", NS, "--wait=false", check=False)
+
+
+def test_a_queued_job_is_suspended_with_its_workload_and_runs_nothing_before_admission(operator, queued_job):
+    """Created without suspend: like Kueue's webhook, the operator suspends it, and creates
+    its Workload."""
+    bed = operator
     workload = wait_for(lambda: _workload(bed), 60, what="the Workload")
     assert workload["spec"]["queueName"] == "team-a"
     assert [(p["name"], p["count"]) for p in workload["spec"]["podSets"]] == [("workers", 2), ("rendezvous", 1)]
@@ -75,7 +96,12 @@ def test_a_queued_job_waits_for_kueue_runs_when_admitted_yields_when_evicted_and
     time.sleep(3)
     assert not pods(bed, NS, NAME) and not pods(bed, NS, NAME, "rendezvous"), "nothing runs before admission"
 
-    # Kueue admits it: unsuspended within seconds, the pods on the flavor's nodes.
+
+def test_an_admitted_job_is_unsuspended_within_seconds_its_pods_on_the_flavors_nodes(operator, queued_job):
+    bed = operator
+    # Waiting for admission: where the test before passed, at once.
+    wait_for(lambda: _workload(bed), 60, what="the Workload")
+    wait_status(bed, NS, NAME, lambda s: s.get("phase") == "Suspended", 60, "suspended while queued")
     admitted = time.monotonic()
     _admit(bed)
     workers = wait_for(lambda: (lambda p: p if len(p) == 2 else None)(pods(bed, NS, NAME)), 60, what="the workers after admission")
@@ -86,19 +112,26 @@ def test_a_queued_job_waits_for_kueue_runs_when_admitted_yields_when_evicted_and
         assert {"key": "e2e.llmtrain.io/queued", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
     assert any(r == "AdmittedByKueue" for r, _ in event_messages(bed, NS, NAME))
 
-    # Kueue evicts it (preempted): suspended, pods gone, then the quota is given back.
+
+def test_an_evicted_job_is_suspended_its_pods_go_and_its_quota_is_given_back(operator, queued_job):
+    """Kueue evicts it (preempted)."""
+    bed = operator
     wait_status(bed, NS, NAME, lambda s: s.get("phase") == "Running", 180, "running")
     conditions = _workload(bed)["status"]["conditions"]
     _kueue_writes(bed, {"conditions": conditions + [{"type": "Evicted", "status": "True", "reason": "Preempted",
-                                                     "message": "Preempted to accommodate a higher priority Workload", "lastTransitionTime": _now()}]})
+                                                     "message": "Preempted to accommodate a higher priority Workload",
+                                                     "lastTransitionTime": _now()}]})
     evicted = wait_status(bed, NS, NAME, lambda s: s.get("phase") == "Suspended", 60, "suspended after the eviction")
     assert "Preempted to accommodate" in _condition(evicted["conditions"], "Admitted")["message"]
     wait_for(lambda: not pods(bed, NS, NAME) and not pods(bed, NS, NAME, "rendezvous"), 90, what="the pods gone")
-    released = wait_for(lambda: (lambda w: w if not w["status"].get("admission") else None)(_workload(bed)), 30,
-                        what="the quota given back")
+    released = _released(bed)
     assert _condition(released["status"]["conditions"], "QuotaReserved")["status"] == "False"
 
-    # Admitted again (Kueue requeues it): it resumes and finishes; the Workload says Finished.
+
+def test_a_readmitted_job_resumes_finishes_uncharged_and_its_workload_says_finished(operator, queued_job):
+    """Admitted again (Kueue requeues it)."""
+    bed = operator
+    released = _released(bed)  # where the test before passed, at once
     _kueue_writes(bed, {"conditions": [c for c in released["status"]["conditions"] if c["type"] != "Evicted"]})
     _admit(bed)
     done = wait_status(bed, NS, NAME, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, "the job finished")
@@ -106,4 +139,3 @@ def test_a_queued_job_waits_for_kueue_runs_when_admitted_yields_when_evicted_and
     assert done["restarts"] == 0, "an eviction is not a failure"
     finished = wait_for(lambda: _condition(_workload(bed)["status"]["conditions"], "Finished"), 30, what="Finished")
     assert finished["status"] == "True" and finished["reason"] == "Succeeded"
-    bed.kubectl("delete", "ltj", NAME, "-n", NS, "--wait=false")

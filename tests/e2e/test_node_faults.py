@@ -4,15 +4,22 @@ frozen while its ranks run on, a worker's torchrun agent frozen alone, a network
 is detected from outside, blamed on the right pod and node in the status and Events,
 charged once, and the job trains on and succeeds.
 
+The job is the module's ``job`` fixture; each fault's checks are a test of their own, in
+order, so that a failed one hides nothing of the next, and the last test checks the job's
+end.
+
 Sanity bounds only; detection and recovery times are measured by bench/recovery.py."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from support.waiting import wait_for
 
 from .jobs import PVC, create, event_messages, job_manifest, pods, rank_holder, run_dir, wait_status
+
+pytestmark = pytest.mark.e2e
 
 NS, NAME = "e2e-node-faults", "nodes"
 HANG = 10
@@ -33,7 +40,15 @@ def _training_at_two(bed, after_step: int, what: str) -> dict:
                        and s.get("step", 0) > after_step, 300, what)
 
 
-def test_a_frozen_launcher_a_frozen_agent_a_partitioned_node_and_a_deleted_node_are_each_blamed_once(operator):
+def _at_world_size_two(bed) -> None:
+    """A test's starting point: both workers training (where the test before passed, at once)."""
+    wait_status(bed, NS, NAME, lambda s: s.get("worldSize") == 2, 300, "training at world size 2")
+
+
+@pytest.fixture(scope="module")
+def job(operator):
+    """The job, training at world size 2 past step 8. What one test hands to the next (the
+    nodes it cut off) goes into the dict."""
     bed = operator
     # A shared tier (a ReadWriteMany PVC): a lost node must not take the only copy of the
     # newest checkpoint with it. Every step takes >= 0.5 s, so the job cannot finish before
@@ -53,10 +68,15 @@ def test_a_frozen_launcher_a_frozen_agent_a_partitioned_node_and_a_deleted_node_
         "spec.env": [{"name": FAULTS, "value": faults}],
     }))
     wait_status(bed, NS, NAME, lambda s: s.get("worldSize") == 2 and s.get("step", 0) >= 8, 300, "training at world size 2")
+    return {}
 
-    # 1. Rank 1's launcher is stopped: its ranks run on, but nothing in the pod would report
-    # or restart them any more. The kubelet's liveness probe on its /healthz fails, the pod
-    # is killed and replaced, blamed on that pod and node.
+
+def test_a_frozen_launcher_is_killed_by_its_liveness_probe_and_blamed_on_its_pod(operator, job):
+    """Rank 1's launcher is stopped: its ranks run on, but nothing in the pod would report
+    or restart them any more. The kubelet's liveness probe on its /healthz fails, the pod
+    is killed and replaced, blamed on that pod and node."""
+    bed = operator
+    _at_world_size_two(bed)
     cause, _ = wait_for(lambda: rank_holder(bed, NS, NAME, 1), 60, 0.5, "rank 1's heartbeat")
     (run_dir(bed, cause) / "freeze-launcher").write_text("")
     frozen = wait_status(bed, NS, NAME, lambda s: s.get("restarts", 0) >= 1, 300, "the frozen launcher's pod replaced")
@@ -67,10 +87,14 @@ def test_a_frozen_launcher_a_frozen_agent_a_partitioned_node_and_a_deleted_node_
     assert frozen["restartsByReason"] == {"Signal9": 1}, frozen["restartsByReason"]
     _training_at_two(bed, frozen.get("step", 0), "training at world size 2 after the launcher")
 
-    # 2. Rank 0's torchrun agent alone is stopped: its ranks run on, but no process could
-    # restart them or report their failure, and the launcher still answers its liveness
-    # probe. The launcher's supervisor sees the agent stopped for longer than the ranks'
-    # timeout, ends the pod with the hang code and names the agent; the pod is replaced.
+
+def test_a_frozen_torchrun_agent_is_ended_by_the_launcher_with_the_hang_code_naming_it(operator, job):
+    """Rank 0's torchrun agent alone is stopped: its ranks run on, but no process could
+    restart them or report their failure, and the launcher still answers its liveness
+    probe. The launcher's supervisor sees the agent stopped for longer than the ranks'
+    timeout, ends the pod with the hang code and names the agent; the pod is replaced."""
+    bed = operator
+    _at_world_size_two(bed)
     cause, _ = wait_for(lambda: rank_holder(bed, NS, NAME, 0), 60, 0.5, "rank 0's heartbeat")
     (run_dir(bed, cause) / "freeze-agent").write_text("")
     stopped = wait_status(bed, NS, NAME, lambda s: s.get("restartsByReason", {}).get("Hang", 0) >= 1, 300,
@@ -84,43 +108,61 @@ def test_a_frozen_launcher_a_frozen_agent_a_partitioned_node_and_a_deleted_node_
     assert stopped["restartsByReason"] == {"Signal9": 1, "Hang": 1}, "the other pod's blocked ranks were victims"
     _training_at_two(bed, stopped.get("step", 0), "training at world size 2 after the agent")
 
-    # 3. A partition: a worker's node stops its heartbeats and its pods lose their links,
-    # their processes running on. Not the store's node: the rendezvous must survive.
+
+def test_a_partitioned_node_is_charged_once_as_a_node_failure_naming_its_pod(operator, job):
+    """A worker's node stops its heartbeats and its pods lose their links, their processes
+    running on. Not the store's node: the rendezvous must survive."""
+    bed = operator
+    _at_world_size_two(bed)
     store_node = pods(bed, NS, NAME, role="rendezvous")[0]["spec"]["nodeName"]
     by_node = _worker_nodes(bed)
     target_pod, cut = next((p, n) for p, n in sorted(by_node.items()) if n != store_node)
+    job.update(store_node=store_node, cut=cut)
     bed.partition_node(cut)
-    parted = wait_status(bed, NS, NAME, lambda s: s.get("restartsByReason", {}).get("NodeFailure", 0) >= 1, 240,
-                         "the partitioned node's failure")
-    failure = parted["lastFailure"]
-    assert (failure["kind"], failure["node"], failure["pod"]) == ("NodeFailure", cut, target_pod), failure
-    assert "NotReady/unreachable" in failure["message"], failure
-    assert cut in [q["node"] for q in parted["quarantinedNodes"]]
-    wait_for(lambda: any(cut in m and target_pod in m for m in _events(bed, "NodeFailure")), 30, 0.5,
-             f"a NodeFailure Event naming {cut} and {target_pod}")
-    assert parted["restartsByReason"] == {"Signal9": 1, "Hang": 1, "NodeFailure": 1}, "the survivor's blocked ranks were victims"
-    bed.heal_node(cut)  # links back: the kubelet ends the pod the operator force-deleted
-    bed.wait_nodes_ready(180)
+    try:
+        parted = wait_status(bed, NS, NAME, lambda s: s.get("restartsByReason", {}).get("NodeFailure", 0) >= 1, 240,
+                             "the partitioned node's failure")
+        failure = parted["lastFailure"]
+        assert (failure["kind"], failure["node"], failure["pod"]) == ("NodeFailure", cut, target_pod), failure
+        assert "NotReady/unreachable" in failure["message"], failure
+        assert cut in [q["node"] for q in parted["quarantinedNodes"]]
+        wait_for(lambda: any(cut in m and target_pod in m for m in _events(bed, "NodeFailure")), 30, 0.5,
+                 f"a NodeFailure Event naming {cut} and {target_pod}")
+        assert parted["restartsByReason"] == {"Signal9": 1, "Hang": 1, "NodeFailure": 1}, "the survivor's blocked ranks were victims"
+    finally:
+        bed.heal_node(cut)  # links back: the kubelet ends the pod the operator force-deleted
+        bed.wait_nodes_ready(180)
     _training_at_two(bed, parted.get("step", 0), "training at world size 2 after the partition")
 
-    # 4. A worker's Node object deleted outright (`kubectl delete node`): no NotReady, no
-    # grace to wait for; the pods on it are lost at once.
+
+def test_a_deleted_node_object_is_charged_at_once_as_a_node_failure(operator, job):
+    """A worker's Node object deleted outright (`kubectl delete node`): no NotReady, no
+    grace to wait for; the pods on it are lost at once."""
+    bed = operator
+    _at_world_size_two(bed)
+    store_node = job.get("store_node") or pods(bed, NS, NAME, role="rendezvous")[0]["spec"]["nodeName"]
+    cut = job.get("cut")
     by_node = _worker_nodes(bed)
     candidates = sorted(((n == store_node, p, n) for p, n in by_node.items() if n != cut))
     _, gone_pod, gone = candidates[0]
     bed.kubectl("delete", "node", gone)
-    deleted = wait_status(bed, NS, NAME, lambda s: s.get("restartsByReason", {}).get("NodeFailure", 0) >= 2, 240,
-                          "the deleted node's failure")
-    failure = deleted["lastFailure"]
-    assert (failure["kind"], failure["node"], failure["pod"]) == ("NodeFailure", gone, gone_pod), failure
-    assert "Node object was deleted" in failure["message"], failure
-    assert {cut, gone} <= {q["node"] for q in deleted["quarantinedNodes"]}
-    # Events are posted after the status write, in the background: wait for it.
-    wait_for(lambda: any(gone in m and "deleted" in m for m in _events(bed, "NodeFailure")), 30, 0.5,
-             f"a NodeFailure Event naming the deleted node {gone}")
-    bed.heal_node(gone)  # registered again, as a restarted kubelet would
-    bed.wait_nodes_ready(180)
+    try:
+        deleted = wait_status(bed, NS, NAME, lambda s: s.get("restartsByReason", {}).get("NodeFailure", 0) >= 2, 240,
+                              "the deleted node's failure")
+        failure = deleted["lastFailure"]
+        assert (failure["kind"], failure["node"], failure["pod"]) == ("NodeFailure", gone, gone_pod), failure
+        assert "Node object was deleted" in failure["message"], failure
+        assert {cut, gone} <= {q["node"] for q in deleted["quarantinedNodes"]}
+        # Events are posted after the status write, in the background: wait for it.
+        wait_for(lambda: any(gone in m and "deleted" in m for m in _events(bed, "NodeFailure")), 30, 0.5,
+                 f"a NodeFailure Event naming the deleted node {gone}")
+    finally:
+        bed.heal_node(gone)  # registered again, as a restarted kubelet would
+        bed.wait_nodes_ready(180)
 
+
+def test_the_job_succeeds_with_each_fault_charged_once(operator, job):
+    bed = operator
     done = wait_status(bed, NS, NAME, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, "finished")
     assert done["phase"] == "Succeeded", json.dumps(done)[:3000]
     assert done["restartsByReason"] == {"Signal9": 1, "Hang": 1, "NodeFailure": 2}, done["restartsByReason"]

@@ -10,16 +10,21 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 import yaml
 from support.specs import ROOT
 from support.waiting import wait_for
 
 from .jobs import event_messages, get, pods, wait_status
 
+pytestmark = pytest.mark.e2e
+
 SCRIPTS = Path(__file__).with_name("scripts")
 EXAMPLE = ROOT / "examples" / "03-custom-torchrun-script.yaml"
 USER_IMAGE = "localcluster.local/python-torch:1"
 """Python and torch, no copy of this project (hack/localcluster/images.py)."""
+NS = "e2e-scripts"
+"""The namespace of the jobs that run side by side (``script_jobs``)."""
 
 
 def _example(bed, ns: str, name: str | None = None, steps: str | None = None) -> tuple[dict, dict]:
@@ -84,15 +89,17 @@ def _rank_pid(pod_name: str, rank: int) -> int | None:
     return None
 
 
-def test_user_scripts_run_unchanged_report_progress_and_exit_codes(operator):
-    """Several jobs at once: example 03 as written; scripts that know only torchrun's env
-    contract (DDP on the default backend, MASTER_ADDR by hand, ``-m`` with torch's
-    ``@record``); a progress-reporting script in an image without this project; a
-    script that exits 64."""
-    bed, ns = operator, "e2e-scripts"
-    _example(bed, ns)
+@pytest.fixture(scope="module")
+def script_jobs(operator):
+    """Several jobs at once: example 03 as written (``custom-script``); scripts that know
+    only torchrun's env contract (DDP on the default backend, MASTER_ADDR by hand, ``-m``
+    with torch's ``@record``); a progress-reporting script in an image without this
+    project; a script that exits 64. Each job's checks are a test of their own. The
+    progress job's test comes first: it watches that job while it runs."""
+    bed = operator
+    _example(bed, NS)
     args = [f"--from-file={key}={path}" for key, path in _script_files().items()]
-    bed.kubectl("create", "configmap", "user-scripts", "-n", ns, *args)
+    bed.kubectl("create", "configmap", "user-scripts", "-n", NS, *args)
     jobs = {
         "ddp": _script_job("ddp", ["/scripts/ddp_linear.py"]),
         "env": _script_job("env", ["/scripts/env_check.py"]),
@@ -101,34 +108,65 @@ def test_user_scripts_run_unchanged_report_progress_and_exit_codes(operator):
         "bad-config": _script_job("bad-config", ["/scripts/bad_config.py"], image=USER_IMAGE),
     }
     jobs["env"]["spec"]["trainer"]["args"] = ["--flag", "value"]
-    bed.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(list(jobs.values())))
+    bed.kubectl("apply", "-n", NS, "-f", "-", input=yaml.safe_dump_all(list(jobs.values())))
+    yield
+    for name in ("custom-script", *jobs):
+        bed.kubectl("delete", "ltj", name, "-n", NS, "--wait=false", check=False)
 
-    # Progress through the contract, while the job runs, from an image without the project.
-    running = wait_status(bed, ns, "progress", lambda s: s.get("step", 0) >= 5 and s.get("phase") == "Running", 300,
+
+def _succeeded(bed, name: str) -> dict:
+    done = _finished(bed, NS, name)
+    assert done["phase"] == "Succeeded" and done["restarts"] == 0, (name, json.dumps(done)[:2000])
+    return done
+
+
+def test_a_script_in_an_image_without_the_project_reports_progress_while_it_runs(operator, script_jobs):
+    """Progress through the contract, while the job runs, from an image without the project."""
+    bed = operator
+    running = wait_status(bed, NS, "progress", lambda s: s.get("step", 0) >= 5 and s.get("phase") == "Running", 300,
                           "the script's reported step in the status")
     assert running["workers"] == "2/2", "ready through the launcher's /readyz: the script serves nothing"
-    worker = pods(bed, ns, "progress")[0]
+    worker = pods(bed, NS, "progress")[0]
     assert worker["spec"]["containers"][0]["image"] == USER_IMAGE
     assert [c["name"] for c in worker["spec"]["initContainers"]] == ["llmtrain-runtime"]
+    _succeeded(bed, "progress")
+    assert get(bed, NS, "progress")["status"]["step"] >= 5
 
-    for name in ("custom-script", *jobs):
-        done = _finished(bed, ns, name)
-        if name == "bad-config":
-            assert done["phase"] == "Failed", json.dumps(done)[:2000]
-            assert done["restarts"] == 0, "a permanent code is not retried"
-            assert done["lastFailure"]["reason"] == "ConfigError", done["lastFailure"]
-            assert "exited with code 64" in json.dumps(done), "the runner's record reaches the status"
-            continue
-        assert done["phase"] == "Succeeded" and done["restarts"] == 0, (name, json.dumps(done)[:2000])
-    logs = {name: _worker_log(bed, ns, name) for name in ("custom-script", "ddp", "env", "module")}
-    assert "step 4: sum over 2 ranks = 3.0" in logs["custom-script"], logs["custom-script"][-2000:]
-    assert "ddp: 2 ranks agree after 30 steps" in logs["ddp"]
-    assert "env: ranks on ['env-worker-0', 'env-worker-1']" in logs["env"], "one rank per pod, by the pods' hostnames"
-    assert "argv ['--flag', 'value']" in logs["env"]
-    assert "module: all_reduce [3.0, 3.0, 3.0, 3.0]" in logs["module"]
-    assert get(bed, ns, "progress")["status"]["step"] >= 5
-    for name in ("custom-script", *jobs):
-        bed.kubectl("delete", "ltj", name, "-n", ns, "--wait=false")
+
+def test_example_03_runs_unchanged(operator, script_jobs):
+    bed = operator
+    _succeeded(bed, "custom-script")
+    log = _worker_log(bed, NS, "custom-script")
+    assert "step 4: sum over 2 ranks = 3.0" in log, log[-2000:]
+
+
+def test_a_ddp_script_on_the_default_backend_runs_unchanged(operator, script_jobs):
+    bed = operator
+    _succeeded(bed, "ddp")
+    assert "ddp: 2 ranks agree after 30 steps" in _worker_log(bed, NS, "ddp")
+
+
+def test_a_script_that_reads_only_torchruns_env_gets_one_rank_per_pod_and_its_args(operator, script_jobs):
+    bed = operator
+    _succeeded(bed, "env")
+    log = _worker_log(bed, NS, "env")
+    assert "env: ranks on ['env-worker-0', 'env-worker-1']" in log, "one rank per pod, by the pods' hostnames"
+    assert "argv ['--flag', 'value']" in log
+
+
+def test_a_script_run_as_a_module_with_torchs_record_runs_unchanged(operator, script_jobs):
+    bed = operator
+    _succeeded(bed, "module")
+    assert "module: all_reduce [3.0, 3.0, 3.0, 3.0]" in _worker_log(bed, NS, "module")
+
+
+def test_a_scripts_permanent_exit_code_fails_the_job_at_once_with_the_runners_record(operator, script_jobs):
+    bed = operator
+    done = _finished(bed, NS, "bad-config")
+    assert done["phase"] == "Failed", json.dumps(done)[:2000]
+    assert done["restarts"] == 0, "a permanent code is not retried"
+    assert done["lastFailure"]["reason"] == "ConfigError", done["lastFailure"]
+    assert "exited with code 64" in json.dumps(done), "the runner's record reaches the status"
 
 
 def test_example_03_with_a_rank_sigkilled_mid_run_restarts_and_succeeds(operator):

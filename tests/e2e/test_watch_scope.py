@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from support.specs import ROOT
 
 from .conftest import OPERATOR_NS
 from .jobs import create, job_manifest, pods, status, wait_status
+
+pytestmark = pytest.mark.e2e
 
 WATCHED, OTHER = "scope-watched", "scope-other"
 SA = f"system:serviceaccount:{OPERATOR_NS}:llmtrain"

@@ -26,7 +26,7 @@ REFUSAL = "pods of this job are refused by the e2e admission webhook"
 def _certificate(folder: Path) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "e2e-webhook")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(hours=2))
@@ -40,7 +40,7 @@ def _certificate(folder: Path) -> tuple[Path, Path]:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         request = review["request"]
         self.server.seen.append(request["name"] if request.get("name") else request["object"]["metadata"].get("name"))  # type: ignore[attr-defined]
@@ -59,7 +59,7 @@ class _Handler(BaseHTTPRequestHandler):
 class RefusingWebhook:
     """``with RefusingWebhook() as hook: hook.configuration(job_name)``"""
 
-    def __enter__(self) -> "RefusingWebhook":
+    def __enter__(self) -> RefusingWebhook:
         self._folder = tempfile.TemporaryDirectory(prefix="e2e-webhook-")
         crt, key = _certificate(Path(self._folder.name))
         self.ca_bundle = base64.b64encode(crt.read_bytes()).decode()

@@ -12,7 +12,7 @@ from llmtrain_store import manifest as mf
 from llmtrain_store import shares
 from llmtrain_store.fileio import FileWriter
 from llmtrain_store.sources import MemorySource
-from llmtrain_store.tiers import file_record
+from llmtrain_store.tier import file_record
 
 ALLOWED = re.compile(r"(state\.llmt(\.part-\d{3}-of-\d{3})?|rng/rank-\d{5}\.llmt)")
 META = {"config_hash": "h", "strategy": "ddp", "world_size": 1, "samples_consumed": 0}
@@ -54,7 +54,8 @@ def save_shared(tier: Any, step: int, state: bytes, nodes: int, piece: int = mf.
         part: dict[str, Any] = {"files": {}, "slices": {}}
         if runs[node]:
             tier.put_share(step, mf.slice_name("state.llmt", node, nodes), MemorySource([state]), runs[node])
-        part["slices"]["state.llmt"] = {"size": len(state), "whole": shares.fingerprint(pieces), "pieces": shares.share_record("state.llmt", node, nodes, runs[node])}
+        part["slices"]["state.llmt"] = {"size": len(state), "whole": shares.fingerprint(pieces),
+                                        "pieces": shares.share_record("state.llmt", node, nodes, runs[node])}
         name = f"rng/rank-{node:05d}.llmt"
         rng_pieces = pieces_of(rng + bytes([node]))
         tier.put_share(step, name, MemorySource([rng + bytes([node])]), rng_pieces)

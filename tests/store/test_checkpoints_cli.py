@@ -7,7 +7,7 @@ import os
 
 import pytest
 from llmtrain_operator.cli import main
-from llmtrain_store.tiers import DirTier
+from llmtrain_store.directory import DirTier
 from llmtrain_store.s3 import S3Tier
 
 from store.helpers import flip_byte, save_dir, save_shared
@@ -73,6 +73,7 @@ def test_a_target_that_is_not_a_tier_says_so(tmp_path, capsys):
     assert "holds no checkpoints" in capsys.readouterr().err
 
 
+@pytest.mark.tools  # MinIO (the minio fixture)
 def test_s3_ls_verify_prune_and_a_refused_key(minio, monkeypatch, capsys):
     for key, value in minio.env().items():
         monkeypatch.setenv(key, value)

@@ -13,7 +13,9 @@ import pytest
 from llmtrain_store import manifest as mf
 from llmtrain_store import shares
 from llmtrain_store.health import classify
-from llmtrain_store.tiers import CheckpointError, DirTier, merge_parts
+from llmtrain_store.directory import DirTier
+
+from llmtrain_store.tier import CheckpointError, merge_parts
 
 from store.helpers import ALLOWED, flip_byte, save_dir, save_shared
 
@@ -151,7 +153,7 @@ def test_make_room_deletes_older_checkpoints_but_never_the_newest(tmp_path, monk
         # Each deletion frees 100 bytes of this pretend disk.
         return type("U", (), {"free": free["bytes"] + 100 * (3 - len(tier.list()))})()
 
-    monkeypatch.setattr("llmtrain_store.tiers.shutil.disk_usage", usage)
+    monkeypatch.setattr("llmtrain_store.directory.shutil.disk_usage", usage)
     assert tier.make_room(150) == [1, 2]
     assert [c.step for c in tier.list()] == [3]
     assert tier.make_room(10_000) == [], "the newest stays, whatever the need"

@@ -10,7 +10,9 @@ import pytest
 from llmtrain_store import archive
 from llmtrain_store import manifest as mf
 from llmtrain_store.fileio import FileWriter, PieceHasher, allocate, hash_file
-from llmtrain_store.tiers import DirTier, digest_bytes
+from llmtrain_store.directory import DirTier
+
+from llmtrain_store.tier import digest_bytes
 
 from store.helpers import ALLOWED, save_dir
 

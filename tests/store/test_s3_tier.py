@@ -11,7 +11,7 @@ import pytest
 from llmtrain_store import manifest as mf
 from llmtrain_store.health import classify
 from llmtrain_store.s3 import S3Tier
-from llmtrain_store.tiers import CheckpointError
+from llmtrain_store.tier import CheckpointError
 
 from store.helpers import ALLOWED, save_shared
 
@@ -29,6 +29,7 @@ def _tier(prefix: str, **kw) -> S3Tier:
     return S3Tier("s3", f"s3://ckpt/{prefix}", **kw)
 
 
+@pytest.mark.tools  # MinIO (the minio fixture)
 def test_shares_go_up_as_one_copy_and_come_back_byte_for_byte(s3env, tmp_path):
     state = os.urandom(5 * PIECE + 77)
     tier = _tier("roundtrip", keep=2)
@@ -44,6 +45,7 @@ def test_shares_go_up_as_one_copy_and_come_back_byte_for_byte(s3env, tmp_path):
     assert (tmp_path / "pulled" / "state.llmt").read_bytes() == state
 
 
+@pytest.mark.tools  # MinIO (the minio fixture)
 def test_retention_keeps_the_newest_and_sweeps_abandoned_uploads(s3env):
     tier = _tier("retain", keep=2)
     for step in (1, 2, 3):
@@ -55,6 +57,7 @@ def test_retention_keeps_the_newest_and_sweeps_abandoned_uploads(s3env):
     assert not any(k.startswith("retain/step-00000004/") for k in s3env.keys("ckpt", "retain/"))
 
 
+@pytest.mark.tools  # MinIO (the minio fixture)
 def test_a_short_object_fails_verify_and_a_tampered_one_fails_fetch(s3env, tmp_path):
     tier = _tier("tamper")
     committed = save_shared(tier, 8, os.urandom(2 * PIECE), nodes=2, piece=PIECE)
@@ -69,6 +72,7 @@ def test_a_short_object_fails_verify_and_a_tampered_one_fails_fetch(s3env, tmp_p
         tier.fetch(committed, ["state.llmt"], tmp_path / "pulled", ALLOWED)
 
 
+@pytest.mark.tools  # MinIO (the minio fixture)
 def test_wrong_credentials_are_classified_and_the_secret_never_appears(minio, monkeypatch, caplog):
     secret = "not-the-right-secret-key-0123456789"
     for key, value in minio.env(secret=secret).items():

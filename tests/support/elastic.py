@@ -109,7 +109,7 @@ class ElasticJob:
         path.write_text(yaml.safe_dump(cfg))
         return path
 
-    def start(self) -> "ElasticJob":
+    def start(self) -> ElasticJob:
         port = free_port()
         self.root.mkdir(parents=True, exist_ok=True)
         with self.store_log.open("w") as fh:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from typing import Any
 
 from llmtrain_operator.api.observed import ConfigMapView, NodeView, Observed, PodView, TrainerProbe, format_time
@@ -13,7 +13,7 @@ from llmtrain_operator.planner.manifests import CONFIG_HASH_ANNOTATION, config_m
 from llmtrain_operator.api import parse_job
 from support.specs import apply_set, load_job
 
-NOW = datetime(2026, 11, 21, 12, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 CREATED = NOW - timedelta(minutes=10)
 
 

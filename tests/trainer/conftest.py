@@ -1,9 +1,6 @@
-"""Trainer suite: real multi-process torchrun runs with gloo on CPU."""
+"""Trainer suite: real multi-process torchrun runs with gloo on CPU.
 
-import pytest
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if "/trainer/" in str(item.fspath) and "test_unit_" not in item.fspath.basename:
-            item.add_marker(pytest.mark.slow)
+Each module declares its markers (``pytestmark = pytest.mark.slow``; the ``test_unit_*``
+modules are fast and carry none): tests/conftest.py orders the session by marker and
+never adds one.
+"""

@@ -10,6 +10,8 @@ import pytest
 from llmtrain_contract.exitcodes import ExitCode
 from support.elastic import base_config, run_job
 
+pytestmark = pytest.mark.slow  # real multi-process torchrun runs
+
 CFG = base_config(maxSteps=15, checkpoint={"intervalSteps": 5})
 
 

@@ -13,6 +13,8 @@ import re
 import pytest
 from support.elastic import base_config, losses_by_step, run_job
 
+pytestmark = pytest.mark.slow  # real multi-process torchrun runs
+
 TOLERANCE = 1e-6
 
 CASES = {

@@ -17,6 +17,8 @@ from llmtrain_contract.exitcodes import ExitCode
 from support.elastic import ElasticJob, base_config, free_port, run_job
 from support.waiting import wait_for
 
+pytestmark = pytest.mark.slow  # real multi-process torchrun runs
+
 HANG_TIMEOUT = 8
 
 

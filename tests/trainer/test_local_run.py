@@ -7,14 +7,18 @@ import json
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 
+import pytest
+import yaml
 from llmtrain_operator.api import parse_job
 from llmtrain_operator.localrun.cluster import LocalCluster
 from llmtrain_operator.planner import plan
 from support.planning import job
 from support.specs import ROOT
+
+pytestmark = pytest.mark.slow  # real multi-process torchrun runs
 
 
 def test_the_demo_job_recovers_from_a_crash_and_a_node_loss_and_succeeds(tmp_path: Path):
@@ -58,7 +62,7 @@ def test_the_local_runner_reads_each_nodes_failed_attempts_from_its_launcher(tmp
             probe = observed.probes.get("tiny-elastic-worker-0")
             if observed.launcher_attempts and probe is not None and probe.step == 5:
                 break
-            result = plan({**raw, "status": status}, observed, datetime.now(timezone.utc))
+            result = plan({**raw, "status": status}, observed, datetime.now(UTC))
             status = result.status
             cluster.apply(result.actions)
             time.sleep(0.5)
@@ -72,3 +76,30 @@ def test_the_local_runner_reads_each_nodes_failed_attempts_from_its_launcher(tmp
         assert next(p for p in observed.pods if p.name == pod).ready, "ready while its workers run"
     finally:
         cluster.shutdown()
+
+
+def test_a_builtin_job_with_checkpoints_off_trains_to_success_and_restarts_from_step_0(tmp_path: Path):
+    """``checkpoint.enabled: false``: the trainer runs with the stand-in that saves
+    nothing. Every step, the final save and a restart after a crash go through it: the
+    crashed group starts again from step 0 (nothing was saved), and the job succeeds."""
+    spec = yaml.safe_load((ROOT / "examples" / "01-tiny-elastic-cpu.yaml").read_text())
+    spec["metadata"]["name"] = "no-ckpt"
+    spec["spec"]["checkpoint"] = {"enabled": False}
+    spec["spec"]["trainer"]["builtin"]["maxSteps"] = 14
+    spec["spec"]["trainer"]["builtin"]["data"]["seqLen"] = 32
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    workdir = tmp_path / "run"
+    cmd = [str(Path(sys.executable).with_name("llmtrain")), "run", str(path), "--fresh", "--workdir", str(workdir),
+           "--inject", "crash@step=6,rank=1", "--timeout", "400", "--no-progress"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=500, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    status = json.loads((workdir / "status.json").read_text())
+    assert status["phase"] == "Succeeded" and status["step"] == 14, json.dumps(status)[:2000]
+    assert status["restartsByReason"] == {"RestartedInPlace": 1}, status["restartsByReason"]
+    logs = "".join(p.read_text() for p in workdir.glob("no-ckpt-worker-*.log"))
+    assert "Traceback" not in logs, logs[-4000:]
+    assert "resumed from step" not in logs, "nothing was saved, so nothing can be resumed"
+    steps = [json.loads(line)["step"] for p in workdir.glob("**/steps.jsonl") for line in p.read_text().splitlines()]
+    assert steps.count(1) == 2 and max(steps) == 14, f"the restarted group trains from step 1 again: {steps}"
+    assert not any(workdir.glob("**/step-0*")), "no checkpoint folder is ever written"

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from llmtrain_contract.exitcodes import ExitCode
 from support.elastic import base_config, run_job
+
+pytestmark = pytest.mark.slow  # real multi-process torchrun runs
 
 GBS = 8
 NUMERICS = {"hangTimeoutSeconds": 60, "collectiveTimeoutSeconds": 30,

@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 from support.elastic import ElasticJob, base_config, losses_by_step, run_job
 from support.waiting import wait_for
+
+pytestmark = pytest.mark.slow  # real multi-process torchrun runs
 
 HANG_TIMEOUT = 8
 # Periodic checkpoints every 10 steps; the fault comes at the start of step 17, so the
@@ -71,21 +74,32 @@ def test_a_victim_whose_cause_lives_on_saves_its_rescue_checkpoint_on_request(tm
     job = ElasticJob(tmp_path, CFG, nodes=2, min_nodes=1, max_restarts=2,
                      node_env={1: {"LLMTRAIN_FAULT_INJECT": "stop@step=17,target=launcher;stop@step=17"}}).start()
     try:
-        # Rank 0 says where the group resumed; the rendezvous may have put it on either node.
+        # Whichever node and rank the rendezvous gave the victim, its tier 1 holds the
+        # rescue; read it before node 1 goes (its loss is a peer failure too, rescued in
+        # turn, and tier 1's retention may then drop step 16).
+        (holder,) = wait_for(lambda: _rescue_holder(tmp_path), 120, 0.2, "a node's tier 1 holds the rescued step 16")
+        rescued = _rescued(tmp_path, holder)
         wait_for(lambda: re.search(r"resumed from step \d+ ", job.logs()), 120, 0.5, "the group resumed")
-        # Read before node 1 goes: its loss is a peer failure too, rescued in turn, and
-        # tier 1's retention may then drop step 16.
-        rescued = _rescued(tmp_path, 0)
     except BaseException:
         job.kill()  # every node and the store: nothing outlives a failed test
         raise
     job.kill_node(1)
     codes = job.wait(300)
     assert codes[0] == 0, job.logs()
-    victim = job.running[0].output()  # the fault is on node 1, whichever rank it holds
+    victim = job.running[holder].output()
     assert "the supervisor judged this rank a victim of a peer that stopped; rescue checkpoint of step 16 saved" in victim, victim
     assert "resumed from step 16 " in job.logs(), job.logs()
     assert rescued["rescue"] is True
+
+
+def _rescue_holder(root) -> tuple[int] | None:
+    """(the node whose tier 1 holds a committed rescue checkpoint of step 16,), if any (a
+    tuple: node 0 must not read as "not yet")."""
+    for node in (0, 1):
+        folder = root / f"node{node}" / "ckpt" / "step-00000016"
+        if (folder / "COMMITTED").exists() and _rescued(root, node).get("rescue"):
+            return (node,)
+    return None
 
 
 def test_a_peer_stopped_after_its_update_leaves_the_victim_one_step_further_and_that_step_is_rescued(tmp_path):

@@ -8,8 +8,11 @@ import json
 import time
 import urllib.request
 
+import pytest
 from llmtrain_operator.probe import parse
 from support.elastic import ElasticJob, base_config
+
+pytestmark = pytest.mark.slow  # real multi-process torchrun runs
 
 
 def test_a_rank_paced_by_slow_is_reported_as_a_straggler(tmp_path):

@@ -8,11 +8,14 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 from llmtrain_contract.exitcodes import ExitCode
 from support.elastic import ElasticJob, base_config, run_job
 from support.waiting import wait_for
 
 from s3server import MinioServer
+
+pytestmark = pytest.mark.slow  # real multi-process torchrun runs
 
 CFG = base_config(maxSteps=20, checkpoint={"intervalSteps": 5})
 PACED = {"LLMTRAIN_FAULT_INJECT": "slow@step=1,seconds=0.25,steps=100000"}
@@ -32,6 +35,7 @@ def newest_step(job: ElasticJob) -> int:
     return steps[-1]["step"] if steps else 0
 
 
+@pytest.mark.tools  # MinIO (the minio fixture)
 def test_local_and_shared_wiped_restores_from_s3_through_tier_1(tmp_path, minio):
     job, codes = run_job(tmp_path, CFG, nodes=2, shared_tier=True, extra_tiers=[s3_tier("wiped")], env=minio.env())
     assert codes == [0, 0], job.logs()
@@ -104,6 +108,7 @@ def test_a_full_tier_1_disk_training_goes_on_through_the_shared_tier_and_tier_1_
         subprocess.run(["umount", "-l", str(small)], check=False)
 
 
+@pytest.mark.tools  # MinIO (the minio fixture)
 def test_wrong_s3_credentials_degrade_the_tier_naming_the_cause_and_never_the_secret(tmp_path, minio):
     secret = "wrong-secret-" + "7" * 24
     job, codes = run_job(tmp_path, CFG, extra_tiers=[s3_tier("creds")], env=minio.env(secret=secret))

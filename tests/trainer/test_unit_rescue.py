@@ -6,9 +6,9 @@ weights under the last step's number."""
 from __future__ import annotations
 
 from llmtrain_contract.config import TrainerConfig
-from llmtrain_trainer.data import build_source, micro_batch_indices
-from llmtrain_trainer.dist import DistInfo
-from llmtrain_trainer.engine import DDPEngine
+from llmtrain_trainer.engines.data import build_source, micro_batch_indices
+from llmtrain_trainer.world import DistInfo
+from llmtrain_trainer.engines.ddp import DDPEngine
 
 
 def _engine() -> tuple[DDPEngine, TrainerConfig]:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from llmtrain_store import manifest as mf
 from llmtrain_store.fileio import hash_file
-from llmtrain_store.tiers import digest_bytes
-from llmtrain_store.tiers import DirTier
+from llmtrain_store.tier import digest_bytes
+from llmtrain_store.directory import DirTier
 from llmtrain_trainer.checkpoint.restore import Candidate, can_serve, candidates, files_to_verify, find_restore_point
 
 from store.helpers import ALLOWED, flip_byte, save_dir, save_shared

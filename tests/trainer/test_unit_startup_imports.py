@@ -17,10 +17,12 @@ from pathlib import Path
 PROBE = """
 import json, sys
 import torch
-from llmtrain_trainer import main  # the modules run() imports before the warm-up starts
-from llmtrain_trainer import dist
+from llmtrain_trainer.train import main  # the modules run() imports before the warm-up starts
+from llmtrain_trainer.train import dist
 from llmtrain_trainer.checkpoint import restore
-from llmtrain_trainer import data, metrics, trainer
+from llmtrain_trainer.engines import data
+from llmtrain_trainer.train import metrics
+from llmtrain_trainer.train import loop
 before = set(sys.modules)
 info = dist.init(30)
 print(json.dumps({"world": info.world_size, "new": sorted(set(sys.modules) - before),

@@ -12,6 +12,8 @@ import re
 import pytest
 from support.elastic import base_config, run_job
 
+pytestmark = pytest.mark.slow  # real multi-process torchrun runs
+
 GLOBAL, MICRO = 8, 2
 
 # name: (strategy, (nodes, procs) before, (nodes, procs) after, how it must load)

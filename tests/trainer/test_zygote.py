@@ -1,4 +1,4 @@
-"""The pod's fork server (``llmtrain_trainer.zygote``) under real torchrun runs: the ranks
+"""The pod's fork server (``llmtrain_trainer.launch.zygote``) under real torchrun runs: the ranks
 are forked children of the server, a rank restarted in place is forked again, and the
 process torchrun started stands in for its rank both ways (signals in, exit out)."""
 
@@ -8,10 +8,14 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 from llmtrain_contract.names import Env
-from llmtrain_trainer import attempts, heartbeat
+from llmtrain_trainer.launch import attempts
+from llmtrain_trainer.pod import heartbeat
 from support.elastic import ElasticJob, base_config
 from support.waiting import wait_for
+
+pytestmark = pytest.mark.slow  # real multi-process torchrun runs
 
 PACE = "slow@step=1,seconds=0.2,steps=100000"
 
@@ -41,7 +45,7 @@ def _stand_in(agent: int, local_rank: int) -> int:
 
 
 def _agent(launcher: int) -> int:
-    return next(p for p in attempts.children(launcher) if "llmtrain_trainer.zygote" not in _cmdline(p))
+    return next(p for p in attempts.children(launcher) if "llmtrain_trainer.launch.zygote" not in _cmdline(p))
 
 
 def _gone(pid: int) -> bool:
@@ -59,7 +63,7 @@ def test_forked_ranks_die_with_their_stand_in_or_their_server_and_start_alone_wi
     try:
         ranks = wait_for(lambda: len(_ranks(run_dir)) == 2 and _ranks(run_dir), 120, 0.2, "two ranks beating")
         for pid in ranks.values():
-            assert "llmtrain_trainer.zygote" in _cmdline(_parent(pid)), (pid, _cmdline(_parent(pid)))
+            assert "llmtrain_trainer.launch.zygote" in _cmdline(_parent(pid)), (pid, _cmdline(_parent(pid)))
         agent = _agent(job.running[0].proc.pid)
         stand_in = _stand_in(agent, 1)
         assert stand_in != ranks[1] and "llmtrain_trainer" in _cmdline(stand_in)
@@ -71,7 +75,7 @@ def test_forked_ranks_die_with_their_stand_in_or_their_server_and_start_alone_wi
         fresh = wait_for(lambda: (r := _ranks(run_dir)) and len(r) == 2 and set(r.values()).isdisjoint(ranks.values()) and r,
                          120, 0.2, "the restarted ranks")
         for pid in fresh.values():
-            assert "llmtrain_trainer.zygote" in _cmdline(_parent(pid))
+            assert "llmtrain_trainer.launch.zygote" in _cmdline(_parent(pid))
 
         # The server killed: its ranks die with it (PR_SET_PDEATHSIG), their stand-ins fail,
         # torchrun restarts the group, and with no server answering each rank starts on its own.
@@ -109,7 +113,7 @@ def test_with_the_server_turned_off_every_rank_is_torchruns_own_child(tmp_path):
         ranks = wait_for(lambda: len(_ranks(run_dir)) == 2 and _ranks(run_dir), 120, 0.2, "two ranks beating")
         for pid in ranks.values():
             assert _parent(pid) == _agent(job.running[0].proc.pid), _cmdline(_parent(pid))
-        assert not any("llmtrain_trainer.zygote" in _cmdline(p) for p in attempts.children(job.running[0].proc.pid))
+        assert not any("llmtrain_trainer.launch.zygote" in _cmdline(p) for p in attempts.children(job.running[0].proc.pid))
     finally:
         job.kill()
     wait_for(lambda: all(_gone(pid) for pid in ranks.values()), 10, 0.1, "the ranks to die with their node")
@@ -120,14 +124,14 @@ def _hang_up_mid_request(port: int) -> None:
     Prometheus scrape or the operator's probe does when its timeout expires. The rank's
     server then writes the headers (answered by a reset) and the body into a closed
     socket."""
-    import socket  # noqa: PLC0415
+    import socket
 
     with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
         conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: rank\r\n\r\n")
 
 
 def test_a_forked_rank_ignores_sigpipe_as_an_exec_started_python_does_so_a_scraper_hanging_up_never_kills_it(tmp_path):
-    import json  # noqa: PLC0415
+    import json
 
     job = ElasticJob(tmp_path, base_config(maxSteps=100000), nodes=1, procs_per_node=1,
                      env={"LLMTRAIN_FAULT_INJECT": PACE}).start()
@@ -135,7 +139,7 @@ def test_a_forked_rank_ignores_sigpipe_as_an_exec_started_python_does_so_a_scrap
     try:
         ranks = wait_for(lambda: len(_ranks(run_dir)) == 1 and _ranks(run_dir), 120, 0.2, "the rank beating")
         rank = ranks[0]
-        assert "llmtrain_trainer.zygote" in _cmdline(_parent(rank))
+        assert "llmtrain_trainer.launch.zygote" in _cmdline(_parent(rank))
         ignored = int(next(line for line in Path(f"/proc/{rank}/status").read_text().splitlines()
                            if line.startswith("SigIgn:")).split()[1], 16)
         assert ignored & (1 << (signal.SIGPIPE - 1)), f"SIGPIPE is not ignored in the forked rank (SigIgn {ignored:#x})"

@@ -9,12 +9,12 @@ code = None
 server = os.environ.get(Env.ZYGOTE, "")
 if server and server != "0":
     # The launcher's fork server has torch imported already: this process only stands in
-    # for the forked rank (zygote.py). None: no server answered, so train here.
-    from .zygote import run_forked
+    # for the forked rank (pod/standin.py). None: no server answered, so train here.
+    from llmtrain_trainer.pod.standin import run_forked
 
     code = run_forked(server, sys.argv)
 if code is None:
-    from .main import main
+    from llmtrain_trainer.train.main import main
 
     code = main()
 sys.stdout.flush()

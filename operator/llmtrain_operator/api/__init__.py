@@ -8,13 +8,16 @@ from .job import (
     VERSION,
     FieldError,
     LLMTrainJob,
+    Received,
     SpecInvalid,
     parse_job,
+    receive,
 )
 from .spec import LLMTrainJobSpec
 from .status import Condition, LLMTrainJobStatus
 
 __all__ = [
     "API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION", "Condition", "FieldError",
-    "LLMTrainJob", "LLMTrainJobSpec", "LLMTrainJobStatus", "SpecInvalid", "parse_job",
+    "LLMTrainJob", "LLMTrainJobSpec", "LLMTrainJobStatus", "Received", "SpecInvalid", "parse_job",
+    "receive",
 ]

@@ -16,6 +16,7 @@ import copy
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from . import job as job_api
 from .spec import QUANTITY_PATTERN, LLMTrainJobSpec
@@ -125,7 +126,8 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         if props is not None:
             schema["properties"] = {k: _structural(v, defs) for k, v in props.items()}
             schema.pop("additionalProperties", None)
-        elif extra is True or extra == {} or (isinstance(extra, dict) and not extra.get("type") and "$ref" not in extra and "anyOf" not in extra):
+        elif extra is True or extra == {} or (isinstance(extra, dict) and not extra.get("type") and "$ref" not in extra
+                                              and "anyOf" not in extra):
             schema.pop("additionalProperties", None)
             schema["x-kubernetes-preserve-unknown-fields"] = True
         elif isinstance(extra, dict):
@@ -144,7 +146,7 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return {k: schema[k] for k in head + middle + tail}
 
 
-def _model_schema(model: type) -> dict[str, Any]:
+def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
     return _structural(raw, defs)

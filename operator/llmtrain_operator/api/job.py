@@ -3,23 +3,27 @@
 ``parse_job`` never raises anything but :class:`SpecInvalid`, whose ``errors`` name the
 field path (``spec.replicas.min``) and say what would be valid. The operator turns it
 into an ``Invalid`` condition plus an Event; ``llmtrain validate`` prints it.
+``receive`` reads a whole object as delivered (spec through ``parse_job``, status apart),
+once per pass, for the handler and the planner alike.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from llmtrain_contract.base import CamelModel, FieldRuleError
 from pydantic import Field, ValidationError
+from pydantic_core import ErrorDetails
 
 from .spec import LLMTrainJobSpec
-from .status import LLMTrainJobStatus
+from .status import LLMTrainJobStatus, read_status
 
 GROUP = "llmtrain.io"
 VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "LLMTrainJob"
+API_VERSION: Final = "llmtrain.io/v1alpha1"
+"""``GROUP/VERSION``, spelled out: ``LLMTrainJob.api_version`` is this literal."""
+KIND: Final = "LLMTrainJob"
 PLURAL = "llmtrainjobs"
 SINGULAR = "llmtrainjob"
 SHORT_NAMES = ["ltj"]
@@ -87,7 +91,7 @@ def _path(loc: tuple[Any, ...]) -> str:
     return "".join(parts) or "(root)"
 
 
-def _message(err: dict[str, Any]) -> str:
+def _message(err: ErrorDetails) -> str:
     msg = str(err["msg"])
     msg = msg.removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
@@ -133,3 +137,36 @@ def parse_job(obj: Any) -> LLMTrainJob:
         return LLMTrainJob.model_validate(obj)
     except ValidationError as exc:
         raise SpecInvalid(errors_from(exc)) from None
+
+
+@dataclass(frozen=True)
+class Received:
+    """One job object as delivered (by the API server, a file), read once: the typed job
+    or why it is not one, and its status read apart, so that a status the operator cannot
+    read never makes the spec invalid."""
+
+    job: LLMTrainJob | None
+    """None when the object is not a valid job (``invalid`` says why)."""
+    invalid: SpecInvalid | None
+    status: LLMTrainJobStatus
+    """The status as written (``read_status``); the planner builds the new one from a copy."""
+    deleting: bool
+    """``metadata.deletionTimestamp`` is set: nothing is planned any more."""
+    generation: int | None
+    """``metadata.generation``; only a real integer, since even the metadata of an invalid
+    object may be garbage."""
+
+
+def receive(obj: Any) -> Received:
+    """Read a raw object: its spec through ``parse_job`` (the status is not part of the
+    spec's validity), its status through ``read_status``. Never raises."""
+    raw = obj if isinstance(obj, dict) else None
+    meta = (raw or {}).get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    generation = meta.get("generation")
+    try:
+        job, invalid = parse_job({**raw, "status": None} if raw is not None else obj), None
+    except SpecInvalid as err:
+        job, invalid = None, err
+    return Received(job=job, invalid=invalid, status=read_status((raw or {}).get("status")),
+                    deleting=bool(meta.get("deletionTimestamp")), generation=generation if type(generation) is int else None)

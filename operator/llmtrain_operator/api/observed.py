@@ -8,8 +8,9 @@ its table tests need no cluster and no client library.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Any
 
 from llmtrain_contract.names import CONFIG_HASH_ANNOTATION
@@ -31,7 +32,7 @@ def parse_time(value: Any) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
     text = str(value).replace("Z", "+00:00")
     try:
         return datetime.fromisoformat(text)
@@ -40,7 +41,7 @@ def parse_time(value: Any) -> datetime | None:
 
 
 def format_time(value: datetime) -> str:
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,9 @@ class PodView:
 
 
 def _container_state(pod: dict[str, Any]) -> dict[str, Any]:
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        if status.get("name") == "trainer" or len((pod.get("status") or {}).get("containerStatuses") or []) == 1:
+    statuses: list[dict[str, Any]] = (pod.get("status") or {}).get("containerStatuses") or []
+    for status in statuses:
+        if status.get("name") == "trainer" or len(statuses) == 1:
             return status
     return {}
 
@@ -101,6 +103,24 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
     meta = {k: v for k, v in (pod.get("metadata") or {}).items() if k != "managedFields"}
     node = (pod.get("spec") or {}).get("nodeName")
     return {"metadata": meta, "spec": {"nodeName": node} if node else {}, "status": pod.get("status") or {}}
+
+
+def slim_child(obj: dict[str, Any]) -> dict[str, Any]:
+    """What the operator reads of a job's Service or ConfigMap, for its in-memory index:
+    the name, the owners (``owned_by``) and the annotations (a ConfigMap's say what it
+    holds: ``ConfigMapView``)."""
+    meta = obj.get("metadata") or {}
+    return {"metadata": {"name": meta.get("name", ""), "ownerReferences": list(meta.get("ownerReferences") or []),
+                         "annotations": dict(meta.get("annotations") or {})}}
+
+
+def owned_by(obj: dict[str, Any], uid: str) -> bool:
+    """Whether ``obj`` is a child of the object with ``uid``: one of its ownerReferences
+    names that uid. The job label only selects candidates: an object a namesake job left
+    behind (deleted and created again under the same name) or a copy labelled by hand
+    carries the label too, and is not this job's to count, replace or delete."""
+    return bool(uid) and any(isinstance(ref, dict) and ref.get("uid") == uid
+                             for ref in (obj.get("metadata") or {}).get("ownerReferences") or ())
 
 
 def slim_node(node: dict[str, Any]) -> dict[str, Any]:
@@ -238,7 +258,7 @@ class ConfigMapView:
     """The failure history it carries for the adaptive cadence (its annotation)."""
 
     @classmethod
-    def from_annotations(cls, annotations: dict[str, str] | None) -> "ConfigMapView":
+    def from_annotations(cls, annotations: dict[str, str] | None) -> ConfigMapView:
         annotations = annotations or {}
         return cls(annotations.get(CONFIG_HASH_ANNOTATION, ""), annotations.get(CADENCE_ANNOTATION))
 
@@ -296,7 +316,7 @@ def _true(conditions: dict[str, dict[str, Any]], type_: str) -> dict[str, Any] |
     return cond if cond is not None and cond.get("status") == "True" else None
 
 
-def workload_view(obj: dict[str, Any] | None, served: bool = True, flavors: list[dict[str, Any]] = ()) -> WorkloadView:
+def workload_view(obj: dict[str, Any] | None, served: bool = True, flavors: Sequence[dict[str, Any]] = ()) -> WorkloadView:
     """``flavors``: the ResourceFlavor objects the admission assigned."""
     if not served:
         return WorkloadView(served=False)
@@ -304,7 +324,7 @@ def workload_view(obj: dict[str, Any] | None, served: bool = True, flavors: list
         return WorkloadView(served=True)
     status = obj.get("status") or {}
     raw = tuple(c for c in status.get("conditions") or [] if isinstance(c, dict))
-    conditions = {c.get("type"): c for c in raw}
+    conditions: dict[str, dict[str, Any]] = {c.get("type", ""): c for c in raw}
     evicted = _true(conditions, "Evicted")
     admission = status.get("admission") or {}
     selector: dict[str, str] = {}

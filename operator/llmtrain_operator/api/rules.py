@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrain_contract.config import DataConfig, OptimizerConfig, StrategyConfig, TrainSpec
-from llmtrain_contract.rules import Rule
+from llmtrain_contract.rules import Rule, Ruled
 
 from .spec import AutoCadenceSpec, CheckpointSpec, FaultToleranceSpec, LLMTrainJobSpec, ReplicasSpec, TrainerSpec
 
-MODELS: tuple[tuple[str, type], ...] = (
+MODELS: tuple[tuple[str, type[Ruled]], ...] = (
     ("spec", LLMTrainJobSpec),
     ("spec.trainer", TrainerSpec),
     ("spec.replicas", ReplicasSpec),

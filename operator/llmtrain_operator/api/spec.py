@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from llmtrain_contract.base import CamelModel, FieldRuleError
 from llmtrain_contract.rules import Rule, Ruled, cel_get, cel_literal, default_of
 from llmtrain_contract.config import TrainSpec, valid_world_sizes
-from llmtrain_contract.names import HEALTH_PORT
+from llmtrain_contract.names import HEALTH_PORT, METRICS_PORT
 from pydantic import Field, field_validator
 
 QUANTITY_PATTERN = (
@@ -460,7 +460,7 @@ class PodTemplateSpec(CamelModel):
 class MetricsSpec(CamelModel):
     """The trainer's Prometheus endpoint in each pod."""
 
-    port: int = Field(9400, ge=1024, le=65000)
+    port: int = Field(METRICS_PORT, ge=1024, le=65000)
     """Container port of local rank 0's endpoint; local rank r uses ``port + r``.
     1024..65000. Default 9400."""
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from llmtrain_contract.base import CamelModel
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from .vocabulary import ConditionType, FailureKind, Phase
 
 CONDITION_TYPES: tuple[str, ...] = tuple(ConditionType)
+
+TierName = Literal["local", "shared", "s3"]
+"""The checkpoint tiers a job can configure (``spec.checkpoint``), by the name the trainers report."""
 
 
 class Condition(CamelModel):
@@ -60,7 +63,7 @@ class CheckpointRecord(CamelModel):
     """The newest committed checkpoint, as reported by the trainer's metrics."""
 
     step: int
-    tier: Literal["local", "shared", "s3"]
+    tier: TierName
     time: str | None = None
     summary: str = ""
     """``<step>@<tier>``, for the printer column."""
@@ -69,7 +72,7 @@ class CheckpointRecord(CamelModel):
 class TierHealth(CamelModel):
     """One checkpoint tier, as the trainers report it."""
 
-    name: Literal["local", "shared", "s3"]
+    name: TierName
     healthy: bool = True
     reason: str | None = None
     """Why it is degraded: ``NoSpace``, ``PermissionDenied``, ``ReadOnly``, ``IOError``,
@@ -244,3 +247,22 @@ class LLMTrainJobStatus(CamelModel):
     internal: Internal = Field(default_factory=Internal)
     """The operator's own bookkeeping, written in the same patch as the decisions it
     guards. Not an API: it may change between versions."""
+
+
+SALVAGED = {"restarts": "restarts", "disruptions": "disruptions", "restartGeneration": "restart_generation", "step": "step"}
+"""Counters kept from a status that cannot be read, so that the budget is never reset."""
+
+
+def read_status(raw: Any) -> LLMTrainJobStatus:
+    """The status as written (of this version or an earlier one). A status that cannot be
+    read (hand-edited, from an unknown version) must not wedge the job: it reads as a fresh
+    one that keeps the counters still found in it, so that the budget is never reset."""
+    try:
+        return LLMTrainJobStatus.model_validate(migrate(raw) if isinstance(raw, dict) else (raw or {}))
+    except ValidationError:
+        fresh = LLMTrainJobStatus()
+        if isinstance(raw, dict):
+            for key, attr in SALVAGED.items():
+                if isinstance(raw.get(key), int):
+                    setattr(fresh, attr, raw[key])
+        return fresh

@@ -11,7 +11,8 @@ Run with ``kopf run -m llmtrain_operator.handlers`` (the chart does).
   takes over. kopf itself writes nothing: no peering, no finalizers, no progress
   annotations, no Events of its own.
 - kopf indexes (fed by watches) hold the observed pods, nodes, services and configs, so
-  a pass makes no read calls when nothing changed.
+  a pass makes no read calls when nothing changed. They are keyed by the job label; a
+  pass keeps the objects the job owns (its uid in their ownerReferences).
 - State lives in the job's status, never in this process: a restarted (or failed-over)
   operator resumes every job where it was, without touching running pods.
 """
@@ -24,19 +25,21 @@ import os
 import socket
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
 from .. import __version__, metrics
 from ..api.job import GROUP, PLURAL, VERSION
-from ..api.observed import LABEL_JOB, ConfigMapView, NodeView, node_view, slim_node, slim_pod
+from ..api.observed import LABEL_JOB, NodeView, node_view, slim_child, slim_node, slim_pod
 from ..k8s.client import K8s, PermanentApiError, TransientApiError
 from ..k8s.lease import LeaseClient
 from ..settings import OperatorSettings, from_env
+from .executor import NotLeader
 from .leadership import AlwaysLeader, Gate, Leadership
 from .loops import JobLoops, Key
-from .reconcile import PROBER, Children, NotLeader, reconcile
+from .reconcile import PROBER, Children, job_uid, reconcile
 from .reconcile import forget as forget_refusals
 from .slots import Slots
 from .wakes import jobs_of_node
@@ -113,7 +116,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 
 @kopf.index("pods", labels=JOB_SELECTOR)
-def pods_by_job(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
+def pods_by_job(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return {(namespace, labels[LABEL_JOB]): slim_pod(dict(body))}
 
 
@@ -123,28 +126,33 @@ def nodes_by_name(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
 
 
 @kopf.index("services", labels=JOB_SELECTOR)
-def services_by_job(namespace: str, name: str, labels: dict[str, str], **_: Any) -> dict[Any, Any]:
-    return {(namespace, labels[LABEL_JOB]): name}
+def services_by_job(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, labels[LABEL_JOB]): slim_child(dict(body))}
 
 
 @kopf.index("configmaps", labels=JOB_SELECTOR)
-def configmaps_by_job(namespace: str, name: str, labels: dict[str, str], annotations: dict[str, str], **_: Any) -> dict[Any, Any]:
-    return {(namespace, labels[LABEL_JOB]): (name, ConfigMapView.from_annotations(annotations))}
+def configmaps_by_job(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, labels[LABEL_JOB]): slim_child(dict(body))}
 
 
 # ---------------------------------------------------------------- the per-job loops
 
 
+def _indexed(key: Key, nodes: bool = True) -> Children:
+    """What the indexes hold under the job's label (the pass keeps what the job owns)."""
+    return Children(
+        pods=list(_INDEXES["pods_by_job"].get(key, [])),
+        nodes=[n for store in _INDEXES["nodes_by_name"].values() for n in store] if nodes else [],
+        services=list(_INDEXES["services_by_job"].get(key, [])),
+        configmaps=list(_INDEXES["configmaps_by_job"].get(key, [])),
+        body=LOOPS.body(key),
+    )
+
+
 async def _children(namespace: str, name: str) -> Children:
     key = (namespace, name)
     LOOPS.observe(key)
-    return Children(
-        pods=list(_INDEXES["pods_by_job"].get(key, [])),
-        nodes=[n for store in _INDEXES["nodes_by_name"].values() for n in store],
-        services=frozenset(_INDEXES["services_by_job"].get(key, [])),
-        configmaps=dict(_INDEXES["configmaps_by_job"].get(key, [])),
-        body=LOOPS.body(key),
-    )
+    return _indexed(key)
 
 
 def _visible(key: Key, written: str | None, created: tuple[tuple[str, str], ...]) -> bool:
@@ -153,11 +161,7 @@ def _visible(key: Key, written: str | None, created: tuple[tuple[str, str], ...]
         return True  # the job is gone
     if written is not None and (body.get("status") or {}).get("lastReconcileTime") != written:
         return False
-    names = {
-        "Pod": {p["metadata"]["name"] for p in _INDEXES["pods_by_job"].get(key, [])},
-        "Service": set(_INDEXES["services_by_job"].get(key, [])),
-        "ConfigMap": {name for name, _ in _INDEXES["configmaps_by_job"].get(key, [])},
-    }
+    names = _indexed(key, nodes=False).owned_by(job_uid(body)).names()
     return all(name in names.get(kind, {name}) for kind, name in created)
 
 
@@ -182,6 +186,8 @@ async def _one_pass(key: Key) -> float:
     if body is None:
         return 0.0
     logger = logging.getLogger(f"llmtrain.job.{key[0]}.{key[1]}")
+    if _K8S is None:
+        raise RuntimeError("no API client: the operator's startup handler has not run")
     try:
         result = await reconcile(_K8S, body, _children, SETTINGS, slots=_SLOTS, gate=_GATE, urgent=LOOPS.answering(key),
                                  key=key, jobs=len(LOOPS.keys()))
@@ -207,8 +213,9 @@ def _promote(key: Key) -> None:
 LOOPS = JobLoops(_one_pass, on_acted=metrics.record_event_to_action, on_wake=_promote)
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)
-async def job_changed(type: str | None, namespace: str, name: str, body: kopf.Body, pods_by_job: kopf.Index,
+# kopf passes each index as a keyword argument named after it, which its WatchingFn protocol cannot name.
+@kopf.on.event(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]  # kopf's types: index kwargs
+async def job_changed(type: str | None, namespace: str | None, name: str, body: kopf.Body, pods_by_job: kopf.Index,
                 nodes_by_name: kopf.Index, services_by_job: kopf.Index, configmaps_by_job: kopf.Index, **_: Any) -> None:
     _INDEXES.update(pods_by_job=pods_by_job, nodes_by_name=nodes_by_name, services_by_job=services_by_job,
                     configmaps_by_job=configmaps_by_job)
@@ -222,8 +229,10 @@ async def job_changed(type: str | None, namespace: str, name: str, body: kopf.Bo
 
 
 @kopf.on.event("pods", labels=JOB_SELECTOR)
-async def pod_changed(namespace: str, labels: dict[str, str], **_: Any) -> None:
-    LOOPS.wake((namespace, labels.get(LABEL_JOB, "")))
+async def pod_changed(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+    # Any pod with the job's label wakes it, owned or not: the pass keeps only its own, but
+    # a namesake's leftover going away is what lets it create its own pod of that name.
+    LOOPS.wake((namespace or "default", labels.get(LABEL_JOB, "")))  # as job_changed keys it
 
 
 _NODE_VIEWS: dict[str, NodeView] = {}

@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import datetime, timezone
-from typing import Callable, Protocol
+from datetime import datetime, UTC
+from typing import Protocol
+from collections.abc import Callable
 
 from .. import metrics
 from ..k8s.lease import LeaseConflict, LeaseRecord, micro_time
@@ -57,7 +58,7 @@ class AlwaysLeader:
 
 class Leadership:
     def __init__(self, lease: LeaseStore, identity: str, duration: float, renew_deadline: float, retry_period: float,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], datetime] = lambda: datetime.now(timezone.utc)):
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], datetime] = lambda: datetime.now(UTC)):
         self.lease = lease
         self.identity = identity
         self.duration = duration
@@ -83,7 +84,7 @@ class Leadership:
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), timeout=self.retry_period)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     # ------------------------------------------------------------------ one attempt
@@ -144,7 +145,7 @@ class Leadership:
             self._report()
             try:
                 await asyncio.wait_for(stopped.wait(), timeout=self.retry_period)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         await asyncio.to_thread(self.release)
         self._report()

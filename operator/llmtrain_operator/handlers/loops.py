@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any
+from collections.abc import Awaitable, Callable
 
 from .wakes import beyond_status
 
@@ -126,7 +127,7 @@ class JobLoops:
                 delay = await self._pass(key)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - a bug must not end the job's loop
+            except Exception:  # a bug must not end the job's loop (logged with its traceback)
                 log.exception("job %s/%s: reconcile pass failed", *key)
                 delay = 10.0
             unanswered = self._taken.pop(key, None)
@@ -134,7 +135,7 @@ class JobLoops:
                 self._pending[key] = min(unanswered, self._pending.get(key, unanswered))
             try:
                 await asyncio.wait_for(wake.wait(), timeout=delay)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def stop(self) -> None:

@@ -2,6 +2,13 @@
 
 Used by the kopf daemon (observations from kopf's in-memory indexes, fed by watches)
 and by API-contract tests and the scale benchmark (observations from list calls).
+
+The job body is read once per pass (``api.job.receive``: the spec through ``parse_job``);
+everything here that needs the spec reads the typed job, and the planner gets the same
+reading. An invalid spec is the planner's to report, so nothing here reads for it. The
+job's children are the objects it owns (``api.observed.owned_by``, its uid in their
+ownerReferences); the job label only selects candidates. The writes are the executor's
+(``executor.py``).
 """
 
 from __future__ import annotations
@@ -10,23 +17,23 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from typing import Any, Protocol
 
 from llmtrain_contract.names import HEALTH_PORT
 
 from .. import metrics
+from ..api.job import LLMTrainJob, Received, receive
 from ..api.observed import (LABEL_JOB, ROLE_WORKER, ConfigMapView, Observed, PodGroupView, WorkloadView, assigned_flavors,
                             node_view, parse_time, pod_group_view, pod_view, workload_view)
+from ..api.observed import owned_by as is_owned_by
 from ..api.vocabulary import TERMINAL_PHASES, ConditionType, Phase, PodPhase, Reason
-from ..api.spec import LLMTrainJobSpec, SchedulingSpec
 from ..k8s.client import K8s, PermanentApiError, TransientApiError
 from ..k8s.patches import merge_patch
-from ..planner import CreateObject, DeleteJob, DeleteObject, DeletePod, PatchStatus, Plan, ReplaceObject, SetSuspend, UpdateSpec, plan
-from ..planner import queue
-from ..planner.podgroup import api_of
+from ..planner import Plan, plan_received, podgroup, queue
 from ..probe import AsyncProber, LauncherReport, combine, trainer_url
 from ..settings import OperatorSettings
+from .executor import Refused, WriteGate, check, describe, write
 from .slots import Slots, no_slot
 
 log = logging.getLogger("llmtrain.decisions")
@@ -50,7 +57,9 @@ webhook may clear (another job ends, the webhook is fixed) without any watch eve
 @dataclass(frozen=True)
 class Refusal:
     count: int
-    messages: tuple[str, ...]
+    """Refusals in a row."""
+    refused: tuple[Refused, ...]
+    """The latest pass's refused writes, each with its action and the server's words."""
     at: datetime
     """When the latest refusal came."""
 
@@ -69,23 +78,49 @@ _REFUSALS: dict[tuple[str, str], Refusal] = {}
 leader learns them again at its first attempt)."""
 
 
-class NotLeader(Exception):
-    """This replica does not hold the leader Lease (any more): nothing is written."""
+def _name(obj: dict[str, Any]) -> str:
+    return (obj.get("metadata") or {}).get("name", "")
 
 
-class WriteGate(Protocol):
-    def holds(self) -> bool: ...
-
-
-@dataclass
+@dataclass(frozen=True)
 class Children:
+    """What a source found for a job: the objects carrying its label (candidates, until
+    ``owned_by`` keeps those the job owns) and every node."""
+
     pods: list[dict[str, Any]]
     nodes: list[dict[str, Any]]
-    services: frozenset[str]
-    configmaps: dict[str, ConfigMapView]
+    services: list[dict[str, Any]]
+    configmaps: list[dict[str, Any]]
+    """Whole objects or their slim copies (``slim_pod``, ``slim_child``): only the metadata
+    (and a pod's node and status) is read."""
     body: dict[str, Any] | None = None
     """The newest job body, where the source has one (the watch-fed loops): a pass that
     waited for its slot plans from it."""
+
+    def owned_by(self, uid: str) -> Children:
+        """Only the job's own pods, Services and ConfigMaps: those whose ownerReferences
+        name ``uid``."""
+        return replace(self, pods=[p for p in self.pods if is_owned_by(p, uid)],
+                       services=[s for s in self.services if is_owned_by(s, uid)],
+                       configmaps=[c for c in self.configmaps if is_owned_by(c, uid)])
+
+    def names(self) -> dict[str, set[str]]:
+        """Kind -> the names present (what a pass's creates are looked for)."""
+        return {"Pod": {_name(p) for p in self.pods}, "Service": {_name(s) for s in self.services},
+                "ConfigMap": {_name(c) for c in self.configmaps}}
+
+    def observed(self, **fields: Any) -> Observed:
+        """The planner's view of these objects; ``fields``: the rest of ``Observed``."""
+        return Observed(pods=tuple(pod_view(p) for p in self.pods), nodes={n.name: n for n in map(node_view, self.nodes)},
+                        services=frozenset(_name(s) for s in self.services),
+                        configmaps={_name(c): ConfigMapView.from_annotations((c.get("metadata") or {}).get("annotations"))
+                                    for c in self.configmaps},
+                        **fields)
+
+
+def job_uid(body: dict[str, Any]) -> str:
+    """The uid the job's children name in their ownerReferences."""
+    return (body.get("metadata") or {}).get("uid") or ""
 
 
 class ChildSource(Protocol):
@@ -93,7 +128,8 @@ class ChildSource(Protocol):
 
 
 def listing_source(k8s: K8s) -> ChildSource:
-    """Observe with list calls (no watches): tests and benchmarks."""
+    """Observe with list calls (no watches): tests and benchmarks. The label selector
+    narrows the lists; the pass keeps what the job owns (``Children.owned_by``)."""
 
     async def source(namespace: str, name: str) -> Children:
         selector = f"{LABEL_JOB}={name}"
@@ -103,31 +139,22 @@ def listing_source(k8s: K8s) -> ChildSource:
             asyncio.to_thread(k8s.list_services, namespace, selector),
             asyncio.to_thread(k8s.list_configmaps, namespace, selector),
         )
-        return Children(
-            pods=pods, nodes=nodes,
-            services=frozenset(s["metadata"]["name"] for s in services),
-            configmaps={c["metadata"]["name"]: ConfigMapView.from_annotations(c["metadata"].get("annotations")) for c in cms},
-        )
+        return Children(pods=pods, nodes=nodes, services=services, configmaps=cms)
 
     return source
 
 
-def _needs_dependency_check(body: dict[str, Any]) -> bool:
+def _needs_dependency_check(received: Received) -> bool:
     """Secrets and PVCs are read only before pods exist or after a spec change; a
     steady job costs no reads."""
-    status = body.get("status") or {}
-    generation = (body.get("metadata") or {}).get("generation")
-    return status.get("phase") in (None, Phase.PENDING, Phase.INVALID) or status.get("observedGeneration") != generation
+    status = received.status
+    return status.phase in (Phase.PENDING, Phase.INVALID) or status.observed_generation != received.generation
 
 
-async def missing_dependencies(k8s: K8s, body: dict[str, Any], check_secrets: bool = True) -> tuple[str, ...]:
+async def missing_dependencies(k8s: K8s, job: LLMTrainJob, check_secrets: bool = True) -> tuple[str, ...]:
     """Referenced objects that do not exist. ``check_secrets`` off: Secrets are not read
     (no RBAC for them); the planner learns of a missing one from the pods' wait."""
-    try:
-        spec = LLMTrainJobSpec.model_validate(body.get("spec") or {})
-    except ValueError:
-        return ()  # the planner reports the invalid spec itself
-    ns = (body.get("metadata") or {}).get("namespace", "default")
+    spec, ns = job.spec, job.metadata.namespace or "default"
     wanted = []
     if spec.checkpoint.s3 is not None and check_secrets:
         wanted.append(("Secret", spec.checkpoint.s3.credentials_secret.name))
@@ -137,49 +164,40 @@ async def missing_dependencies(k8s: K8s, body: dict[str, Any], check_secrets: bo
     return tuple(f"{kind} {name}" for (kind, name), ok in zip(wanted, found) if not ok)
 
 
-def _needs_pod_group_read(body: dict[str, Any]) -> bool:
+def _needs_pod_group_read(received: Received) -> bool:
     """A gang job's PodGroup is read while worker pods may have to wait for it (not while
     the job runs steadily) and until a finished or suspended job gave it back."""
-    status = body.get("status") or {}
-    if status.get("observedGeneration") != (body.get("metadata") or {}).get("generation"):
+    status = received.status
+    if status.observed_generation != received.generation:
         return True
-    phase = status.get("phase")
-    if phase == Phase.RUNNING:
+    if status.phase == Phase.RUNNING:
         return False
-    if phase in (*TERMINAL_PHASES, Phase.SUSPENDED):
-        ready = next((c for c in status.get("conditions") or [] if c.get("type") == ConditionType.POD_GROUP_READY), {})
-        return ready.get("reason") != Reason.POD_GROUP_DELETED
+    if status.phase in (*TERMINAL_PHASES, Phase.SUSPENDED):
+        ready = next((c for c in status.conditions if c.type == ConditionType.POD_GROUP_READY), None)
+        return ready is None or ready.reason != Reason.POD_GROUP_DELETED
     return True
 
 
-async def read_pod_group(k8s: K8s, body: dict[str, Any]) -> PodGroupView | None:
-    """The job's PodGroup, or None: not a gang job, its scheduling unreadable, or not needed
-    now. Only a gang job's ``scheduling`` is parsed: this runs at every pass of every job."""
-    scheduling = (body.get("spec") or {}).get("scheduling")
-    if not isinstance(scheduling, dict) or scheduling.get("gang") is None or not _needs_pod_group_read(body):
+async def read_pod_group(k8s: K8s, received: Received) -> PodGroupView | None:
+    """The job's PodGroup, or None: not a valid gang job, or not needed now."""
+    job = received.job
+    api = podgroup.api_for(job) if job is not None else None
+    if job is None or api is None or not _needs_pod_group_read(received):
         return None
+    ns, name = job.metadata.namespace or "default", job.metadata.name
     try:
-        api = api_of(SchedulingSpec.model_validate(scheduling))
-    except ValueError:
-        return None  # the planner reports the invalid spec itself
-    if api is None:
-        return None
-    meta = body["metadata"]
-    try:
-        served, obj = await asyncio.to_thread(k8s.read_object, api.api_version, api.plural, meta.get("namespace", "default"),
-                                              meta["name"])
+        served, obj = await asyncio.to_thread(k8s.read_object, api.api_version, api.plural, ns, name)
     except PermanentApiError as err:  # RBAC: the job says so (policies/gang.py)
-        return PodGroupView(served=True, refused=f"read {api.kind} {meta['name']}: {err.server_message}")
+        return PodGroupView(served=True, refused=f"read {api.kind} {name}: {err.server_message}")
     return pod_group_view(obj, served)
 
 
-async def read_workload(k8s: K8s, body: dict[str, Any]) -> WorkloadView | None:
+async def read_workload(k8s: K8s, job: LLMTrainJob | None) -> WorkloadView | None:
     """A queued job's Kueue Workload and the ResourceFlavors its admission assigned, read
     every pass (an admission or an eviction shows nowhere else); None for other jobs."""
-    meta = body.get("metadata") or {}
-    if not (meta.get("labels") or {}).get(queue.QUEUE_LABEL) or "name" not in meta:
+    if job is None or queue.queue_of(job) is None:
         return None
-    ns, name = meta.get("namespace", "default"), queue.workload_name(meta["name"])
+    ns, name = job.metadata.namespace or "default", queue.workload_name(job.metadata.name)
     try:
         served, obj = await asyncio.to_thread(k8s.read_object, queue.API_VERSION, queue.PLURAL, ns, name)
         flavors = await asyncio.gather(*(asyncio.to_thread(k8s.read_object, queue.API_VERSION, queue.FLAVORS, None, flavor)
@@ -234,90 +252,6 @@ def progress_pace(settings: OperatorSettings, jobs: int) -> float:
     return jobs / rate if rate > 0 else 0.0
 
 
-def _request(k8s: K8s, namespace: str, job: str, action: Any) -> Any:
-    if isinstance(action, CreateObject):
-        return asyncio.to_thread(k8s.create, action.manifest)
-    if isinstance(action, ReplaceObject):
-        return asyncio.to_thread(k8s.replace, action.manifest)
-    if isinstance(action, UpdateSpec):
-        return asyncio.to_thread(k8s.update_spec, action.manifest)
-    if isinstance(action, DeletePod):
-        return asyncio.to_thread(k8s.delete_pod, namespace, action.name, action.grace_seconds, action.force)
-    if isinstance(action, DeleteObject):
-        return asyncio.to_thread(k8s.delete_object, action.api_version, action.kind, namespace, action.name)
-    if isinstance(action, PatchStatus):
-        return asyncio.to_thread(k8s.patch_object_status, action.api_version, action.kind, namespace, action.name, action.status,
-                                 action.resource_version)
-    if isinstance(action, SetSuspend):
-        return asyncio.to_thread(k8s.set_suspend, namespace, job, action.suspend)
-    return asyncio.to_thread(k8s.delete_job, namespace, job)
-
-
-def _check(gate: WriteGate | None) -> None:
-    if gate is not None and not gate.holds():
-        raise NotLeader()
-
-
-async def write(k8s: K8s, body: dict[str, Any], result: Plan, status_patch: dict[str, Any] | None,
-                gate: WriteGate | None = None) -> tuple[BaseException | None, BaseException | None, tuple[str, ...]]:
-    """A pass's writes: the status patch and every create in one concurrent round, then
-    the deletes. Returns (the first failed action's error, a permanent one first; the
-    status patch's error; the creates the API server refused, with its words).
-
-    Creates need no order: a pod created a moment before its ConfigMap is retried by the
-    kubelet until the volume mounts (as with Kubeflow's and JobSet's children). One round
-    matters because a pass's latency is the API server's latency times its rounds, and
-    under a burst of new jobs that latency dominates (docs/benchmarks.md).
-
-    Deletes wait for the status: deleting a failed pod destroys the evidence of the
-    failure, so the decision (restart counted, failure recorded) is written first. If
-    the status write fails, nothing is deleted and the next pass decides again; if a
-    delete fails, the next pass finds the failure already counted and only deletes."""
-    meta = body["metadata"]
-    ns, name = meta.get("namespace", "default"), meta["name"]
-    # The job's own spec.suspend waits for the status too: written together, one of the two
-    # writes would find the job at a newer version than the pass planned from.
-    later = (DeletePod, DeleteObject, DeleteJob, SetSuspend)
-    deletes = [a for a in result.actions if isinstance(a, later)]
-    creates = [a for a in result.actions if not isinstance(a, later)]
-    first = [_request(k8s, ns, name, a) for a in creates]
-    if status_patch is not None:
-        first.append(asyncio.to_thread(k8s.patch_status, ns, name, status_patch, meta.get("resourceVersion")))
-    _check(gate)
-    outcomes = list(await asyncio.gather(*first, return_exceptions=True))
-    status_error = outcomes.pop() if status_patch is not None else None
-    # A create the API server refuses (quota, admission, Pod Security, RBAC) is reported
-    # and retried, not raised: the job's other work in this pass stands.
-    refused = tuple(f"{describe(a)}: {o.server_message}" for a, o in zip(creates, outcomes) if isinstance(o, PermanentApiError))
-    outcomes = [o for o in outcomes if not isinstance(o, PermanentApiError)]
-    if not isinstance(status_error, BaseException):
-        status_error = None
-        if deletes:
-            _check(gate)
-        outcomes += await asyncio.gather(*(_request(k8s, ns, name, a) for a in deletes), return_exceptions=True)
-    errors = [o for o in outcomes if isinstance(o, BaseException)]
-    action_error = next((e for e in errors if not isinstance(e, TransientApiError)), errors[0] if errors else None)
-    return action_error, status_error, refused
-
-
-def describe(action: Any) -> str:
-    if isinstance(action, CreateObject):
-        return f"create {action.kind} {action.name}"
-    if isinstance(action, ReplaceObject):
-        return f"replace {action.manifest['kind']} {action.manifest['metadata']['name']}"
-    if isinstance(action, UpdateSpec):
-        return f"update {action.manifest['kind']} {action.manifest['metadata']['name']}"
-    if isinstance(action, DeletePod):
-        return f"{'force-delete' if action.force else 'delete'} Pod {action.name}"
-    if isinstance(action, DeleteObject):
-        return f"delete {action.kind} {action.name}"
-    if isinstance(action, PatchStatus):
-        return f"patch the status of {action.kind} {action.name}"
-    if isinstance(action, SetSuspend):
-        return f"set spec.suspend={str(action.suspend).lower()}"
-    return f"delete the job ({action.reason})"
-
-
 def log_decisions(namespace: str, name: str, result: Plan) -> None:
     """Every decision of a recorded pass at INFO, with the job's name: a failed CI run can
     be diagnosed from the operator's log alone."""
@@ -351,8 +285,9 @@ class PassResult:
     The loop waits until its watch shows it before the next pass (read-your-writes),
     so a pass never plans from a status older than the previous pass's decisions."""
     created: tuple[tuple[str, str], ...] = ()
-    """(kind, name) of the children this pass created; the loop also waits until the
-    watch shows them, so the next pass does not create them again."""
+    """(kind, name) of the children this pass created (new objects, not ones that existed
+    already); the loop also waits until the watch shows them among the job's own, so the
+    next pass does not create them again."""
 
 
 async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, settings: OperatorSettings,
@@ -368,30 +303,29 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
     started = time.perf_counter()
     meta = body["metadata"]
     ns, name = meta.get("namespace", "default"), meta["name"]
+    received = receive(body)
     before = await source(ns, name)
-    spec = body.get("spec") or {}
-    port = (spec.get("metrics") or {}).get("port", 9400)
     probes: dict[str, Any] = {}
     attempts: dict[str, dict[str, int]] = {}
-    if settings.probes_enabled:
-        pods = [pod_view(p) for p in before.pods]
+    job = received.job
+    if settings.probes_enabled and job is not None:  # the plan of an invalid job reads no probe
+        pods = [pod_view(p) for p in before.owned_by(job_uid(body)).pods]
         # A user's script serves no trainer endpoint: its progress comes from the launcher.
-        trainer_pods = pods if (spec.get("trainer") or {}).get("builtin") is not None else []
-        trainers, launchers = await asyncio.gather(probe_workers(trainer_pods, port, settings.probe_timeout_seconds),
-                                                   probe_launchers(pods, settings.probe_timeout_seconds))
+        trainer_pods = pods if job.spec.trainer.builtin is not None else []
+        timeout = settings.probe_timeout_seconds
+        trainers, launchers = await asyncio.gather(probe_workers(trainer_pods, job.spec.metrics.port, timeout),
+                                                   probe_launchers(pods, timeout))
         probes, attempts = combine(trainers, launchers)
     probed = time.perf_counter()
     async with slots.held(urgent, key) if slots is not None else no_slot() as waited:
         # A watch-fed source costs nothing to read again; a listing one (tests) is read once.
         children = await source(ns, name) if before.body is not None else before
-        if children.body is not None:
-            body = children.body
+        if children.body is not None and children.body is not body:
+            body, received = children.body, receive(children.body)
+        observed = children.owned_by(job_uid(body)).observed(probes=probes, launcher_attempts=attempts, **refused_before(ns, name))
         try:
-            return await _decide_and_write(k8s, body, settings, now or datetime.now(timezone.utc), started + waited,
-                                           Observed(pods=tuple(pod_view(p) for p in children.pods),
-                                                    nodes={n.name: n for n in map(node_view, children.nodes)},
-                                                    services=children.services, configmaps=children.configmaps, probes=probes,
-                                                    launcher_attempts=attempts, **refused_before(ns, name)), gate, jobs)
+            return await _decide_and_write(k8s, body, received, settings, now or datetime.now(UTC), started + waited,
+                                           observed, gate, jobs)
         finally:
             took = time.perf_counter() - started
             if took >= SLOW_PASS_SECONDS:
@@ -403,27 +337,32 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
 def refused_before(namespace: str, name: str) -> dict[str, Any]:
     """``Observed`` fields for the creates the API server refused last time."""
     refusal = _REFUSALS.get((namespace, name))
-    return {"refused": refusal.messages, "retry_creates_at": refusal.retry_at} if refusal is not None else {}
+    if refusal is None:
+        return {}
+    return {"refused": tuple(str(r) for r in refusal.refused), "retry_creates_at": refusal.retry_at}
 
 
-async def _decide_and_write(k8s: K8s, body: dict[str, Any], settings: OperatorSettings, now: datetime,
+async def _decide_and_write(k8s: K8s, body: dict[str, Any], received: Received, settings: OperatorSettings, now: datetime,
                             started: float, observed: Observed, gate: WriteGate | None, jobs: int = 1) -> PassResult:
+    """``received``: ``body`` as read by ``receive``; the raw body is kept for what is
+    written back (the status patch against the stored status, its resourceVersion, the
+    Events' involved object)."""
     meta = body["metadata"]
     ns, name = meta.get("namespace", "default"), meta["name"]
-    if _needs_dependency_check(body):
-        observed = replace(observed, missing=await missing_dependencies(k8s, body, settings.check_secrets))
-    pod_group, workload = await asyncio.gather(read_pod_group(k8s, body), read_workload(k8s, body))
+    if received.job is not None and _needs_dependency_check(received):
+        observed = replace(observed, missing=await missing_dependencies(k8s, received.job, settings.check_secrets))
+    pod_group, workload = await asyncio.gather(read_pod_group(k8s, received), read_workload(k8s, received.job))
     if pod_group is not None:
         observed = replace(observed, pod_group=pod_group)
     if workload is not None:
         observed = replace(observed, workload=workload)
-    result = plan(body, observed, now, settings.runtime_image)
+    result = plan_received(received, observed, now, settings.runtime_image)
     old_status = body.get("status") or {}
     changed = status_changed(old_status, result.status, settings.status_flush_seconds, now, progress_pace(settings, jobs))
-    _check(gate)
-    action_error, status_error, refused = await write(k8s, body, result, merge_patch(old_status, result.status) if changed else None, gate)
-    _remember_refusals(ns, name, refused, now,
-                       attempted=any(isinstance(a, (CreateObject, ReplaceObject, UpdateSpec)) for a in result.actions))
+    check(gate)
+    written = await write(k8s, body, result.actions, merge_patch(old_status, result.status) if changed else None, gate)
+    _remember_refusals(ns, name, written.refused, now, written.attempted)
+    action_error, status_error = written.action_error, written.status_error
     for err in (action_error, status_error):
         if err is not None and not isinstance(err, TransientApiError):
             raise err
@@ -436,15 +375,14 @@ async def _decide_and_write(k8s: K8s, body: dict[str, Any], settings: OperatorSe
     metrics.record_pass(ns, name, result.decisions, result.status, time.perf_counter() - started)
     if action_error is not None:
         raise action_error  # the status is recorded; the next pass retries what failed
-    created = tuple((a.kind, a.name) for a in result.actions
-                    if isinstance(a, CreateObject) and not any(r.startswith(describe(a) + ":") for r in refused))
+    created = tuple((a.kind, a.name) for a in written.created)
     return PassResult(result, result.status.get("lastReconcileTime") if changed else None, created)
 
 
-def _remember_refusals(namespace: str, name: str, refused: tuple[str, ...], now: datetime, attempted: bool) -> None:
+def _remember_refusals(namespace: str, name: str, refused: tuple[Refused, ...], now: datetime, attempted: bool) -> None:
     """The refusals the next passes report (``Observed.refused``) and the backoff they
     wait (counted in a row). A pass without a refusal clears them, unless the backoff held
-    its creates back."""
+    its creates back (``attempted``: the pass sent writes of the first round)."""
     key = (namespace, name)
     if not refused:
         before = _REFUSALS.get(key)
@@ -453,8 +391,8 @@ def _remember_refusals(namespace: str, name: str, refused: tuple[str, ...], now:
         return
     before = _REFUSALS.get(key)
     _REFUSALS[key] = refusal = Refusal((before.count if before else 0) + 1, refused, now)
-    for message in refused:
-        log.warning("job %s/%s: the API server refused: %s (retrying in %.0fs)", namespace, name, message, refusal.retry_after)
+    for one in refused:
+        log.warning("job %s/%s: the API server refused: %s (retrying in %.0fs)", namespace, name, one, refusal.retry_after)
 
 
 def forget(namespace: str, name: str) -> None:

@@ -6,7 +6,8 @@
 | 404 on delete                    | it is gone already (idempotent)                |
 | 404 on a read, no Status naming the object | the API (a CRD) is not served  |
 | 404 on a status patch            | the job is gone: nothing to record             |
-| 409 on a status patch            | the pass planned from an older status (its resourceVersion precondition failed): retry once the watch caught up |
+| 409 on a status patch            | the pass planned from an older status (its     |
+|                                  | resourceVersion precondition failed): retry once the watch caught up |
 | 410, 429, 5xx, timeouts, resets  | transient: retry the pass after a delay        |
 | 400, 403, 422                    | permanent for this object: reported, not retried in a tight loop |
 """
@@ -17,8 +18,9 @@ import json
 import logging
 import os
 import time
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import datetime, UTC
+from typing import Any
+from collections.abc import Callable
 
 import urllib3
 from kubernetes import client, config
@@ -113,7 +115,7 @@ class K8s:
         self.custom = client.CustomObjectsApi(api_client)
 
     @classmethod
-    def from_environment(cls, user_agent: str | None = None, connections: int | None = None) -> "K8s":
+    def from_environment(cls, user_agent: str | None = None, connections: int | None = None) -> K8s:
         """In-cluster credentials if present, else the kubeconfig (``$KUBECONFIG``).
         ``user_agent`` names this replica in the API server's audit log. ``connections``:
         the kept-alive connections to the API server, one per thread that calls it (the
@@ -134,7 +136,7 @@ class K8s:
         return cls(api)
 
     @classmethod
-    def for_url(cls, url: str, timeout: tuple[float, float] = TIMEOUT) -> "K8s":
+    def for_url(cls, url: str, timeout: tuple[float, float] = TIMEOUT) -> K8s:
         """An unauthenticated client for a URL (API-contract tests against kmock)."""
         cfg = client.Configuration()
         cfg.host = url
@@ -221,7 +223,8 @@ class K8s:
                           f"delete Pod {namespace}/{name}", tolerated=404)
 
     def delete_job(self, namespace: str, name: str) -> None:
-        self._send(lambda: self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background",
+        self._send(lambda: self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
+                                                                       propagation_policy="Background",
                                                                        _request_timeout=self.timeout, _preload_content=False),
                    f"delete LLMTrainJob {namespace}/{name}", tolerated=404)
 
@@ -243,7 +246,7 @@ class K8s:
     def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """Events are best effort: a failure is logged, never fatal to the pass."""
         meta = job["metadata"]
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         event = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -301,16 +304,19 @@ class K8s:
             raise TransientApiError(f"read {plural}.{group} {namespace}/{name}: unreadable response: {err}") from err
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return self._list(lambda: self.core.list_namespaced_pod(namespace, label_selector=selector, _request_timeout=self.timeout, _preload_content=False), "pods")
+        return self._list(lambda: self.core.list_namespaced_pod(namespace, label_selector=selector, _request_timeout=self.timeout,
+                                                                _preload_content=False), "pods")
 
     def list_nodes(self) -> list[dict[str, Any]]:
         return self._list(lambda: self.core.list_node(_request_timeout=self.timeout, _preload_content=False), "nodes")
 
     def list_services(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return self._list(lambda: self.core.list_namespaced_service(namespace, label_selector=selector, _request_timeout=self.timeout, _preload_content=False), "services")
+        return self._list(lambda: self.core.list_namespaced_service(namespace, label_selector=selector, _request_timeout=self.timeout,
+                                                                    _preload_content=False), "services")
 
     def list_configmaps(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return self._list(lambda: self.core.list_namespaced_config_map(namespace, label_selector=selector, _request_timeout=self.timeout, _preload_content=False), "configmaps")
+        return self._list(lambda: self.core.list_namespaced_config_map(namespace, label_selector=selector, _request_timeout=self.timeout,
+                                                                       _preload_content=False), "configmaps")
 
     def _list(self, call, what: str) -> list[dict[str, Any]]:
         """Lists are read as raw JSON: no model round-trip (faster, and tolerant of

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Any
 
 from kubernetes import client
@@ -21,7 +21,7 @@ class LeaseConflict(Exception):
 
 def micro_time(value: datetime) -> str:
     """The MicroTime wire format of Lease times."""
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class LeaseRecord:
     resource_version: str | None = None
 
     @classmethod
-    def from_object(cls, obj: dict[str, Any]) -> "LeaseRecord":
+    def from_object(cls, obj: dict[str, Any]) -> LeaseRecord:
         spec = obj.get("spec") or {}
         return cls(
             holder=spec.get("holderIdentity") or "",

@@ -15,7 +15,6 @@ from llmtrain_contract.names import Env
 
 from ..api.job import SpecInvalid, parse_job
 from ..api.vocabulary import Phase
-from .args import EXTRA
 from .cluster import LocalCluster
 from .runner import LocalRun, NodeKill, write_events
 
@@ -42,9 +41,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"  {field_error}", file=sys.stderr)
         return 1
     if importlib.util.find_spec("torch") is None:
-        print(f"llmtrain run: needs the '{EXTRA}' extra (torch is not installed): pip install 'llmtrain-operator[{EXTRA}]'",
-              file=sys.stderr)
-        return 1
+        # The caller (args.run) names the extra that brings it.
+        raise ModuleNotFoundError("torch is not installed", name="torch")
     raw = {**raw, "metadata": {**raw["metadata"], "namespace": raw["metadata"].get("namespace", "default"),
                                "uid": f"local-{job.metadata.name}", "generation": 1}}
     workdir = Path(args.workdir or Path("runs") / job.metadata.name)

@@ -22,7 +22,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +193,7 @@ class LocalCluster:
         log = (self.workdir / f"{name}.log").open("a")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True)
         log.close()
-        self.pods[name] = LocalPod(name, role, slot, generation, proc, datetime.now(timezone.utc), folder, health_port=health_port)
+        self.pods[name] = LocalPod(name, role, slot, generation, proc, datetime.now(UTC), folder, health_port=health_port)
 
     def _start_store(self, name: str) -> None:
         self.store_port = _free_port()

@@ -10,10 +10,10 @@ MARKED = {"InjectedNodeLoss": "tab:red", "PodFailed": "tab:red", "RestartedInPla
 
 
 def plot_run(steps: list[dict[str, Any]], events: list[tuple[float, int, Any]], path: Path, title: str) -> Path:
-    import matplotlib  # noqa: PLC0415
+    import matplotlib  # noqa: PLC0415 - about a second; only a finished run plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - after choosing the Agg backend
 
     fig, (ax_loss, ax_world) = plt.subplots(2, 1, figsize=(9, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     if steps:
@@ -25,7 +25,8 @@ def plot_run(steps: list[dict[str, Any]], events: list[tuple[float, int, Any]], 
             if color and when >= t0:
                 for ax in (ax_loss, ax_world):
                     ax.axvline(when - t0, color=color, ls="--", lw=1, alpha=0.8)
-                ax_loss.annotate(event.reason, (when - t0, ax_loss.get_ylim()[1]), rotation=90, va="top", ha="right", fontsize=7, color=color)
+                ax_loss.annotate(event.reason, (when - t0, ax_loss.get_ylim()[1]), rotation=90, va="top", ha="right", fontsize=7,
+                                 color=color)
     ax_loss.set_ylabel("loss")
     ax_loss.set_title(title)
     ax_loss.legend(loc="upper right", fontsize=8)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ..api.job import LLMTrainJob
 from ..api.observed import ROLE_WORKER
@@ -33,7 +34,7 @@ class NodeKill:
     fired: bool = False
 
     @classmethod
-    def parse(cls, text: str) -> "NodeKill":
+    def parse(cls, text: str) -> NodeKill:
         slot, _, step = text.partition("@")
         return cls(int(slot), int(step.removeprefix("step=")))
 
@@ -55,7 +56,7 @@ class LocalRun:
         try:
             while True:
                 observed = self.cluster.observe()
-                result = plan({**self.raw, "status": status}, observed, datetime.now(timezone.utc))
+                result = plan({**self.raw, "status": status}, observed, datetime.now(UTC))
                 status = result.status
                 self.cluster.apply(result.actions)
                 for event in result.events:
@@ -64,7 +65,8 @@ class LocalRun:
                 self.on_status(status)
                 self._persist(status)
                 self._inject(status)
-                if status.get("phase") in TERMINAL and not any(p.proc.poll() is None for p in self.cluster.pods.values() if p.role == ROLE_WORKER):
+                if status.get("phase") in TERMINAL and not any(p.proc.poll() is None for p in self.cluster.pods.values()
+                                                               if p.role == ROLE_WORKER):
                     return status
                 if timeout is not None and time.monotonic() - started > timeout:
                     status["phase"] = Phase.FAILED
@@ -80,7 +82,8 @@ class LocalRun:
                 pod = self.cluster.kill_node(kill.slot)
                 if pod is not None:
                     kill.fired = True
-                    event = Event("Warning", "InjectedNodeLoss", f"fault injection: killed every process of node local-{kill.slot} ({pod}) at step {status.get('step')}")
+                    event = Event("Warning", "InjectedNodeLoss",
+                                  f"fault injection: killed every process of node local-{kill.slot} ({pod}) at step {status.get('step')}")
                     self.events.append((time.time(), status.get("step", 0), event))
                     self.on_event(time.time(), event)
 

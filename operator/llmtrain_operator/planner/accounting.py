@@ -11,6 +11,7 @@ from datetime import datetime
 
 from ..api.observed import PodView, format_time
 from ..api.status import FailureRecord
+from ..api.vocabulary import FailureKind
 from .context import Pass
 from .decisions import FailureRecorded
 
@@ -25,12 +26,23 @@ def pod_key(pod: PodView) -> str:
     return f"pod:{pod.uid}" if pod.uid else f"pod:{pod.name}@{pod.created.isoformat() if pod.created else ''}"
 
 
+NODE_KEY_PREFIX = "node:"
+
+
 def node_key(ctx: Pass, name: str) -> str:
     """The identity of a node failure: the node and when its Ready condition last changed
     (a node that heals and fails again fails anew). A node whose object is gone has no
     transition time; that key lasts until the node is seen Ready again."""
     view = ctx.observed.nodes.get(name)
-    return f"node:{name}@{format_time(view.since)}" if view is not None and view.since else f"node:{name}@gone"
+    return f"{NODE_KEY_PREFIX}{name}@{format_time(view.since)}" if view is not None and view.since else f"{NODE_KEY_PREFIX}{name}@gone"
+
+
+def node_of_key(key: object) -> str | None:
+    """The node a charged failure key names (``node_key``); None for a pod's key or for
+    anything else a hand-edited status may hold."""
+    if not isinstance(key, str) or not key.startswith(NODE_KEY_PREFIX):
+        return None
+    return key[len(NODE_KEY_PREFIX):].rsplit("@", 1)[0]
 
 
 def charged(ctx: Pass, key: str) -> bool:
@@ -49,12 +61,12 @@ def forget_healed_nodes(ctx: Pass) -> None:
     """A node seen Ready again starts a new history: its next failure is a new one."""
     book = ctx.status.internal
     healthy = {n.name for n in ctx.observed.nodes.values() if not n.failed}
-    kept = [k for k in book.charged_failures if not (k.startswith("node:") and k[5:].rsplit("@", 1)[0] in healthy)]
+    kept = [k for k in book.charged_failures if node_of_key(k) not in healthy]
     if len(kept) != len(book.charged_failures):
         book.charged_failures = kept
 
 
-def record_failure(ctx: Pass, kind: str, reason: str, pod: PodView | None = None, node: str | None = None,
+def record_failure(ctx: Pass, kind: FailureKind, reason: str, pod: PodView | None = None, node: str | None = None,
                    exit_code: int | None = None, message: str | None = None, since: datetime | None = None) -> None:
     """Make this the job's ``lastFailure``. ``since``: when the failure happened
     (default: the pod's exit), for time-to-detect."""

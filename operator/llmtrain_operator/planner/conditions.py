@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from ..api.status import CONDITION_TYPES, Condition
+from ..api.vocabulary import ConditionType
 
 
 def set_condition(
-    conditions: list[Condition], type_: str, status: bool, reason: str, message: str, now: str, generation: int | None
+    conditions: list[Condition], type_: ConditionType, status: bool, reason: str, message: str, now: str, generation: int | None
 ) -> bool:
     """Upsert a condition in place. Returns True when its status changed."""
-    value = "True" if status else "False"
+    value: Literal["True", "False"] = "True" if status else "False"
     for i, cond in enumerate(conditions):
         if cond.type == type_:
             changed = cond.status != value
@@ -24,5 +27,5 @@ def set_condition(
     return True
 
 
-def is_true(conditions: list[Condition], type_: str) -> bool:
+def is_true(conditions: list[Condition], type_: ConditionType) -> bool:
     return any(c.type == type_ and c.status == "True" for c in conditions)

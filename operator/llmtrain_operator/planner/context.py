@@ -1,7 +1,8 @@
 """The state of one planning pass: inputs, the status being built, and the output.
 
-Each policy (``policies/``) is a function over this context returning a ``Verdict``;
-``plan.py`` calls them top to bottom. Nothing here performs I/O.
+Each policy (``policies/``) is a function over this context returning a ``Verdict`` (or,
+for the queue and the gang, the value later policies act on); ``plan.py`` calls them top
+to bottom. Nothing here performs I/O.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Any
 
 from ..api.job import LLMTrainJob
 from ..api.observed import Observed, format_time, parse_time
+from ..api.spec import LLMTrainJobSpec
 from ..api.status import LLMTrainJobStatus
+from ..api.vocabulary import ConditionType
 from ..settings import DEFAULT_RUNTIME_IMAGE
 from .conditions import set_condition
 from .decisions import Decision, Event, Noted
@@ -25,11 +28,11 @@ class CreateObject:
 
     @property
     def kind(self) -> str:
-        return self.manifest["kind"]
+        return str(self.manifest["kind"])
 
     @property
     def name(self) -> str:
-        return self.manifest["metadata"]["name"]
+        return str(self.manifest["metadata"]["name"])
 
 
 @dataclass(frozen=True)
@@ -121,44 +124,20 @@ class Plan:
         return [e for e in (d.event() for d in self.decisions) if e is not None]
 
 
-@dataclass
-class Pass:
-    job: LLMTrainJob
-    observed: Observed
+@dataclass(kw_only=True)
+class Ledger:
+    """What a pass writes: the status being built, the actions, the decisions and the
+    timers. A job whose spec does not parse gets only this (it has no typed job)."""
+
     now: datetime
     status: LLMTrainJobStatus
-    runtime_image: str = DEFAULT_RUNTIME_IMAGE
-    """Where a user script's pods copy the launcher from (``manifests.runtime_bundle``)."""
     actions: list[Action] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     timers: list[float] = field(default_factory=list)
-    workers_held: str | None = None
-    """Why no worker pod may be created in this pass (their PodGroup is not ready), or None."""
-    queue_hold: str | None = None
-    """Kueue holds the job (not admitted, or evicted): it is suspended, for this reason."""
-    queue_admitted: bool = False
-    """Kueue admitted the job: it runs, even while ``spec.suspend`` still says otherwise."""
-    placement: tuple[dict[str, str], tuple[dict[str, Any], ...]] = ({}, ())
-    """(nodeSelector, tolerations) the pods get from their admission (Kueue's flavors)."""
-
-    @property
-    def suspended(self) -> bool:
-        """``spec.suspend``, unless a queue decides."""
-        if self.queue_hold is not None:
-            return True
-        return self.spec.suspend and not self.queue_admitted
-
-    @property
-    def spec(self):
-        return self.job.spec
 
     @property
     def stamp(self) -> str:
         return format_time(self.now)
-
-    @property
-    def generation(self) -> int | None:
-        return self.job.metadata.generation
 
     def decide(self, decision: Decision) -> None:
         self.decisions.append(decision)
@@ -166,9 +145,6 @@ class Pass:
     def event(self, reason: str, message: str, warning: bool = False) -> None:
         """A decision recorded by its Event alone."""
         self.decide(Noted(reason, message, warning))
-
-    def condition(self, type_: str, status: bool, reason: str, message: str = "") -> bool:
-        return set_condition(self.status.conditions, type_, status, reason, message, self.stamp, self.generation)
 
     def after(self, seconds: float) -> None:
         """Ask for another pass in ``seconds`` (clamped to at least a second)."""
@@ -180,3 +156,24 @@ class Pass:
 
     def at(self, seconds_from_now: float) -> str:
         return format_time(self.now + timedelta(seconds=seconds_from_now))
+
+
+@dataclass(kw_only=True)
+class Pass(Ledger):
+    """A pass over a job whose spec parsed: its inputs beside the ledger."""
+
+    job: LLMTrainJob
+    observed: Observed
+    runtime_image: str = DEFAULT_RUNTIME_IMAGE
+    """Where a user script's pods copy the launcher from (``manifests.runtime_bundle``)."""
+
+    @property
+    def spec(self) -> LLMTrainJobSpec:
+        return self.job.spec
+
+    @property
+    def generation(self) -> int | None:
+        return self.job.metadata.generation
+
+    def condition(self, type_: ConditionType, status: bool, reason: str, message: str = "") -> bool:
+        return set_condition(self.status.conditions, type_, status, reason, message, self.stamp, self.generation)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from llmtrain_contract.command import LAUNCHER, STORE, script_program, store_command, torchrun_args, trainer_program, worker_command
@@ -61,7 +62,7 @@ def security_contexts(job: LLMTrainJob, read_only_root: bool = False) -> tuple[d
         pod.update(runAsNonRoot=False, runAsUser=0)
     template = job.spec.pod_template.to_wire() if job.spec.pod_template is not None else {}
     spec = template.get("spec") or {}
-    trainer = next((c for c in spec.get("containers") or [] if c.get("name") == "trainer"), {})
+    trainer: dict[str, Any] = next((c for c in spec.get("containers") or [] if c.get("name") == "trainer"), {})
     return deep_merge(pod, spec.get("securityContext") or {}), deep_merge(container, trainer.get("securityContext") or {})
 
 
@@ -141,7 +142,7 @@ def uses_runtime_bundle(job: LLMTrainJob) -> bool:
 
 
 def runtime_bundle(job: LLMTrainJob, runtime_image: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(init container, volume, mount): ``python -m llmtrain_trainer.bundle`` run in the
+    """(init container, volume, mount): ``python -m llmtrain_trainer.launch.bundle`` run in the
     runtime image copies what the pod runs of this project into an emptyDir."""
     _, container_security = security_contexts(job, read_only_root=True)
     mount = {"name": names.RUNTIME_VOLUME, "mountPath": names.RUNTIME_MOUNT}
@@ -149,7 +150,7 @@ def runtime_bundle(job: LLMTrainJob, runtime_image: str) -> tuple[dict[str, Any]
         "name": names.RUNTIME_INIT_CONTAINER,
         "image": runtime_image,
         "imagePullPolicy": "IfNotPresent",
-        "command": [names.PYTHON, "-m", "llmtrain_trainer.bundle", names.RUNTIME_MOUNT],
+        "command": [names.PYTHON, "-m", "llmtrain_trainer.launch.bundle", names.RUNTIME_MOUNT],
         "volumeMounts": [mount],
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
         "securityContext": container_security,
@@ -319,7 +320,7 @@ def readiness_probe(job: LLMTrainJob) -> dict[str, Any]:
     return {"httpGet": {"path": "/metrics", "port": job.spec.metrics.port}, "periodSeconds": 2}
 
 
-def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: list[str] = (),
+def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: Sequence[str] = (),
                runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> dict[str, Any]:
     spec = job.spec
     job_name = job.metadata.name
@@ -337,7 +338,7 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: list[s
     if container_security.get("readOnlyRootFilesystem") and spec.trainer.builtin is not None \
             and spec.trainer.builtin.strategy.kind == "deepspeed" and all(e["name"] != "TORCH_EXTENSIONS_DIR" for e in env):
         env.append({"name": "TORCH_EXTENSIONS_DIR", "value": TORCH_EXTENSIONS_DIR})
-    container = {
+    container: dict[str, Any] = {
         "name": "trainer",
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,

@@ -16,7 +16,7 @@ PYTHON = "python"
 """The interpreter inside the trainer image (the image puts the venv first on PATH)."""
 RUNTIME_MOUNT = "/opt/llmtrain"
 """Where a ``trainer.command`` pod's init container copies the launcher, the script runner
-and the store (``llmtrain_trainer.bundle``), for a user image without this project."""
+and the store (``llmtrain_trainer.launch.bundle``), for a user image without this project."""
 RUNTIME_VOLUME = "llmtrain-runtime"
 RUNTIME_INIT_CONTAINER = "llmtrain-runtime"
 

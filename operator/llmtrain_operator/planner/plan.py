@@ -4,20 +4,21 @@ local runner alike.
 
 A pass runs the policies in order; each returns a ``Verdict``, and anything but
 CONTINUE ends the pass (the job finished, is suspended, or waits on a missing object).
+Two policies decide something later ones act on, and hand it on as a value: the queue's
+``Admission`` (suspension and the pods' placement) and the gang's ``GangGate`` (whether
+worker pods may be created now).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from pydantic import ValidationError
-
-from ..api.job import SpecInvalid, parse_job
+from ..api.job import Received, receive
 from ..api.observed import Observed
-from ..api.status import LLMTrainJobStatus, migrate
 from ..api.vocabulary import Reason
-from .context import DeletePod, Pass, Plan, Verdict
+from .context import Action, DeletePod, Ledger, Pass, Plan, Verdict
 from ..settings import DEFAULT_RUNTIME_IMAGE
 from .policies import (
     checkpoints,
@@ -40,11 +41,13 @@ from .policies import (
 )
 from .timekeeping import account_time
 
-POLICIES = (
+Policy = Callable[[Pass], Verdict]
+
+FIRST: tuple[Policy, ...] = (
     terminal.handle,       # a finished job: only stragglers and the TTL
     validity.handle,       # a missing Secret/PVC blocks; a fixed spec clears Invalid
-    queueing.handle,       # a Kueue-queued job runs while its Workload is admitted
-    suspension.handle,
+)
+FAILURES: tuple[Policy, ...] = (
     deadline.handle,
     progress.handle,       # step, world size, newest checkpoint, end of a recovery
     numerics.handle,       # rollbacks for bad numerics and the samples they skipped
@@ -55,62 +58,64 @@ POLICIES = (
     node_failures.handle,
     in_place.handle,
     stragglers.handle,     # report (or replace) a rank that stays slower than the others
-    gang.handle,           # the PodGroup a gang's worker pods wait for
-    children.handle,       # create what is missing (after the failures were handled)
+)
+LAST: tuple[Policy, ...] = (
     summary.handle,        # counts, phase, conditions
     wedge.handle,          # the backstop: no progress for progressTimeoutSeconds
 )
 
-SALVAGED = {"restarts": "restarts", "disruptions": "disruptions", "restartGeneration": "restart_generation", "step": "step"}
-"""Counters kept from a status that cannot be read, so that the budget is never reset."""
+
+def _policies(ctx: Pass) -> None:
+    """Every policy in order, until one ends the pass."""
+    if not _each(ctx, FIRST):
+        return
+    admission = queueing.handle(ctx)  # a Kueue-queued job runs while its Workload is admitted
+    if suspension.handle(ctx, admission) is not Verdict.CONTINUE or not _each(ctx, FAILURES):
+        return
+    gate = gang.handle(ctx)  # the PodGroup a gang's worker pods wait for
+    # Create what is missing, after the failures were handled.
+    if children.handle(ctx, admission, gate) is not Verdict.CONTINUE:
+        return
+    _each(ctx, LAST)
 
 
-def _status(raw: Any) -> LLMTrainJobStatus:
-    try:
-        return LLMTrainJobStatus.model_validate(migrate(raw) if isinstance(raw, dict) else (raw or {}))
-    except ValidationError:
-        # A status we cannot read (hand-edited, from an unknown version) must not wedge
-        # the job; keep the counters we can still find so that the budget is never reset.
-        fresh = LLMTrainJobStatus()
-        if isinstance(raw, dict):
-            for key, attr in SALVAGED.items():
-                if isinstance(raw.get(key), int):
-                    setattr(fresh, attr, raw[key])
-        return fresh
+def _each(ctx: Pass, policies: tuple[Policy, ...]) -> bool:
+    """Whether the pass goes on after ``policies``."""
+    return all(policy(ctx) is Verdict.CONTINUE for policy in policies)
 
 
 def plan(raw: dict[str, Any], observed: Observed, now: datetime, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> Plan:
-    """``runtime_image``: the operator's setting of that name (``manifests.runtime_bundle``)."""
-    status = _status(raw.get("status"))
-    meta = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
-    if meta.get("deletionTimestamp"):
+    """A raw job object (a file, a test) read with ``receive``, then ``plan_received``."""
+    return plan_received(receive(raw), observed, now, runtime_image)
+
+
+def plan_received(received: Received, observed: Observed, now: datetime, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> Plan:
+    """``runtime_image``: the operator's setting of that name (``manifests.runtime_bundle``).
+    ``received`` is left as it is: the new status is built from a copy of its status."""
+    status = received.status.model_copy(deep=True)
+    if received.deleting:
         return Plan([], [], status.to_wire(), None)
-    try:
-        job = parse_job({**raw, "status": None})
-    except SpecInvalid as err:
-        ctx = Pass(job=None, observed=observed, now=now, status=status)  # type: ignore[arg-type]
-        # Even metadata may be garbage here; only a real integer is echoed back.
-        generation = meta.get("generation") if type(meta.get("generation")) is int else None
-        ctx.status.observed_generation = generation
-        validity.mark_invalid(ctx, Reason.INVALID_SPEC, "; ".join(str(e) for e in err.errors), generation)
-        return _done(ctx)
-    ctx = Pass(job=job, observed=observed, now=now, status=status, runtime_image=runtime_image)
+    if received.job is None:
+        ledger = Ledger(now=now, status=status)
+        ledger.status.observed_generation = received.generation
+        errors = received.invalid.errors if received.invalid is not None else []
+        validity.mark_invalid(ledger, Reason.INVALID_SPEC, "; ".join(str(e) for e in errors), received.generation)
+        return _done(ledger)
+    ctx = Pass(job=received.job, observed=observed, now=now, status=status, runtime_image=runtime_image)
     account_time(ctx)
-    for policy in POLICIES:
-        if policy(ctx) is not Verdict.CONTINUE:
-            break
+    _policies(ctx)
     return _done(ctx)
 
 
-def _done(ctx: Pass) -> Plan:
+def _done(ctx: Ledger) -> Plan:
     requeue = min(ctx.timers) if ctx.timers else None
     return Plan(_dedupe(ctx.actions), ctx.decisions, ctx.status.to_wire(), requeue)
 
 
-def _dedupe(actions: list) -> list:
+def _dedupe(actions: list[Action]) -> list[Action]:
     """Several concerns may ask to delete the same pod; one request each (a forced one
     wins, since it is what a dead node needs)."""
-    out: list = []
+    out: list[Action] = []
     deletes: dict[str, int] = {}
     for action in actions:
         if isinstance(action, DeletePod):

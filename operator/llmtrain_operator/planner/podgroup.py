@@ -34,6 +34,19 @@ VOLCANO = PodGroupApi("volcano", "scheduling.volcano.sh", "v1beta1")
 SCHEDULER_PLUGINS = PodGroupApi("scheduler-plugins", "scheduling.x-k8s.io", "v1alpha1")
 APIS = {api.scheduler: api for api in (VOLCANO, SCHEDULER_PLUGINS)}
 
+@dataclass(frozen=True)
+class GangGate:
+    """What the gang decided in this pass (``policies/gang.py``), handed by ``plan`` to the
+    creation of the worker pods: ``NOT_HELD`` for a job without a gang, in a cluster
+    without the PodGroup API, or whose PodGroup is ready."""
+
+    workers_held: str | None = None
+    """Why no worker pod may be created in this pass (their PodGroup is not ready), or None."""
+
+
+NOT_HELD = GangGate()
+
+
 VOLCANO_WAITING_PHASES = ("", "Pending")
 """Volcano's admission refuses a pod whose PodGroup is still Pending (its queue has not
 taken the gang in), so the worker pods are created once the phase moved on (Inqueue,
@@ -83,8 +96,9 @@ def min_resources(job: LLMTrainJob, members: int) -> dict[str, str]:
 def pod_group(job: LLMTrainJob, owner: dict[str, Any]) -> dict[str, Any]:
     """The job's PodGroup, named like the job (the name its worker pods carry)."""
     api = api_for(job)
-    assert api is not None, "pod_group() of a job without scheduling.gang"
-    gang = job.spec.scheduling.gang  # type: ignore[union-attr]
+    sched = job.spec.scheduling
+    assert api is not None and sched is not None and sched.gang is not None, "pod_group() of a job without scheduling.gang"
+    gang = sched.gang
     spec: dict[str, Any] = {"minMember": gang.min_available}
     wanted = min_resources(job, gang.min_available)
     if wanted:
@@ -92,8 +106,8 @@ def pod_group(job: LLMTrainJob, owner: dict[str, Any]) -> dict[str, Any]:
     if api is VOLCANO:
         if gang.queue:
             spec["queue"] = gang.queue
-        if job.spec.scheduling.priority_class_name:  # type: ignore[union-attr]
-            spec["priorityClassName"] = job.spec.scheduling.priority_class_name  # type: ignore[union-attr]
+        if sched.priority_class_name:
+            spec["priorityClassName"] = sched.priority_class_name
     elif gang.schedule_timeout_seconds is not None:
         spec["scheduleTimeoutSeconds"] = gang.schedule_timeout_seconds
     return {

@@ -9,6 +9,7 @@ quota back, and marks the Workload Finished when the job ends. Policy in
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.job import LLMTrainJob
@@ -59,10 +60,35 @@ def workload(job: LLMTrainJob, owner: dict[str, Any], worker_pod: dict[str, Any]
     }
 
 
-def place(pod: dict[str, Any], placement: tuple[dict[str, str], tuple[dict[str, Any], ...]]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Admission:
+    """What the queue decided in this pass (``policies/queueing.py``), handed by ``plan``
+    to the policies that act on it: suspension and the creation of the pods. A job that
+    is not queued (or runs without Kueue) gets ``UNQUEUED``."""
+
+    hold: str | None = None
+    """Kueue holds the job (not admitted, or evicted): it is suspended, for this reason."""
+    admitted: bool = False
+    """Kueue admitted the job: it runs, even while ``spec.suspend`` still says otherwise."""
+    node_selector: dict[str, str] = field(default_factory=dict)
+    """The node labels of the flavors Kueue assigned, for the pods."""
+    tolerations: tuple[dict[str, Any], ...] = ()
+    """The tolerations of the flavors Kueue assigned, for the pods."""
+
+    def suspends(self, job: LLMTrainJob) -> bool:
+        """Whether the job is suspended in this pass: ``spec.suspend``, unless the queue decides."""
+        if self.hold is not None:
+            return True
+        return job.spec.suspend and not self.admitted
+
+
+UNQUEUED = Admission()
+
+
+def place(pod: dict[str, Any], admission: Admission) -> dict[str, Any]:
     """The admission's flavors on a pod: their node labels join its nodeSelector, their
     tolerations its tolerations (as Kueue does for the jobs it admits)."""
-    selector, tolerations = placement
+    selector, tolerations = admission.node_selector, admission.tolerations
     if selector:
         pod["spec"]["nodeSelector"] = {**pod["spec"].get("nodeSelector", {}), **selector}
     if tolerations:

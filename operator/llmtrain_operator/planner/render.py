@@ -8,7 +8,7 @@ import yaml
 from llmtrain_contract.config import TrainerConfig
 
 from ..api.job import LLMTrainJob
-from ..api.spec import AUTO, AutoCadenceSpec
+from ..api.spec import AUTO, AutoCadenceSpec, S3TierSpec
 from . import names
 
 
@@ -40,7 +40,7 @@ def trainer_config(job: LLMTrainJob, paths: dict[str, str] | None = None, run_di
             if tier is None:
                 continue
             entry = {"name": name, "uri": paths[name], "keep": tier.keep, "intervalSteps": tier.interval_steps or 0}
-            if name == "s3":
+            if isinstance(tier, S3TierSpec):
                 entry.update({"endpoint": tier.endpoint, "region": tier.region, "pathStyle": tier.force_path_style})
             tiers.append(entry)
     if ckpt.interval_steps == AUTO:

@@ -1,5 +1,4 @@
 # A plain DDP loop: torchrun's env contract only, the default backend, nothing else.
-import os
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel

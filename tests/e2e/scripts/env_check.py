@@ -1,5 +1,6 @@
 # Reads torchrun's variables itself and rendezvouses through MASTER_ADDR/MASTER_PORT.
-import os, sys
+import os
+import sys
 import torch.distributed as dist
 for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
     assert os.environ.get(name), f"torchrun did not set {name}"

@@ -32,7 +32,7 @@ class Arena:
             self.views[e.name] = torch.frombuffer(self.buffer, dtype=dtype, count=count, offset=e.offset).view(e.shape)
 
     @classmethod
-    def for_tensors(cls, tensors: list[tuple[str, torch.Tensor]]) -> "Arena":
+    def for_tensors(cls, tensors: list[tuple[str, torch.Tensor]]) -> Arena:
         return cls(layout([(name, dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size()) for name, t in tensors]))
 
     def memory(self) -> memoryview:

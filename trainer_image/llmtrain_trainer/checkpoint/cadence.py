@@ -172,7 +172,8 @@ class Cadence:
             if held is None or optimum.steps != held.steps:
                 log.warning("checkpoint interval: %s (%d failures so far)", optimum.explain(), self.history.failures)
             self.chosen, self._chosen_at_failures = optimum, self.history.failures
-        return self.chosen.steps
+            held = optimum
+        return held.steps
 
     # ------------------------------------------------------------------ every rank
 

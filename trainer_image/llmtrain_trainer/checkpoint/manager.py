@@ -23,10 +23,8 @@ deferral is counted.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -34,24 +32,23 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import torch
 from llmtrain_contract.cadence import SaveCost
 from llmtrain_store import manifest as mf
-from llmtrain_store.archive import ArchiveError, encode_header
+from llmtrain_store.directory import DirTier
 from llmtrain_store.fileio import PieceHasher
-from llmtrain_store.health import classify
+from llmtrain_store.health import Degraded
 from llmtrain_store.sources import MemorySource, Source
-from llmtrain_store.tiers import CheckpointError, DirTier, file_record
+from llmtrain_store.tier import CheckpointError, Tier, file_record
 
-from .. import rng
-from ..dist import DistInfo
-from ..engine import Engine, engine_class
-from .arena import Arena
-from .health import Health
-from .priority import lower_this_thread
-from .propagate import Layout, Propagator, Saved
-from .restore import Choice, find_restore_point
-from .tensorio import ChecksumMismatch, read_tensors, write_small
+from llmtrain_trainer.checkpoint.health import Health
+from llmtrain_trainer.checkpoint.priority import lower_this_thread
+from llmtrain_trainer.checkpoint.propagate import Layout, Propagator, Saved
+from llmtrain_trainer.checkpoint.protocol import Checkpointable, FileNaming, Gather, RngState, Snapshot
+from llmtrain_trainer.checkpoint.pull import Puller
+from llmtrain_trainer.checkpoint.restore import Choice, find_restore_point
+from llmtrain_trainer.checkpoint.rngfiles import RngReader, encode_tensor_archive, rng_file
+from llmtrain_trainer.checkpoint.tensorio import write_small
+from llmtrain_trainer.world import DistInfo
 
 log = logging.getLogger("llmtrain.checkpoint")
 
@@ -60,41 +57,40 @@ RESCUE_PARTS_WAIT_SECONDS = 2.0
 """How long a node leader's rescue waits for the node's other ranks' parts: a rank of the
 node may be the one that failed, and the rescue commits the parts that came."""
 
-PULL_FAILED = ".pull-failed-"
-"""In tier 1: the node leader's pull of a step failed (the message); its ranks stop waiting."""
-
 
 def _noop() -> None:
     return None
 
 
-def rng_file(rank: int) -> str:
-    return f"rng/rank-{rank:05d}.llmt"
-
-
-def file_rank(name: str, engine: Any) -> int | None:
+def file_rank(name: str, naming: FileNaming) -> int | None:
     """The rank a checkpoint file belongs to; None for files shared by all ranks."""
     if mf.RNG_NAME.fullmatch(name):
         return int(name[9:14])
-    return engine.file_rank(name)
+    return naming.file_rank(name)
 
 
 class CheckpointManager:
-    """Tiered checkpoints of one rank."""
+    """Tiered checkpoints of one rank (implements ``protocol.Checkpoints``)."""
 
-    def __init__(self, tiers: list[Any], info: DistInfo, meta: dict[str, Any], commit_timeout: float, metrics: Any,
-                 heartbeat: Callable[[], None]):
-        if not isinstance(tiers[0], DirTier):
+    def __init__(self, tiers: list[Tier], info: DistInfo, naming: FileNaming, meta: dict[str, Any], commit_timeout: float,
+                 metrics: Any, heartbeat: Callable[[], None]):
+        """``naming``: the strategy's engine class (which files it writes, whose each is);
+        ``meta``: what every manifest records (config hash, strategy, job)."""
+        local = tiers[0]
+        if not isinstance(local, DirTier):
             raise ValueError("tier 1 must be a directory (node-local disk)")
-        self.local: DirTier = tiers[0]
+        self.local: DirTier = local
         self.tiers = tiers
         self.info = info
+        self.naming = naming
         self.meta = meta
         self.commit_timeout = commit_timeout
         self.metrics = metrics
         self.heartbeat = heartbeat
-        self.engine: Engine | None = None
+        self.engine: Checkpointable | None = None
         self.health = Health(metrics, [t.name for t in tiers])
+        self._puller = Puller(local, info, naming.allowed_names(), self.health, metrics, commit_timeout, heartbeat)
+        self._rng = RngReader(tiers, info.rank, naming.allowed_names())
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer", initializer=lower_this_thread)
         self._pending: Future[None] | None = None
         self.last_committed: dict[str, int] = {}
@@ -108,138 +104,34 @@ class CheckpointManager:
         self._lock = threading.Lock()
         self._propagators: list[Propagator] = []
 
-    # ------------------------------------------------------------------ setup
+    # ------------------------------------------------------------------ restore
 
-    def bind(self, engine: Engine) -> None:
-        """The engine whose state is saved (it exists only after the restore point is
-        known: a universal restore changes how it is built)."""
+    def bind(self, engine: Checkpointable) -> None:
         self.engine = engine
-        strategy = engine_class(self.meta["strategy"])
         layout = Layout(self.info.rank, self.info.world_size, self.info.node_rank, self.info.num_nodes,
-                        engine.replicated_files(), lambda name: file_rank(name, strategy))
+                        engine.replicated_files(), lambda name: file_rank(name, self.naming))
         self._propagators = [Propagator(tier, layout, self.local, self.health, self._committed, self.commit_timeout, self.heartbeat)
                              for tier in self.tiers[1:]]
 
-    def restore_point(self, strategy: str, sharded: bool, gather: Callable[[Any], list[Any]],
-                      excluded: frozenset[tuple[str, int]] = frozenset()) -> Choice | None:
-        engine_cls = engine_class(strategy)
+    def set_data_position(self, wire: dict[str, Any]) -> None:
+        self.meta["data"] = wire
+
+    def restore_point(self, sharded: bool, gather: Gather, excluded: frozenset[tuple[str, int]] = frozenset()) -> Choice | None:
         # A node leader verifies (and would pull) its whole node's files; the others only theirs.
         node = list(self.info.ranks_on_node()) if self.info.is_node_leader else [self.info.rank]
         return find_restore_point(self.tiers, self.info.rank, self.info.world_size, node,
-                                  self.meta["config_hash"], strategy, sharded, engine_cls.allowed_names(),
-                                  lambda name: file_rank(name, engine_cls), gather, on_error=self.health.failed,
+                                  self.meta["config_hash"], self.meta["strategy"], sharded, self.naming.allowed_names(),
+                                  lambda name: file_rank(name, self.naming), gather, on_error=self.health.failed,
                                   excluded=excluded)
 
     def localize(self, choice: Choice, timeout: float) -> Path:
-        """Where this rank reads ``choice``'s files: in place when its copy is a tier-1
-        folder holding them whole; else the node leader pulls the node's files into tier 1
-        (verified piece by piece) and commits them there, and the node's other ranks wait
-        for that commit. Raises CheckpointError when the pull fails (on the leader, and on
-        the ranks waiting for it)."""
-        copy = choice.copy
-        assert copy is not None
-        allowed = engine_class(self.meta["strategy"]).allowed_names()
-        if copy.tier is self.local:
-            files = mf.entries(copy.manifest, allowed)
-            if not any(files[n].sliced for n in choice.names if n in files):
-                return Path(copy.location)
-        target = self.local.final(choice.step)
-        failed = self.local.root / f"{PULL_FAILED}{mf.step_dir(choice.step)}"
-        if self.info.is_node_leader:
-            began = time.perf_counter()
-            optional = frozenset(n for n in choice.names if mf.RNG_NAME.fullmatch(n))
-            try:
-                self.local.root.mkdir(parents=True, exist_ok=True)
-                failed.unlink(missing_ok=True)
-                staging = self.local.staging(choice.step)
-                records = copy.tier.fetch(copy, choice.names, staging, allowed, self.heartbeat, optional=optional)
-                self.local.write_part(choice.step, self.info.rank, {"files": records})
-                meta = {k: v for k, v in copy.manifest.items() if k not in ("files", "ranks", "format", "step", "hash")}
-                self.local.commit(choice.step, meta, {self.info.rank}, set(self.info.ranks_on_node()), self.commit_timeout,
-                                  self.heartbeat)
-            except Exception as err:  # noqa: BLE001 - any failure of a pull sends the agreement to another copy
-                why = str(err) if isinstance(err, CheckpointError) else f"{copy.tier.name} tier: {classify(err).message}"
-                self.health.failed(copy.tier.name, err)
-                shutil.rmtree(self.local.staging(choice.step), ignore_errors=True)
-                try:
-                    failed.write_text(why)  # the node's other ranks stop waiting
-                except OSError:
-                    pass
-                raise CheckpointError(f"pulling step {choice.step}: {why}") from err
-            size = sum(r["size"] for r in records.values())
-            seconds = time.perf_counter() - began
-            self.metrics.restored_bytes(copy.tier.name, size, seconds)
-            log.warning("pulled step %d from the %s tier into tier 1 (%d bytes) in %.2fs", choice.step, copy.tier.name, size, seconds)
-        else:
-            deadline = time.monotonic() + timeout
-            while not (target / mf.COMMITTED).exists():
-                if failed.exists():
-                    raise CheckpointError(f"pulling step {choice.step}: the node leader's pull failed: {failed.read_text()}")
-                if time.monotonic() > deadline:
-                    raise CheckpointError(f"the node leader did not pull step {choice.step} into tier 1 within {timeout:.0f}s")
-                self.heartbeat()
-                time.sleep(0.1)
-        return target
-
-    def read_rng(self, step: int, name: str, first: Path | None) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
-        """The RNG archive ``name`` of ``step``, verified: from the folder ``first``, else
-        from each tier's copy in turn (fastest first). Each copy that does not verify is
-        logged with the reason."""
-        allowed = engine_class(self.meta["strategy"]).allowed_names()
-        tried: set[str] = set()
-        if first is not None:
-            found = self._rng_from(Path(first), name, allowed, "loaded copy", step)
-            if found is not None:
-                return found
-            tried.add(str(first))
-        for tier in self.tiers:
-            try:
-                copies = [c for c in tier.list() if c.step == step and c.location not in tried]
-            except Exception as err:  # noqa: BLE001 - another tier may still have it
-                log.debug("%s tier: cannot list (%s)", tier.name, type(err).__name__)
-                continue
-            for copy in copies:
-                try:
-                    if name not in mf.entries(copy.manifest, allowed):
-                        continue
-                    if isinstance(tier, DirTier):
-                        found = self._rng_from(Path(copy.location), name, allowed, f"{tier.name} tier", step)
-                    else:
-                        with tempfile.TemporaryDirectory(prefix="rng-") as scratch:
-                            tier.fetch(copy, [name], Path(scratch), allowed)
-                            data = (Path(scratch) / name).read_bytes()
-                        found = self._decode_rng(data, mf.entries(copy.manifest, allowed)[name], f"{tier.name} tier", step)
-                except Exception as err:  # noqa: BLE001 - a copy that cannot be read is skipped, with why
-                    log.warning("rank %d: its saved RNG state of step %d in the %s tier is not usable (%s)",
-                                self.info.rank, step, tier.name, err)
-                    continue
-                if found is not None:
-                    return found
-        return None
-
-    def _rng_from(self, folder: Path, name: str, allowed: Any, where: str, step: int) -> Any:
-        try:
-            files = mf.entries(json.loads((folder / mf.MANIFEST).read_text()), allowed)
-            if name not in files:
-                return None
-            return self._decode_rng(mf.inside(folder, name).read_bytes(), files[name], where, step)
-        except (OSError, ValueError, mf.ManifestRejected) as err:
-            log.warning("rank %d: its saved RNG state of step %d (%s) is not usable (%s)", self.info.rank, step, where, err)
-            return None
-
-    def _decode_rng(self, data: bytes, entry: mf.FileEntry, where: str, step: int) -> Any:
-        try:
-            return read_tensors(data, [(p.offset, p.size, p.hash) for p in entry.pieces])
-        except (ChecksumMismatch, ArchiveError, ValueError) as err:
-            log.warning("rank %d: its saved RNG state of step %d (%s) is not usable (%s)", self.info.rank, step, where, err)
-            return None
+        return self._puller.localize(choice, timeout)
 
     def forget_failed_pulls(self) -> None:
-        """Before an agreement (whose collectives order this before any rank looks): the
-        node leader removes the failure notes of earlier pulls."""
-        if self.info.is_node_leader:
-            for note in self.local.root.glob(PULL_FAILED + "*"):
-                note.unlink(missing_ok=True)
+        self._puller.forget_failed()
+
+    def read_rng(self, step: int, name: str, first: Path | None) -> RngState | None:
+        return self._rng.read(step, name, first)
 
     def prepare(self, barrier: Callable[[], None], restored_step: int) -> None:
         """Sweep what a crash left behind, before anybody writes again, and start the
@@ -311,10 +203,12 @@ class CheckpointManager:
         self._pending = None
         return True
 
-    def save(self, step: int, samples: int, tiers_busy: list[bool] | None = None, sync: bool = False) -> float:
-        """Checkpoint the state after optimizer step ``step``. ``tiers_busy``: per slower
-        tier, whether any rank is still storing into it (agreed by all ranks). Returns the
-        seconds the caller was blocked: the snapshot (no copy), or the whole save when
+    def save(self, step: int, samples: int, rng_state: RngState, tiers_busy: list[bool] | None = None,
+             sync: bool = False) -> float:
+        """Checkpoint the state after optimizer step ``step``, with ``rng_state`` (every
+        generator as of that step's end). ``tiers_busy``: per slower tier, whether any
+        rank is still storing into it (agreed by all ranks). Returns the seconds the
+        caller was blocked: the snapshot (no copy), or the whole save when
         synchronous (the final checkpoint, the emergency one after SIGTERM), which also
         stores into every slower tier before it returns."""
         started = time.perf_counter()
@@ -330,11 +224,10 @@ class CheckpointManager:
             propagator.claim(step)
         meta = {**self.meta, "samples_consumed": samples, "world_size": self.info.world_size,
                 "local_world_size": self.info.local_world_size, "time": time.time()}
-        rng_tensors, rng_meta = rng.capture()
         snap = self.engine.snapshot() if self.engine is not None else None
         blocked = time.perf_counter() - started
         heartbeat = self.heartbeat if sync else _noop
-        job = lambda: self._persist(step, meta, snap, rng_tensors, rng_meta, started, None if sync else blocked, targets, heartbeat)  # noqa: E731
+        job = lambda: self._persist(step, meta, snap, rng_state, started, None if sync else blocked, targets, heartbeat)  # noqa: E731
         if sync:
             job()
             for propagator in targets:
@@ -345,8 +238,7 @@ class CheckpointManager:
         self.metrics.checkpoint_stall(blocked)
         return time.perf_counter() - started if sync else blocked
 
-    def rescue(self, step: int, samples: int, updates: int, rng_state: tuple[dict[str, torch.Tensor], dict[str, Any]],
-               deadline: float) -> str | None:
+    def rescue(self, step: int, samples: int, updates: int, rng_state: RngState, deadline: float) -> str | None:
         """A rescue checkpoint: ``step``'s state, saved into tier 1 only, synchronously,
         after a peer failed (a collective raised, or the supervisor judged this rank a
         victim). ``updates``: the engine's optimizer steps at ``step`` (the state must not
@@ -369,7 +261,7 @@ class CheckpointManager:
         meta = {**self.meta, "samples_consumed": samples, "world_size": self.info.world_size,
                 "local_world_size": self.info.local_world_size, "time": time.time(), "rescue": True}
         try:
-            self._persist(step, meta, snap, *rng_state, time.perf_counter(), None, [], _noop, rescue_deadline=deadline)
+            self._persist(step, meta, snap, rng_state, time.perf_counter(), None, [], _noop, rescue_deadline=deadline)
         except Exception as err:  # noqa: BLE001 - a failing rank reports, it does not raise again
             return str(err)
         return None
@@ -386,7 +278,7 @@ class CheckpointManager:
         except Exception as err:  # noqa: BLE001 - a tier failure degrades, it never kills training
             log.error("checkpoint of step %d failed: %s", step, err)
 
-    def _persist(self, step: int, meta: dict[str, Any], snap: Any, rng_tensors: dict[str, torch.Tensor], rng_meta: dict[str, Any],
+    def _persist(self, step: int, meta: dict[str, Any], snap: Snapshot | None, rng_state: RngState,
                  started: float, blocked: float | None, targets: list[Propagator], heartbeat: Callable[[], None],
                  rescue_deadline: float | None = None) -> None:
         """Write this rank's files into tier 1, then hand the step to ``targets``. If tier
@@ -403,7 +295,7 @@ class CheckpointManager:
             if snap is not None:
                 records.update(snap.write(staging))
             (staging / "rng").mkdir(exist_ok=True)
-            rng_bytes = encode_tensor_archive(rng_tensors, rng_meta)
+            rng_bytes = encode_tensor_archive(*rng_state)
             size, pieces = write_small(staging / rng_file(self.info.rank), rng_bytes)
             records[rng_file(self.info.rank)] = file_record(rng_file(self.info.rank), size, pieces)
             local.write_part(step, self.info.rank, {"files": records})
@@ -426,14 +318,14 @@ class CheckpointManager:
                 log.info("checkpoint step %d committed to %s (%s)", step, local.name, committed.location)
             self.health.ok(local.name, step)
         except (OSError, CheckpointError, RuntimeError) as err:
-            self.health.failed(local.name, err)
+            degraded = self.health.failed(local.name, err)
             if self.info.is_node_leader:  # free what the failed write left, for the next try
                 shutil.rmtree(local.staging(step), ignore_errors=True)
             if not targets:
                 if snap is not None:
                     snap.release()
-                raise CheckpointError(f"{local.name} tier: {self.health.of(local.name).message}") from err
-            self._from_memory(step, meta, snap, rng_tensors, rng_meta, targets)
+                raise CheckpointError(f"{local.name} tier: {degraded.message}") from err
+            self._from_memory(step, meta, snap, rng_state, targets)
             return
         if snap is not None:
             snap.release()
@@ -442,13 +334,13 @@ class CheckpointManager:
         for propagator in targets:
             propagator.deliver(saved)
 
-    def _from_memory(self, step: int, meta: dict[str, Any], snap: Any, rng_tensors: dict[str, torch.Tensor],
-                     rng_meta: dict[str, Any], targets: list[Propagator]) -> None:
+    def _from_memory(self, step: int, meta: dict[str, Any], snap: Snapshot | None, rng_state: RngState,
+                     targets: list[Propagator]) -> None:
         """Tier 1 failed: the slower tiers get this rank's files straight from the
         snapshot, which stays held (the next checkpoint waits) until each had one try."""
         try:
             images: dict[str, Source] = dict(snap.images()) if snap is not None else {}
-            images[rng_file(self.info.rank)] = MemorySource([encode_tensor_archive(rng_tensors, rng_meta)])
+            images[rng_file(self.info.rank)] = MemorySource([encode_tensor_archive(*rng_state)])
             records = {}
             for name, source in images.items():
                 hasher = PieceHasher(mf.piece_size(source.size))
@@ -493,7 +385,7 @@ class CheckpointManager:
             shared = any(self.last_committed.get(t.name) == step for t in self.tiers[1:])
         return local, shared
 
-    def degraded(self) -> dict[str, Any]:
+    def degraded(self) -> dict[str, Degraded]:
         """Tier -> why it is degraded, for the tiers that are."""
         return {t.name: d for t in self.tiers if (d := self.health.of(t.name)) is not None}
 
@@ -505,72 +397,3 @@ class CheckpointManager:
         self._writer.shutdown(wait=True)
         for propagator in self._propagators:
             propagator.stop()
-
-
-def encode_tensor_archive(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> bytes:
-    """A small archive's bytes in memory (the RNG state, when tier 1 is down)."""
-    arena = Arena.for_tensors(sorted(tensors.items()))
-    for name, tensor in tensors.items():
-        arena.views[name].copy_(tensor)
-    return encode_header(meta, arena.entries) + bytes(arena.memory()[: arena.size])
-
-
-class NoCheckpoints:
-    """Checkpointing off (no tiers): the same interface, no work, so the training loop
-    checks nothing (the choice is made once)."""
-
-    last_committed: dict[str, int] = {}
-    costs: list[float] = []
-    deferred = 0
-
-    def bind(self, engine: Engine) -> None:
-        return None
-
-    def restore_point(self, strategy: str, sharded: bool, gather: Callable[[Any], list[Any]],
-                      excluded: frozenset[tuple[str, int]] = frozenset()) -> None:
-        return None
-
-    def forget_failed_pulls(self) -> None:
-        return None
-
-    def prepare(self, barrier: Callable[[], None], restored_step: int) -> None:
-        return None
-
-    def busy(self) -> bool:
-        return False
-
-    def tiers_busy(self) -> list[bool]:
-        return []
-
-    def defer(self) -> None:
-        return None
-
-    def wait_free(self) -> bool:
-        return True
-
-    def save(self, step: int, samples: int, tiers_busy: list[bool] | None = None, sync: bool = False) -> float:
-        return 0.0
-
-    def rescue(self, step: int, samples: int, updates: int, rng_state: Any, deadline: float) -> str | None:
-        return "checkpointing is off"
-
-    def newest_saved(self) -> None:
-        return None
-
-    def wait(self) -> None:
-        return None
-
-    def newest_local(self) -> None:
-        return None
-
-    def read_rng(self, step: int, name: str, first: Path | None) -> None:
-        return None
-
-    def durable(self, step: int) -> tuple[bool, bool]:
-        return True, False  # nothing to save: the run is as durable as it asked to be
-
-    def degraded(self) -> dict[str, Any]:
-        return {}
-
-    def close(self) -> None:
-        return None

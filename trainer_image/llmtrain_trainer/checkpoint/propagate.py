@@ -29,9 +29,9 @@ from typing import Any
 from llmtrain_store import manifest as mf
 from llmtrain_store import shares
 from llmtrain_store.sources import FileSource, Source
-from llmtrain_store.tiers import CheckpointError
+from llmtrain_store.tier import CheckpointError
 
-from .priority import lower_this_thread
+from llmtrain_trainer.checkpoint.priority import lower_this_thread
 
 log = logging.getLogger("llmtrain.checkpoint")
 

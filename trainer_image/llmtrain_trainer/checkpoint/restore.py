@@ -27,11 +27,14 @@ The decision functions here are pure, so they are unit-tested without processes.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from pathlib import Path
+from typing import Any, Literal
+from collections.abc import Callable
 
 from llmtrain_store import manifest as mf
 from llmtrain_store.health import classify
@@ -104,8 +107,9 @@ class Unlisted:
         return self.reason not in CONFIG_REASONS
 
 
-def _list(tier: Any, on_error: Callable[[str, BaseException], None], sleep: Callable[[float], None]) -> tuple[list[Any] | None, Unlisted | None]:
-    for attempt, pause in enumerate((*LIST_RETRIES, None)):
+def _list(tier: Any, on_error: Callable[[str, BaseException], object],
+          sleep: Callable[[float], None]) -> tuple[list[Any] | None, Unlisted | None]:
+    for pause in (*LIST_RETRIES, None):
         try:
             return tier.list(), None
         except Exception as err:  # noqa: BLE001 - classified; an unreachable tier must not crash a restore
@@ -119,7 +123,7 @@ def _list(tier: Any, on_error: Callable[[str, BaseException], None], sleep: Call
 
 
 def listing_of(tiers: list[Any], config_hash: str, strategy: str, allowed: re.Pattern[str], problems: list[str],
-               on_error: Callable[[str, BaseException], None] = lambda tier, err: None,
+               on_error: Callable[[str, BaseException], object] = lambda tier, err: None,
                sleep: Callable[[float], None] = time.sleep, excluded: frozenset[tuple[str, int]] = frozenset(),
                ) -> tuple[Listing, dict[tuple[str, str], Any], list[Unlisted]]:
     """This rank's view of every tier, fastest first: the candidates, the committed
@@ -239,7 +243,7 @@ def find_restore_point(
     allowed: re.Pattern[str],
     file_rank: Callable[[str], int | None],
     gather: Callable[[Any], list[Any]],
-    on_error: Callable[[str, BaseException], None] = lambda tier, err: None,
+    on_error: Callable[[str, BaseException], object] = lambda tier, err: None,
     sleep: Callable[[float], None] = time.sleep,
     excluded: frozenset[tuple[str, int]] = frozenset(),
 ) -> Choice | None:
@@ -316,3 +320,8 @@ def _check(cand: Candidate, copies: list[dict[str, Any]], committed: dict[tuple[
         # Said by the rank that saw it, even when a slower tier serves the step after all.
         log.warning("step %d: not using the %s tier's copy: %s", cand.step, found.tier.name, why)
     return False, None, None, "; ".join(reasons) or f"rank {rank} has no copy", []
+
+
+def manifest_files(folder: Path, allowed: re.Pattern[str]) -> dict[str, mf.FileEntry]:
+    """The files of the committed step in ``folder``, as its manifest (checked) lists them."""
+    return mf.entries(json.loads((folder / mf.MANIFEST).read_text()), allowed)

@@ -18,7 +18,7 @@ from llmtrain_store.archive import ALIGN, ArchiveError, decode_header, encode_he
 from llmtrain_store.fileio import FileWriter, PieceHasher, Segments, allocate, read_pieces, write_segments
 from llmtrain_store.manifest import PIECE, piece_size
 
-from .arena import Arena
+from llmtrain_trainer.checkpoint.arena import Arena
 
 Pieces = list[tuple[int, int, str]]
 
@@ -52,7 +52,7 @@ def read_arena(path: Path, arena: Arena, expected: Pieces) -> dict[str, Any]:
         raise ArchiveError(f"{path.name}: its tensors do not match this model's (another model or optimizer)")
     head = allocate(header.payload_offset)
     problem = read_pieces(path, Segments([memoryview(head)[: header.payload_offset], arena.memory()[: arena.size]]),
-                          [tuple(p) for p in expected])
+                          [(offset, size, digest) for offset, size, digest in expected])
     if problem is not None:
         raise ChecksumMismatch(problem)
     if bytes(head[: len(prefix)]) != prefix:  # the header decoded above is the one verified

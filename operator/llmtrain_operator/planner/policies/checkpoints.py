@@ -10,7 +10,7 @@ from collections import Counter
 from llmtrain_contract.names import TIER_REASONS, Termination
 
 from ...api.spec import AUTO
-from ...api.status import CadenceHistory, CheckpointCadence, TierHealth
+from ...api.status import CadenceHistory, CheckpointCadence, TierHealth, TierName
 from ...api.vocabulary import ConditionType, Reason
 from ..context import Pass, Verdict
 from ..decisions import IntervalChanged, TierDegraded, TierRecovered
@@ -25,9 +25,14 @@ def handle(ctx: Pass) -> Verdict:
     return Verdict.CONTINUE
 
 
-def configured_tiers(ctx: Pass) -> list[str]:
+def configured_tiers(ctx: Pass) -> list[TierName]:
     ckpt = ctx.spec.checkpoint
-    return ["local"] + (["shared"] if ckpt.shared is not None else []) + (["s3"] if ckpt.s3 is not None else [])
+    tiers: list[TierName] = ["local"]
+    if ckpt.shared is not None:
+        tiers.append("shared")
+    if ckpt.s3 is not None:
+        tiers.append("s3")
+    return tiers
 
 
 def _tiers(ctx: Pass) -> None:
@@ -83,7 +88,7 @@ def _cadence(ctx: Pass) -> None:
         # may lag.
         chooser = next((p for p in probes if p.interval_steps and p.cost_seconds is not None
                         and p.mtbf_seconds is not None), None)
-        new = chooser.interval_steps if chooser is not None else max(reported)
+        new = chooser.interval_steps if chooser is not None and chooser.interval_steps else max(reported)
         cost, latency, mtbf, step = ((chooser.cost_seconds, chooser.latency_seconds, chooser.mtbf_seconds, chooser.step_seconds)
                                      if chooser is not None else (None, None, None, None))
         if auto and cadence.interval_steps is not None and new != cadence.interval_steps:

@@ -8,19 +8,22 @@ from llmtrain_contract.names import CONFIG_HASH_ANNOTATION
 from ...api.observed import CADENCE_ANNOTATION
 from ...api.vocabulary import ConditionType, PodPhase, Reason
 from .. import manifests, names
-from ..queue import place
 from ..conditions import is_true
 from ..context import CreateObject, DeletePod, Pass, ReplaceObject, Verdict
 from ..decisions import CadenceShared
+from ..podgroup import GangGate
 from ..quarantine import active_quarantine
+from ..queue import Admission, place
 
 
-def handle(ctx: Pass) -> Verdict:
+def handle(ctx: Pass, admission: Admission, gate: GangGate) -> Verdict:
+    """``admission``: the queue's decision (the pods' placement); ``gate``: the gang's
+    (whether worker pods may be created now)."""
     report_refusals(ctx)
     held = creates_held(ctx)
     if not held:
-        ensure_infrastructure(ctx)
-    reconcile_workers(ctx, may_create=not held and ctx.workers_held is None)
+        ensure_infrastructure(ctx, admission)
+    reconcile_workers(ctx, admission, may_create=not held and gate.workers_held is None)
     return Verdict.CONTINUE
 
 
@@ -49,7 +52,7 @@ def creates_held(ctx: Pass) -> bool:
     return True
 
 
-def ensure_infrastructure(ctx: Pass) -> None:
+def ensure_infrastructure(ctx: Pass, admission: Admission) -> None:
     job = ctx.job
     created = []
     for manifest in (manifests.workers_service(job), manifests.store_service(job)):
@@ -66,14 +69,15 @@ def ensure_infrastructure(ctx: Pass) -> None:
             created.append(f"ConfigMap {cm['metadata']['name']}")
         elif have.config_hash != annotations[CONFIG_HASH_ANNOTATION]:
             ctx.actions.append(ReplaceObject(cm))
-            ctx.event(Reason.CONFIG_UPDATED, f"re-rendered ConfigMap {cm['metadata']['name']}; running workers keep the old one until they restart")
+            ctx.event(Reason.CONFIG_UPDATED,
+                      f"re-rendered ConfigMap {cm['metadata']['name']}; running workers keep the old one until they restart")
         elif have.cadence != annotations.get(CADENCE_ANNOTATION):
             # The failure history changed: the kubelet refreshes it in the running pods.
             ctx.actions.append(ReplaceObject(cm))
             ctx.decide(CadenceShared(int(annotations.get(CADENCE_ANNOTATION, "0"))))
     store = ctx.observed.store()
     if store is None:
-        ctx.actions.append(CreateObject(place(manifests.store_pod(job, ctx.runtime_image), ctx.placement)))
+        ctx.actions.append(CreateObject(place(manifests.store_pod(job, ctx.runtime_image), admission)))
         created.append(f"Pod {names.store_pod(job.metadata.name)} (rendezvous store)")
     elif store.terminated:
         ctx.actions.append(DeletePod(store.name))
@@ -82,7 +86,7 @@ def ensure_infrastructure(ctx: Pass) -> None:
         ctx.event(Reason.CREATED, "created " + ", ".join(created))
 
 
-def reconcile_workers(ctx: Pass, may_create: bool = True) -> None:
+def reconcile_workers(ctx: Pass, admission: Admission, may_create: bool = True) -> None:
     """Scale down, replace old generations, and create missing slots (after backoff)."""
     spec, status = ctx.spec, ctx.status
     workers = ctx.observed.workers()
@@ -111,7 +115,7 @@ def reconcile_workers(ctx: Pass, may_create: bool = True) -> None:
     avoid = active_quarantine(ctx)
     for slot in missing:
         ctx.actions.append(CreateObject(place(manifests.worker_pod(ctx.job, slot, status.restart_generation, avoid, ctx.runtime_image),
-                                              ctx.placement)))
+                                              admission)))
     pods = ", ".join(names.worker_pod(ctx.job.metadata.name, s) for s in missing)
     extra = f" (avoiding quarantined nodes {', '.join(avoid)})" if avoid else ""
     ctx.event(Reason.CREATED_WORKERS, f"created {pods} for generation {status.restart_generation}{extra}")

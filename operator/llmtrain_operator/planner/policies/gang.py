@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from ...api.vocabulary import ConditionType, Reason
 from .. import manifests, podgroup
-from ..context import CreateObject, Pass, UpdateSpec, Verdict
+from ..context import CreateObject, Pass, UpdateSpec
+from ..podgroup import NOT_HELD, GangGate
 
 VOLCANO_POLL_SECONDS = 2.0
 """A Volcano PodGroup's phase is read this often while the pods wait on it (no watch)."""
@@ -26,45 +27,43 @@ READ_RETRY_SECONDS = 30.0
 without any event the operator watches."""
 
 
-def handle(ctx: Pass) -> Verdict:
+def handle(ctx: Pass) -> GangGate:
+    """Always lets the pass go on; what it decided is the ``GangGate`` it returns."""
     api = podgroup.api_for(ctx.job)
     seen = ctx.observed.pod_group
     if api is None or seen is None:
-        return Verdict.CONTINUE
+        return NOT_HELD
     name = ctx.job.metadata.name
     what = f"PodGroup {name} ({api.api_version})"
     if seen.refused:
         # Without reading it, the operator cannot tell whether the workers may be created.
         if ctx.condition(ConditionType.POD_GROUP_READY, False, Reason.READ_REFUSED, seen.refused):
             ctx.event(Reason.READ_REFUSED, seen.refused, warning=True)
-        ctx.workers_held = seen.refused
         ctx.after(READ_RETRY_SECONDS)
-        return Verdict.CONTINUE
+        return GangGate(workers_held=seen.refused)
     if not seen.served:
         message = (f"the cluster does not serve {api.plural}.{api.group}/{api.version} (is {api.scheduler} installed?); "
                    "the worker pods are created without a PodGroup")
         if ctx.condition(ConditionType.POD_GROUP_READY, False, Reason.POD_GROUP_API_MISSING, message):
             ctx.event(Reason.POD_GROUP_API_MISSING, message, warning=True)
-        return Verdict.CONTINUE
+        return NOT_HELD
     wanted = podgroup.pod_group(ctx.job, manifests.owner_reference(ctx.job))
     members = wanted["spec"]["minMember"]
     if not seen.exists:
         ctx.actions.append(CreateObject(wanted))
         ctx.event(Reason.POD_GROUP_CREATED, f"created {what} with minMember {members}")
         ctx.condition(ConditionType.POD_GROUP_READY, False, Reason.POD_GROUP_CREATED, f"created {what}; the worker pods follow")
-        ctx.workers_held = f"{what} was just created"
         ctx.after(1.0)
-        return Verdict.CONTINUE
+        return GangGate(workers_held=f"{what} was just created")
     if any(seen.spec.get(key) != value for key, value in wanted["spec"].items()):
         ctx.actions.append(UpdateSpec(wanted))
     if api is podgroup.VOLCANO and seen.phase in podgroup.VOLCANO_WAITING_PHASES:
         message = (f"waiting for Volcano to take {what} into its queue (phase {seen.phase or 'not set yet'}); "
                    "the worker pods are created then")
         ctx.condition(ConditionType.POD_GROUP_READY, False, Reason.POD_GROUP_PENDING, message)
-        ctx.workers_held = message
         ctx.after(VOLCANO_POLL_SECONDS)
-        return Verdict.CONTINUE
+        return GangGate(workers_held=message)
     phase = f", phase {seen.phase}" if seen.phase else ""
     ctx.condition(ConditionType.POD_GROUP_READY, True, Reason.POD_GROUP_CREATED, f"{what}, minMember {members}{phase}")
-    return Verdict.CONTINUE
+    return NOT_HELD
 

@@ -18,7 +18,10 @@ from ..accounting import pod_key, record_failure
 from ..budget import charge_budget
 from ..context import Pass, Verdict
 
-CHARGED_CAUSES = {"crash": (Reason.RESTARTED_IN_PLACE, FailureKind.PROCESS_CRASH), "hang": (classify_exit(ExitCode.HANG).reason, FailureKind.HANG)}
+CHARGED_CAUSES = {
+    "crash": (Reason.RESTARTED_IN_PLACE, FailureKind.PROCESS_CRASH),
+    "hang": (classify_exit(ExitCode.HANG).reason, FailureKind.HANG),
+}
 """Causes that are charged, with their restart reason and failure kind."""
 
 

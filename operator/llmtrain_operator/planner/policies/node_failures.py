@@ -71,7 +71,8 @@ def handle(ctx: Pass) -> Verdict:
             held.add(node.zone)
         elif (node is None or node.failed) and (since is None or (ctx.now - since).total_seconds() >= grace):
             ctx.actions.append(DeletePod(store.name, grace_seconds=0, force=True))
-            ctx.event(Reason.STORE_RESTARTED, f"the rendezvous store's node {store.node} failed; recreating the store elsewhere", warning=True)
+            ctx.event(Reason.STORE_RESTARTED, f"the rendezvous store's node {store.node} failed; recreating the store elsewhere",
+                      warning=True)
     for node_name, pods in failed_nodes.items():
         names = ", ".join(p.name for p in pods)
         for pod in pods:

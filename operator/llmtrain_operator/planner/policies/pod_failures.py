@@ -53,7 +53,8 @@ def handle(ctx: Pass) -> Verdict:
             ctx.status.disruptions += 1
             ctx.decide(DisruptionCounted(pod.name, Reason.DISRUPTION_TARGET))
             record_failure(ctx, FailureKind.EVICTION, Reason.DISRUPTION_TARGET, pod, message=pod.message)
-            ctx.event(Reason.POD_DISRUPTED, f"pod {pod.name} is being evicted; it will be replaced (not counted as a restart)", warning=True)
+            ctx.event(Reason.POD_DISRUPTED, f"pod {pod.name} is being evicted; it will be replaced (not counted as a restart)",
+                      warning=True)
             continue
         if pod.phase != PodPhase.FAILED or pod.deleting:
             continue
@@ -77,7 +78,8 @@ def handle(ctx: Pass) -> Verdict:
             ctx.status.disruptions += 1
             ctx.decide(DisruptionCounted(pod.name, verdict.reason))
             record_failure(ctx, FailureKind.EVICTION, verdict.reason, pod, exit_code=code, message=detail)
-            ctx.event(Reason.POD_DISRUPTED, f"{where} was disrupted ({verdict.reason}); replacing it (not counted as a restart)", warning=True)
+            ctx.event(Reason.POD_DISRUPTED, f"{where} was disrupted ({verdict.reason}); replacing it (not counted as a restart)",
+                      warning=True)
             ctx.actions.append(DeletePod(pod.name))
             continue
         kind = FailureKind.HANG if verdict.reason == classify_exit(ExitCode.HANG).reason else FailureKind.PROCESS_CRASH

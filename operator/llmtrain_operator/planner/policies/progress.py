@@ -4,11 +4,11 @@ checkpoint, and the end of a recovery (the first step finished after a failure).
 from __future__ import annotations
 
 from ...api.observed import parse_time
-from ...api.status import CheckpointRecord
+from ...api.status import CheckpointRecord, TierName
 from ..context import Pass, Verdict
 from ..decisions import RecoveryMeasured
 
-TIER_DURABILITY = {"local": 0, "shared": 1, "s3": 2}
+TIER_DURABILITY: dict[TierName, int] = {"local": 0, "shared": 1, "s3": 2}
 
 
 def handle(ctx: Pass) -> Verdict:
@@ -29,14 +29,20 @@ def handle(ctx: Pass) -> Verdict:
     worlds = [p.world_size for p in probes if p.world_size]
     if worlds:
         status.world_size = max(worlds)
-    best: tuple[int, int, str] | None = None
+    best: tuple[int, int, TierName] | None = None
     for probe in probes:
-        for tier, step in probe.last_checkpoint.items():
-            candidate = (step, TIER_DURABILITY.get(tier, 0), tier)
+        # Only the tiers a job can have: the labels are scraped, and the status's
+        # model refuses any other name (the pass would fail on it).
+        for tier in TIER_DURABILITY:
+            step = probe.last_checkpoint.get(tier)
+            if step is None:
+                continue
+            candidate = (step, TIER_DURABILITY[tier], tier)
             if best is None or candidate > best:
                 best = candidate
     current = status.last_checkpoint
-    if best is not None and (current is None or (best[0], TIER_DURABILITY.get(best[2], 0)) > (current.step, TIER_DURABILITY.get(current.tier, 0))):
+    if best is not None and (current is None
+                             or (best[0], TIER_DURABILITY.get(best[2], 0)) > (current.step, TIER_DURABILITY.get(current.tier, 0))):
         status.last_checkpoint = CheckpointRecord(step=best[0], tier=best[2], time=ctx.stamp, summary=f"{best[0]}@{best[2]}")
     return Verdict.CONTINUE
 

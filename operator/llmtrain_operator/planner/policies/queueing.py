@@ -16,25 +16,27 @@ from __future__ import annotations
 from ...api.observed import format_time
 from ...api.vocabulary import ConditionType, Reason
 from .. import manifests, queue
-from ..context import CreateObject, Pass, PatchStatus, SetSuspend, Verdict
+from ..context import CreateObject, Pass, PatchStatus, SetSuspend
+from ..queue import UNQUEUED, Admission
 
 
-def handle(ctx: Pass) -> Verdict:
+def handle(ctx: Pass) -> Admission:
+    """Always lets the pass go on; what it decided is the ``Admission`` it returns."""
     name = queue.queue_of(ctx.job)
     seen = ctx.observed.workload
     if name is None or seen is None:
-        return Verdict.CONTINUE
+        return UNQUEUED
     workload = queue.workload_name(ctx.job.metadata.name)
     if seen.refused:
-        _hold(ctx, Reason.READ_REFUSED, seen.refused)  # the admission cannot be known: not run
+        held = _hold(ctx, Reason.READ_REFUSED, seen.refused)  # the admission cannot be known: not run
         ctx.after(queue.POLL_SECONDS)
-        return Verdict.CONTINUE
+        return held
     if not seen.served:
         message = (f"label {queue.QUEUE_LABEL}={name}: the cluster does not serve {queue.PLURAL}.{queue.API_VERSION} "
                    "(is Kueue installed?); the job runs without a queue")
         if ctx.condition(ConditionType.ADMITTED, False, Reason.KUEUE_API_MISSING, message):
             ctx.event(Reason.KUEUE_API_MISSING, message, warning=True)
-        return Verdict.CONTINUE
+        return UNQUEUED
     ctx.after(queue.POLL_SECONDS)
     if not seen.exists:
         ctx.actions.append(CreateObject(queue.workload(
@@ -42,35 +44,31 @@ def handle(ctx: Pass) -> Verdict:
                                                                              runtime_image=ctx.runtime_image),
             manifests.store_pod(ctx.job, ctx.runtime_image))))
         ctx.event(Reason.CREATED, f"created Workload {workload} in LocalQueue {name}")
-        _hold(ctx, Reason.WAITING_FOR_ADMISSION, f"waiting for Kueue to admit Workload {workload} (LocalQueue {name})")
-        return Verdict.CONTINUE
+        return _hold(ctx, Reason.WAITING_FOR_ADMISSION, f"waiting for Kueue to admit Workload {workload} (LocalQueue {name})")
     if seen.admitted:
-        ctx.queue_admitted = True
-        ctx.placement = (dict(seen.node_selector), tuple(seen.tolerations))
         message = f"Kueue admitted Workload {workload} to ClusterQueue {seen.cluster_queue}"
         if ctx.condition(ConditionType.ADMITTED, True, Reason.ADMITTED_BY_KUEUE, message):
             ctx.event(Reason.ADMITTED_BY_KUEUE, message)
         if ctx.spec.suspend:
             ctx.actions.append(SetSuspend(False))
-        return Verdict.CONTINUE
-    if seen.evicted:
-        _hold(ctx, Reason.EVICTED_BY_KUEUE, f"Kueue evicted Workload {workload}: {seen.evicted}")
-        if seen.reserved and not any(p.active or p.deleting for p in ctx.observed.pods):
-            # The pods are gone: give the quota back (Kueue's integrations do this step).
-            now = format_time(ctx.now)
-            ctx.actions.append(PatchStatus(queue.API_VERSION, queue.KIND, workload, {
-                "admission": None,
-                "conditions": queue.conditions_with(seen, now, ("QuotaReserved", "False", "Pending", seen.evicted),
-                                                    ("Admitted", "False", "NoReservation", "The workload has no reservation")),
-            }, seen.resource_version))
-    else:
-        _hold(ctx, Reason.WAITING_FOR_ADMISSION, f"waiting for Kueue to admit Workload {workload} (LocalQueue {name})")
-    return Verdict.CONTINUE
+        return Admission(admitted=True, node_selector=dict(seen.node_selector), tolerations=tuple(seen.tolerations))
+    if not seen.evicted:
+        return _hold(ctx, Reason.WAITING_FOR_ADMISSION, f"waiting for Kueue to admit Workload {workload} (LocalQueue {name})")
+    held = _hold(ctx, Reason.EVICTED_BY_KUEUE, f"Kueue evicted Workload {workload}: {seen.evicted}")
+    if seen.reserved and not any(p.active or p.deleting for p in ctx.observed.pods):
+        # The pods are gone: give the quota back (Kueue's integrations do this step).
+        now = format_time(ctx.now)
+        ctx.actions.append(PatchStatus(queue.API_VERSION, queue.KIND, workload, {
+            "admission": None,
+            "conditions": queue.conditions_with(seen, now, ("QuotaReserved", "False", "Pending", seen.evicted),
+                                                ("Admitted", "False", "NoReservation", "The workload has no reservation")),
+        }, seen.resource_version))
+    return held
 
 
-def _hold(ctx: Pass, reason: str, message: str) -> None:
-    ctx.queue_hold = message
+def _hold(ctx: Pass, reason: str, message: str) -> Admission:
     if ctx.condition(ConditionType.ADMITTED, False, reason, message) and reason in (Reason.EVICTED_BY_KUEUE, Reason.READ_REFUSED):
         ctx.event(reason, message, warning=True)
     if not ctx.spec.suspend:
         ctx.actions.append(SetSuspend(True))
+    return Admission(hold=message)

@@ -1,5 +1,5 @@
 """Stragglers, as the trainers report them: every rank judges every rank's local step
-time (``llmtrain_trainer.stragglers``), and each node's local rank 0 exports its node's
+time (``llmtrain_trainer.train.stragglers``), and each node's local rank 0 exports its node's
 straggling ranks. A straggler sets the ``Straggler`` condition and emits an Event naming
 the rank, the pod and the node, once per pod and rank; with ``action: Replace`` its pod is
 also deleted and its node quarantined for this job (a replacement is created elsewhere,
@@ -30,7 +30,7 @@ def handle(ctx: Pass) -> Verdict:
             for pod, rank, ratio in found]
     ctx.condition(ConditionType.STRAGGLER, True, Reason.STRAGGLER,
                   f"{'; '.join(said)}: local step time above {spec.factor:g}x the other ranks' median for {spec.steps}+ steps")
-    for (pod, rank, ratio), text in zip(found, said):
+    for (pod, rank, _ratio), text in zip(found, said):
         key = f"pod:{pod.uid}/{rank}"
         if key in book.stragglers_seen:
             continue

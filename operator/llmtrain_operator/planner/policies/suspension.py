@@ -9,19 +9,21 @@ from ..conditions import is_true
 from ..context import Pass, Verdict
 from ..outcome import stop_pods
 from ..podgroup import release as release_pod_group
+from ..queue import Admission
 
 
-def handle(ctx: Pass) -> Verdict:
+def handle(ctx: Pass, admission: Admission) -> Verdict:
+    """``admission``: what the queue decided in this pass (``policies/queueing.py``)."""
     status = ctx.status
-    why = ctx.queue_hold or "spec.suspend is true"
-    if ctx.suspended:
+    why = admission.hold or "spec.suspend is true"
+    if admission.suspends(ctx.job):
         stop_pods(ctx, include_finished=True)
         release_pod_group(ctx, "the job is suspended")
         if status.phase != Phase.SUSPENDED:
             status.phase = Phase.SUSPENDED
             ckpt = ctx.spec.checkpoint
             durable = ckpt.shared is not None or ckpt.s3 is not None or ckpt.local.host_path is not None
-            if ctx.queue_hold is not None and not ctx.observed.pods:
+            if admission.hold is not None and not ctx.observed.pods:
                 ctx.event(Reason.SUSPENDED, f"suspended: {why}")  # queued before it ever ran
             elif ckpt.enabled and not durable:
                 ctx.event(Reason.SUSPENDED, f"suspended ({why}): pods deleted; checkpoints were only on the pods' emptyDir "
@@ -38,7 +40,7 @@ def handle(ctx: Pass) -> Verdict:
         return Verdict.SUSPENDED
     if status.phase == Phase.SUSPENDED or is_true(status.conditions, ConditionType.SUSPENDED):
         ctx.condition(ConditionType.SUSPENDED, False, Reason.JOB_RESUMED,
-                      "admitted by Kueue" if ctx.queue_admitted else "spec.suspend is false")
+                      "admitted by Kueue" if admission.admitted else "spec.suspend is false")
         ctx.event(Reason.RESUMED, "resumed: recreating pods; training continues from the newest checkpoint")
         status.phase = Phase.PENDING
         status.next_restart_time = None

@@ -15,7 +15,7 @@ from ...api.vocabulary import ConditionType, Phase, Reason
 from .. import names
 from ..manifests import IMAGE_UID
 from ..conditions import is_true, set_condition
-from ..context import Pass, Verdict
+from ..context import Ledger, Pass, Verdict
 
 MISSING_RECHECK_SECONDS = 30
 OTHER_WAIT_GRACE_SECONDS = 20
@@ -28,7 +28,7 @@ _MISSING_KEY = re.compile(rf"\bkey +(\S+) +(?:not found +)?in +(secret|configmap
 """The kubelet's ``couldn't find key K in Secret ml/s3-creds``."""
 
 
-RESOLVED = {
+RESOLVED: dict[str, str] = {
     Reason.MISSING_DEPENDENCY: "the objects the job was missing exist now",
     Reason.CONTAINER_CONFIG_ERROR: "the pods no longer wait on a container configuration error",
 }
@@ -71,7 +71,7 @@ def waits_of_pods(pods: tuple[PodView, ...] | list[PodView], own_config_map: str
     return tuple(sorted(missing)), blocked
 
 
-def mark_invalid(ctx: Pass, reason: str, message: str, generation: int | None) -> None:
+def mark_invalid(ctx: Ledger, reason: str, message: str, generation: int | None) -> None:
     """Phase Invalid; an Event only when the condition flips (not on every pass).
     ``generation`` is passed in: for an unparsable spec there is no typed job."""
     ctx.status.phase = Phase.INVALID

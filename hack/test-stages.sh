@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# `make test` (what CI runs, .ci/run): every test, in two stages.
+#
+#   fast   lint (import contracts, ruff, mypy) and the unit and API-contract tests: no
+#          torchrun, no cluster, no built tools. A failure here ends the run at once.
+#   full   everything else: the torchrun suites, the store against MinIO, the cluster and
+#          end-to-end suites (tests/conftest.py orders them: cluster tests last).
+#
+# Go-built tools (the Kubernetes binaries, etcd, helm, MinIO: about 12 min of both cores
+# on a cold cache) are only needed in the full stage. Their build starts first, at the
+# lowest CPU priority, so that it uses what the downloads of the setup and the fast stage
+# leave idle; the full stage's fixtures wait on the build's locks (tests/support/prebuild.py).
+# Each stage prints its wall time; docs/development.md keeps the measured runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+began=$(date +%s)
+stamp() { echo "test-stages: $1 at +$(( $(date +%s) - began ))s"; }
+
+mkdir -p .cache
+build_pid=""
+if [ "${LLMTRAIN_PREBUILD_TOOLS:-1}" != 0 ] && command -v go >/dev/null 2>&1; then
+  # A session of its own with autogroup nice 19, as tests/support/prebuild.py starts it.
+  setsid sh -c 'echo 19 > /proc/self/autogroup 2>/dev/null; exec nice -n 19 bash hack/cluster-tools/build.sh' \
+    < /dev/null > .cache/cluster-tools-prebuild.log 2>&1 &
+  build_pid=$!
+  stamp "tools build started in the background (log: .cache/cluster-tools-prebuild.log)"
+fi
+stop_build() {
+  if [ -n "$build_pid" ] && kill -0 "$build_pid" 2>/dev/null; then
+    kill -TERM -- "-$build_pid" 2>/dev/null || true
+  fi
+}
+trap stop_build EXIT
+
+bash hack/setup.sh
+stamp "setup done"
+
+stamp "stage fast: lint"
+make --no-print-directory lint
+stamp "stage fast: unit and API-contract tests"
+LLMTRAIN_PREBUILD_TOOLS=0 "$BIN/pytest" -m "not slow and not cluster and not e2e and not tools" -p no:cacheprovider
+stamp "stage fast passed"
+
+bash hack/system-deps.sh
+stamp "stage full: torchrun, store, cluster and end-to-end suites"
+"$BIN/pytest" -m "slow or cluster or e2e or tools" "$@"
+stamp "stage full passed"

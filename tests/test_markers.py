@@ -1,0 +1,64 @@
+"""Markers are declared by the test modules (``pytestmark``) or tests, never inferred:
+tests/conftest.py only orders the session by them, and refuses at collection a test that
+needs MinIO or the local cluster without its marker, naming it."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location("tests_root_conftest", Path(__file__).with_name("conftest.py"))
+conftest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(conftest)
+
+
+class Item:
+    def __init__(self, nodeid: str, fixtures: tuple[str, ...] = (), marks: tuple[str, ...] = ()):
+        self.nodeid, self.fixturenames, self.marks = nodeid, list(fixtures), marks
+        self.path = Path(nodeid.split("::")[0])
+
+    def get_closest_marker(self, name: str):
+        return getattr(pytest.mark, name).mark if name in self.marks else None
+
+    def add_marker(self, marker):
+        raise AssertionError(f"a conftest added the marker {marker!r} to {self.nodeid}")
+
+
+def test_a_test_that_uses_minio_without_tools_is_refused_naming_it():
+    items = [Item("tests/store/test_x.py::test_ok", ("minio", "tmp_path"), ("tools",)),
+             Item("tests/store/test_x.py::test_unmarked", ("s3env", "minio"))]
+    with pytest.raises(pytest.UsageError) as err:
+        conftest.pytest_collection_modifyitems(None, items)
+    assert "tests/store/test_x.py::test_unmarked: uses the 'minio' fixture but is not marked tools" in str(err.value)
+    assert "test_ok" not in str(err.value)
+
+
+@pytest.mark.parametrize(("fixtures", "marks", "wanted"), [
+    (("local_cluster",), (), "'local_cluster' fixture but is not marked cluster or e2e"),
+    (("local_cluster", "operator"), ("cluster",), "'operator' fixture but is not marked e2e"),
+])
+def test_a_test_under_a_cluster_fixture_without_its_marker_is_refused(fixtures, marks, wanted):
+    with pytest.raises(pytest.UsageError, match=wanted):
+        conftest.pytest_collection_modifyitems(None, [Item("tests/e2e/test_y.py::test_z", fixtures, marks)])
+
+
+def test_the_session_is_ordered_by_marker_cluster_last_and_tool_modules_whole_just_before():
+    items = [
+        Item("tests/e2e/test_a.py::test_1", ("local_cluster", "operator"), ("e2e",)),
+        Item("tests/test_b.py::test_1"),
+        Item("tests/store/test_c.py::test_1"),
+        Item("tests/store/test_c.py::test_2", ("minio",), ("tools",)),
+        Item("tests/cluster/test_d.py::test_1", ("local_cluster",), ("cluster",)),
+        Item("tests/trainer/test_e.py::test_1", (), ("slow",)),
+    ]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [i.nodeid for i in items] == [
+        "tests/test_b.py::test_1",
+        "tests/trainer/test_e.py::test_1",
+        "tests/store/test_c.py::test_1",
+        "tests/store/test_c.py::test_2",
+        "tests/e2e/test_a.py::test_1",
+        "tests/cluster/test_d.py::test_1",
+    ]

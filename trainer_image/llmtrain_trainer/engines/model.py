@@ -1,0 +1,111 @@
+"""A decoder-only transformer (GPT-2 style), sized by the presets in ``config.py``.
+
+Deliberately plain: pre-LayerNorm blocks, causal self-attention through
+``scaled_dot_product_attention``, GELU MLP, tied input/output embeddings. The loss is a
+mean over tokens, so micro-batch losses scale cleanly under gradient accumulation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F  # noqa: N812 - torch's own convention
+from torch import nn
+from torch.utils.checkpoint import checkpoint as activation_checkpoint
+
+from llmtrain_contract.config import ModelShape, TrainerConfig
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, shape: ModelShape, dropout: float):
+        super().__init__()
+        self.n_head = shape.n_head
+        self.qkv = nn.Linear(shape.n_embd, 3 * shape.n_embd)
+        self.proj = nn.Linear(shape.n_embd, shape.n_embd)
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, embd = x.shape
+        q, k, v = self.qkv(x).split(embd, dim=2)
+        q, k, v = (t.view(batch, seq, self.n_head, embd // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.proj(y.transpose(1, 2).contiguous().view(batch, seq, embd))
+
+
+class Block(nn.Module):
+    def __init__(self, shape: ModelShape, dropout: float):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(shape.n_embd)
+        self.attn = CausalSelfAttention(shape, dropout)
+        self.ln2 = nn.LayerNorm(shape.n_embd)
+        self.mlp = nn.Sequential(
+            nn.Linear(shape.n_embd, 4 * shape.n_embd),
+            nn.GELU(approximate="tanh"),
+            nn.Linear(4 * shape.n_embd, shape.n_embd),
+            nn.Dropout(dropout),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, shape: ModelShape, dropout: float = 0.0, activation_checkpointing: bool = False):
+        super().__init__()
+        self.shape = shape
+        self.activation_checkpointing = activation_checkpointing
+        self.wte = nn.Embedding(shape.vocab_size, shape.n_embd)
+        self.wpe = nn.Embedding(shape.block_size, shape.n_embd)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(shape, dropout) for _ in range(shape.n_layer))
+        self.ln_f = nn.LayerNorm(shape.n_embd)
+        self.head = nn.Linear(shape.n_embd, shape.vocab_size, bias=False)
+        self.head.weight = self.wte.weight  # weight tying, as GPT-2
+        self.apply(self._init_weights)
+        # GPT-2's scaled init of residual projections keeps the residual stream's variance
+        # independent of depth.
+        for name, param in self.named_parameters():
+            if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
+                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * shape.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy over all positions."""
+        _, seq = tokens.shape
+        pos = torch.arange(seq, device=tokens.device)
+        x = self.drop(self.wte(tokens) + self.wpe(pos))
+        for block in self.blocks:
+            if self.activation_checkpointing and self.training:
+                x = activation_checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def build_model(shape: ModelShape, dropout: float, activation_checkpointing: bool, seed: int) -> GPT:
+    """Build with a seeded init, independent of the global RNG, so that every rank and
+    every restart starts from identical weights before any checkpoint is loaded."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        return GPT(shape, dropout=dropout, activation_checkpointing=activation_checkpointing)
+    finally:
+        torch.random.set_rng_state(state)
+
+
+def make_model(cfg: TrainerConfig) -> GPT:
+    shape = cfg.model.shape(cfg.data.seq_len)
+    return build_model(shape, cfg.model.dropout, cfg.model.activation_checkpointing, cfg.seed)

@@ -1,0 +1,213 @@
+"""The worker pod's entry point: runs torchrun and reports *why* it stopped.
+
+``python -m llmtrain_trainer.launch.launcher [--run-dir DIR] -- torchrun ...``
+
+torchrun exits 1 for any failed worker group, which would hide the trainer's documented
+exit codes (hang, preempted, config error ...). The launcher forwards SIGTERM/SIGINT to
+torchrun, and when it exits, picks the most significant exit record the ranks wrote in
+the latest attempt, exits with that code and writes it to the termination-message file
+(``/dev/termination-log`` in Kubernetes), where the operator reads it. When no rank wrote
+one (torchrun itself failed, in its rendezvous say), the message carries torchrun's own
+error, from the error file its ``@record`` writes.
+
+``python -m torch.distributed.run`` is run as ``torchrun_agent.py``, the same torchrun
+but one whose failure leaves the job's rendezvous open for the other nodes.
+
+While torchrun runs, the launcher's supervisor (``supervisor.py``) watches every local
+rank's heartbeat from outside the trainer processes, so that a frozen rank, a rank
+holding the GIL or a stopped torchrun agent is detected and blamed on the right rank.
+With ``--health-port`` it serves ``/healthz`` for the pod's liveness probe, ``/readyz``
+(a user script's readiness: torchrun's workers run) and ``/metrics`` with the pod's failed
+attempts (``attempts.py``), which the operator reads seconds before the restarted
+trainer's own counter is up, and a user script's progress (``progress.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from llmtrain_trainer.pod import exitrecord
+from llmtrain_trainer.rendezvous import leases
+from llmtrain_trainer.launch import zygote
+from llmtrain_trainer.launch.attempts import AttemptTracker
+from llmtrain_trainer.launch.supervisor import Supervisor, serve_health
+from llmtrain_contract.command import torchrun_flag
+from llmtrain_contract.exitcodes import ExitCode, classify_exit
+from llmtrain_contract.names import TERMINATION_LOG, Env, Termination
+
+
+AGENT = Path(__file__).with_name("torchrun_agent.py")
+ERROR_FILE = "torchrun-error.json"
+"""In the run dir: where torchrun's ``@record`` writes the agent's own exception."""
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*): (.+)$")
+
+
+def agent_command(command: list[str]) -> list[str]:
+    """``command`` with ``python -m torch.distributed.run`` replaced by ``python
+    torchrun_agent.py`` (same arguments); any other command as it is."""
+    if len(command) > 2 and command[1:3] == ["-m", "torch.distributed.run"]:
+        return [command[0], str(AGENT), *command[3:]]
+    return command
+
+
+def agent_error(path: Path) -> str | None:
+    """The exception torchrun's agent recorded in ``path`` (its ``@record`` error file),
+    each cause first ("DistNetworkError: ... timed out ... <- RendezvousConnectionError:
+    ... See inner exception"), or None when there is none or it cannot be read."""
+    try:
+        message = json.loads(path.read_text())["message"]
+        if not isinstance(message, dict):
+            return str(message).strip() or None
+        text = str(message.get("message") or "").strip()
+        stack = str((message.get("extraInfo") or {}).get("py_callstack") or "")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    # A chained traceback ends each exception, cause first, with an unindented
+    # "module.Name: message" line.
+    causes = [f"{m[1].rsplit('.', 1)[-1]}: {m[2]}" for m in map(_EXCEPTION_LINE.match, stack.splitlines()) if m]
+    if len(causes) > 1:
+        return " <- ".join(causes)
+    return text or None
+
+
+def decide(returncode: int, records: list[dict], agent_hang: str | None = None, torchrun_error: str | None = None) -> tuple[int, dict]:
+    """The pod's exit code and termination message from torchrun's code and the records
+    (or why the supervisor ended a stopped torchrun agent, or torchrun's own error)."""
+    T = Termination  # noqa: N806 - a short alias: the message is built from its keys below
+    committed = _checkpoints(records)
+    extra = {T.CHECKPOINTS: committed} if committed else {}
+    if agent_hang is not None:
+        code = int(ExitCode.HANG)
+        return code, {T.CODE: code, T.REASON: classify_exit(code).reason, T.MESSAGE: agent_hang, **extra}
+    if returncode == 0:
+        return 0, {T.CODE: 0, T.REASON: "Completed", **extra}
+    best = exitrecord.most_significant(records)
+    if best is not None and best["code"] != 0:
+        code = int(best["code"])
+        return code, {T.CODE: code, T.REASON: classify_exit(code).reason, T.RANK: best["rank"],
+                      T.STEP: best.get("step"), T.MESSAGE: best.get("message", "")[:2000], **extra}
+    code = 128 - returncode if returncode < 0 else returncode
+    said = "torchrun exited without an exit record" + (f": {torchrun_error[:1500]}" if torchrun_error else "")
+    return code, {T.CODE: code, T.REASON: classify_exit(code).reason, T.MESSAGE: said, **extra}
+
+
+def _checkpoints(records: list[dict]) -> dict[str, int]:
+    """Tier -> the newest committed step any local rank saw (the node leader knows tier
+    1, global rank 0 the job-wide tiers)."""
+    out: dict[str, int] = {}
+    for record in records:
+        for tier, step in (record.get("checkpoints") or {}).items():
+            if isinstance(step, int):
+                out[tier] = max(step, out.get(tier, step))
+    return out
+
+
+def max_restarts(command: list[str]) -> int | None:
+    """torchrun's ``--max-restarts`` (either spelling, ``=`` or a separate value), or None."""
+    value = torchrun_flag(command, "--max-restarts")
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv:
+        print("usage: python -m llmtrain_trainer.launch.launcher [--run-dir DIR] [--termination-log PATH] [--health-port N] "
+              "[--health-host ADDR] -- torchrun ...",
+              file=sys.stderr)
+        return 64
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(prog="llmtrain_trainer.launch.launcher")
+    parser.add_argument("--run-dir", default=os.environ.get(Env.RUN_DIR, "/tmp/llmtrain"))
+    parser.add_argument("--termination-log", default=os.environ.get(Env.TERMINATION_LOG, TERMINATION_LOG))
+    parser.add_argument("--health-port", type=int, default=0, help="serve /healthz for a liveness probe here (0: off)")
+    parser.add_argument("--health-host", default="", help="the address to serve it on (default: every interface, as a pod needs)")
+    args = parser.parse_args(argv[:split])
+    command = argv[split + 1:]
+    run_dir = Path(args.run_dir)
+    started = time.time()
+
+    env = dict(os.environ)
+    # torch >= 2.4 lets the rank-0 *agent* host the workers' TCPStore and reuses it across
+    # restarts, so a restarted worker group can read the previous attempt's gloo
+    # addresses and fail with "connectFullMesh ... Connection refused". Without sharing,
+    # worker rank 0 hosts a fresh store per attempt. The rendezvous itself stays on the
+    # job's external store, so no node is a single point of failure either way.
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    env[Env.SUPERVISED] = "1"
+    # torchrun's agent records its own exception here (workers get files of their own).
+    if "TORCHELASTIC_ERROR_FILE" not in env:
+        env["TORCHELASTIC_ERROR_FILE"] = str(run_dir / ERROR_FILE)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / ERROR_FILE).unlink(missing_ok=True)  # an earlier container's
+        except OSError:
+            pass  # then torchrun cannot write it either, and the message says less
+    error_file = Path(env["TORCHELASTIC_ERROR_FILE"])
+    supervisor = Supervisor(run_dir, started=started)
+    tracker = AttemptTracker(run_dir, max_restarts=max_restarts(command))
+    try:
+        health = serve_health(args.health_port, supervisor, tracker, args.health_host) if args.health_port else None
+    except OSError as err:
+        print(f"llmtrain launcher: cannot serve /healthz on port {args.health_port}: {err}", file=sys.stderr, flush=True)
+        return int(ExitCode.CONFIG_ERROR)
+    # One torch import per pod, not one per rank and restart (zygote.py). A user may opt
+    # out with LLMTRAIN_ZYGOTE=0; a user's script never gets one.
+    builtin = zygote.runs_builtin_trainer(command)
+    server = zygote.start() if env.get(Env.ZYGOTE) != "0" and builtin else None
+    if builtin:
+        # Its ranks stamp their first step into the heartbeat files: a re-formed group
+        # admits a waiting node only after one step (torchrun_agent.admit_after_first_step).
+        env[Env.ADMIT_AFTER_FIRST_STEP] = str(run_dir)
+    if server is not None:
+        env[Env.ZYGOTE] = server.socket
+    child = subprocess.Popen(agent_command(command), env=env)
+    def forward(signum: int, _frame) -> None:
+        # os.write, not print: a buffered stream is not reentrant inside a handler.
+        os.write(2, f"llmtrain launcher: {signal.Signals(signum).name}: passed to torchrun (pid {child.pid})\n".encode())
+        child.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    supervisor.agent_pid = tracker.agent_pid = child.pid
+    supervisor.start()
+    # While this pod lives, the store knows its agent: a pod that dies leaves the
+    # rendezvous at once, not when the agent's keep-alive lapses (leases.py).
+    lease = leases.hold(command, child.pid)
+    returncode = child.wait()
+    if lease is not None:
+        lease.close()
+    supervisor.stop()
+    if server is not None:
+        server.stop()
+    if health is not None:
+        health.shutdown()
+
+    # Ended for a permanent exit: torchrun may have begun the next attempt meanwhile.
+    attempt = supervisor.permanent[0] if supervisor.permanent is not None else exitrecord.latest_attempt(run_dir)
+    records = [r for r in exitrecord.read_attempt(run_dir, attempt)] if attempt is not None else []
+    records = [r for r in records if r.get("time", 0) >= started]  # ignore an older container's
+    code, message = decide(returncode, records, supervisor.agent_hang, agent_error(error_file) if returncode else None)
+    if code == ExitCode.HANG and attempt is not None and tracker.counted_early(attempt):
+        message[Termination.COUNTED_IN_PLACE] = tracker.failed_attempts()["hang"]
+    try:
+        Path(args.termination_log).write_text(json.dumps(message))
+    except OSError:
+        pass  # outside Kubernetes there may be no termination log; the exit code suffices
+    print(f"llmtrain launcher: torchrun exited {returncode}; pod exit code {code} ({message[Termination.REASON]})",
+          file=sys.stderr, flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

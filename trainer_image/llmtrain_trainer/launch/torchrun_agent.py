@@ -1,0 +1,225 @@
+"""torchrun, except that an agent that fails leaves the job's rendezvous open, and that
+an agent in a rendezvous reads its state four times a second, not once.
+
+torchrun's ``launch_agent`` shuts the rendezvous handler down whenever its agent ends for
+any reason but a signal, and for the c10d rendezvous that marks the run's state *closed*
+for good: every agent that joins later, a survivor re-forming its group or a replacement
+pod, fails at once with ``RendezvousClosedError``. One agent that dies of an exception (a
+store read that times out on a loaded machine, a rendezvous error) would so turn every
+later replacement into a crash until the job's restart budget is spent. The job's pods
+are the operator's to end, so here the rendezvous is closed only as torchrun closes it
+after its workers *succeeded* (then all ranks are done and a node still waiting should
+stop); an agent that failed leaves it open, and the launcher's lease takes the agent out
+of it at once (``rdzv_leases.py``).
+
+While it joins or leaves a round, torchrun's agent re-reads the rendezvous state once a
+second (a 1 s sleep between reads, and a 1 s cache of the state). A round that the store
+completes early (``rdzv_leases.py``), or a last call that ends, was so seen up to a second
+late, by every agent re-forming its group after a failure. Here the agent sleeps
+``JOIN_POLL_SECONDS`` between reads and reads fresh while it joins or leaves a round. Its
+keep-alive beats and its check for waiting nodes (every ``--monitor-interval``) keep the
+cache, so the load on the store grows only while a group re-forms.
+
+Every worker group (the first one too, and every one re-formed after a failure) admits a
+node that is waiting to join only once it has finished a step (``admit_after_first_step``),
+for the built-in trainer, whose ranks say so in their heartbeat files. torchrun restarts a
+healthy group as soon as it sees a waiting node; a replacement pod that joined while the
+survivors' ranks were still starting (before they handle SIGTERM) killed them, so the
+re-formed group did no step at all and the next step came only after one more start-up and
+restore (10.7 s instead of about 4 s from a pod's crash to the next step,
+docs/benchmarks.md). After one step, the restart for the newcomer stops the ranks at a step
+boundary (SIGTERM: an emergency checkpoint), so the step is kept. The hold lasts at most
+``ADMIT_AFTER_SECONDS``, so a group stuck before its first step does not keep a node out
+longer than that.
+
+The launcher runs this file by its path in place of ``python -m torch.distributed.run``,
+with the same arguments. It imports only torch, the standard library and the package's
+``pod/heartbeat.py`` (by path), so it runs from a bundle in a user's image too; should that
+torch lack what is patched here, torchrun runs unpatched.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from types import ModuleType
+from collections.abc import Callable, Iterable
+
+if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
+    # Run by path, Python put this file's folder first: its modules (bundle.py,
+    # supervisor.py, ...) must not shadow top-level ones for torch.
+    sys.path.pop(0)
+
+
+def keep_open_on_failure() -> bool:
+    """Patch torch so that the rendezvous is closed only after a successful run; False
+    (nothing patched) when this torch has not the classes relied on."""
+    try:
+        from torch.distributed.elastic.agent.server.api import SimpleElasticAgent  # noqa: PLC0415 - a torch without it runs unpatched
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler  # noqa: PLC0415
+    except ImportError:
+        return False
+    run, shutdown = getattr(SimpleElasticAgent, "run", None), getattr(DynamicRendezvousHandler, "shutdown", None)
+    if run is None or shutdown is None:
+        return False
+    succeeded = [False]
+
+    def run_noting_success(self, *args, **kwargs):
+        result = run(self, *args, **kwargs)
+        succeeded[0] = not result.is_failed()
+        return result
+
+    def shutdown_after_success(self):
+        if succeeded[0]:
+            return shutdown(self)
+        print("llmtrain torchrun agent: the agent failed; the rendezvous stays open for the job's other and "
+              "replacement nodes", file=sys.stderr, flush=True)
+        return False
+
+    SimpleElasticAgent.run = run_noting_success  # type: ignore[method-assign]  # patching torch's class is the point
+    DynamicRendezvousHandler.shutdown = shutdown_after_success  # type: ignore[method-assign]  # patching torch's class is the point
+    return True
+
+
+JOIN_POLL_SECONDS = 0.25
+"""Between two reads of the rendezvous state while joining or leaving a round (torch: 1 s)."""
+
+
+def poll_faster(poll: float = JOIN_POLL_SECONDS) -> bool:
+    """Patch torch's rendezvous so that its operations re-read the state every ``poll``
+    seconds; False (nothing patched) when this torch has not what is relied on."""
+    try:
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr  # noqa: PLC0415 - a torch without it runs unpatched
+    except ImportError:
+        return False
+    delay, executor = getattr(dr, "_delay", None), getattr(dr, "_DistributedRendezvousOpExecutor", None)
+    run = getattr(executor, "run", None)
+    if delay is None or executor is None or run is None:
+        return False
+
+    def shorter_delay(seconds):
+        # The join loop's 1 s between reads; a (low, high) jitter range passes as it is.
+        return delay(min(seconds, poll) if isinstance(seconds, (int, float)) else seconds)
+
+    keep_alive = getattr(dr, "_RendezvousKeepAliveOp", ())
+
+    def run_reading_fresh(self, state_handler, *args, **kwargs):
+        holder = getattr(self, "_state_holder", None)
+        if isinstance(state_handler, keep_alive) or holder is None or not hasattr(holder, "_cache_duration"):
+            return run(self, state_handler, *args, **kwargs)
+        # The keep-alive timer's thread runs operations too: restore the value from before
+        # any operation, not whatever the other thread had set.
+        base = holder.__dict__.setdefault("_llmtrain_cache_duration", holder._cache_duration)
+        holder._cache_duration = 0  # 0: every sync reads the store
+        try:
+            return run(self, state_handler, *args, **kwargs)
+        finally:
+            holder._cache_duration = base
+
+    dr._delay = shorter_delay
+    executor.run = run_reading_fresh
+    return True
+
+
+ADMIT_AFTER_FIRST_STEP = "LLMTRAIN_ADMIT_AFTER_FIRST_STEP"
+"""Set by the launcher to the pod's run dir when its ranks write heartbeat files (the
+built-in trainer): waiting nodes are admitted after the group's first step. Unset (a
+user's script, which writes none): torchrun's own rule, at once."""
+ADMIT_AFTER_SECONDS = 60.0
+"""The longest a waiting node is held back, from the end of the group's rendezvous."""
+
+
+class FirstStepGate:
+    """Whether the worker group that formed last has finished a step yet.
+
+    ``formed`` is called when a rendezvous completes; a heartbeat whose first step ended
+    after that is one of the group's ranks (the group's earlier ranks are gone by then, and
+    had stamped their own first step before it)."""
+
+    def __init__(self, read_first_steps: Callable[[], Iterable[float]], clock: Callable[[], float],
+                 limit: float = ADMIT_AFTER_SECONDS):
+        self._read, self._clock, self._limit = read_first_steps, clock, limit
+        self._formed: float | None = None
+        self.holding = False
+
+    def formed(self) -> None:
+        self._formed = self._clock()
+
+    def holds(self) -> bool:
+        """True while waiting nodes should stay out: a step of this group is still to come
+        and the limit has not passed."""
+        if self._formed is None or self._clock() - self._formed >= self._limit:
+            return False
+        return not any(stamp >= self._formed for stamp in self._read())
+
+
+def _by_path(room: str, name: str) -> ModuleType:
+    """The package's module ``room/name``, loaded by path: this file runs outside the package."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(package, room, f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_llmtrain_agent_{name}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path}: not a loadable module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def admit_after_first_step(run_dir: str, limit: float = ADMIT_AFTER_SECONDS) -> FirstStepGate | None:
+    """Patch torch so that the agent reports no waiting node while its group has not
+    finished a step (``FirstStepGate``); None (nothing patched) when this torch has not
+    what is relied on."""
+    try:
+        from torch.distributed.elastic.agent.server.api import SimpleElasticAgent  # noqa: PLC0415 - a torch without it runs unpatched
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler  # noqa: PLC0415
+    except ImportError:
+        return None
+    rendezvous = getattr(SimpleElasticAgent, "_rendezvous", None)
+    waiting = getattr(DynamicRendezvousHandler, "num_nodes_waiting", None)
+    if rendezvous is None or waiting is None:
+        return None
+    try:
+        heartbeat = _by_path("pod", "heartbeat")
+    except (OSError, ImportError, AttributeError, SyntaxError) as err:
+        print(f"llmtrain torchrun agent: cannot read heartbeats ({err}); waiting nodes are admitted at once",
+              file=sys.stderr, flush=True)
+        return None
+    gate = FirstStepGate(lambda: [b.first_step for b in heartbeat.read_all(run_dir)], heartbeat.clock, limit)
+
+    def rendezvous_then_note(self, *args, **kwargs):
+        result = rendezvous(self, *args, **kwargs)
+        gate.formed()
+        return result
+
+    def waiting_after_first_step(self):
+        count = waiting(self)
+        if count > 0 and gate.holds():
+            if not gate.holding:
+                print(f"llmtrain torchrun agent: {count} node(s) waiting to join; admitted once this group has "
+                      f"finished a step (at most {limit:.0f} s)", file=sys.stderr, flush=True)
+            gate.holding = True
+            return 0
+        if count > 0 and gate.holding:
+            print(f"llmtrain torchrun agent: admitting {count} waiting node(s)", file=sys.stderr, flush=True)
+        gate.holding = False
+        return count
+
+    SimpleElasticAgent._rendezvous = rendezvous_then_note  # type: ignore[method-assign]  # patching torch's class is the point
+    DynamicRendezvousHandler.num_nodes_waiting = waiting_after_first_step  # type: ignore[method-assign]  # patching torch's class is the point
+    return gate
+
+
+def main() -> None:
+    keep_open_on_failure()
+    poll_faster()
+    if os.environ.get(ADMIT_AFTER_FIRST_STEP):
+        admit_after_first_step(os.environ[ADMIT_AFTER_FIRST_STEP])
+    from torch.distributed.run import main as torchrun  # noqa: PLC0415 - after the patch
+
+    torchrun()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,362 @@
+"""Rendezvous leases: a worker pod that is gone leaves the rendezvous at once.
+
+torchrun's c10d rendezvous drops a node only when its keep-alive beats have stopped for
+``keep_alive_interval × keep_alive_max_attempt`` (3 s here). When a whole worker pod dies
+(SIGKILL of its processes, the OOM killer, a deleted pod), the survivors' agents re-join
+at once, find the dead agent still listed as a participant of the finished round, wait in
+the next round's wait list until its beats lapse, then poll the state once a second:
+seconds of a recovery spent waiting for a node that everybody could know is gone.
+
+Each worker pod's launcher holds a *lease*: one TCP connection to the store's process
+(the rendezvous port + 1) that names its torchrun agent as torchrun's node descriptor
+does (its ``--local-addr``, a pod's IP, or the host's names, and the agent's pid). The
+connection ends when the pod's processes die (the kernel closes their sockets) or the
+launcher exits; the store then removes that agent from the rendezvous state itself, with the same compare-and-set and the same
+epilogue as torchrun's own dead-node check. A frozen or partitioned pod keeps its
+connection open, so for those the keep-alive still decides, as before.
+
+The leases also end a round's *last call* early. torchrun completes a round once
+``min_nodes`` agents joined and the last call (1 s) has passed, in case more join. The
+store knows every pod that holds a lease: once each of them has joined the forming round,
+no other agent it knows of could, so it completes the round at once, as torchrun would
+(ranks by sorted node). A survivor re-forming its group after a crash gains the last call;
+an agent the store does not know (no lease yet) joins the next round, as one that came
+after the last call does.
+
+Everything here is best effort: a store that cannot serve leases, a launcher that cannot
+reach it, a state that cannot be edited, each leaves the rendezvous to the keep-alive and
+the last call.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import pickle
+import socket
+import sys
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+from llmtrain_contract.command import torchrun_flag
+from llmtrain_contract.names import RDZV_LEASE_PORT_OFFSET as PORT_OFFSET
+
+HELLO_LIMIT = 4096
+ROUND_POLL_SECONDS = 0.1
+"""How often the store looks for a forming round that every lease holder has joined."""
+KEEPALIVE = (10, 5, 3)
+"""TCP keep-alive of a held lease: the first probe after 10 s idle, then one every 5 s;
+3 unanswered end it (about 25 s)."""
+RECONNECT_SECONDS = (0.5, 5.0)
+"""First and longest wait before the launcher connects again."""
+
+
+# --- the store's side -----------------------------------------------------------------
+
+def same_host(node_addr: str, addr: str) -> bool:
+    """Whether torchrun's node address names the agent's host ``addr``: equal, or, for a
+    host name, the first labels match. Without ``--local-addr`` torchrun takes
+    ``socket.getfqdn()``, which depends on DNS at the moment it asked (a pod's record may
+    not exist yet); the host name does not, and a pod's is its name, unique in the job."""
+    if node_addr == addr:
+        return True
+    try:
+        ipaddress.ip_address(addr.strip("[]"))
+        return False  # an address (``--local-addr``) must match exactly
+    except ValueError:
+        return node_addr.split(".")[0] == addr.split(".")[0]
+
+
+def is_agent(node: Any, names: list[str], pid: int) -> bool:
+    """Whether torchrun's node descriptor ``node`` is the agent ``pid`` on the host called
+    any of ``names``."""
+    return node.pid == pid and any(same_host(node.addr, name) for name in names)
+
+
+def drop_node(state: Any, addr: str | list[str], pid: int, min_nodes: int) -> bool:
+    """Remove the agent ``(addr, pid)`` (``addr``: its name, or a list of its names) from
+    torchrun's rendezvous ``state`` in place, as torchrun's dead-node check does: from the
+    participants, the wait and redundancy lists and the heartbeats; a finished round left
+    without participants moves to the next one, an unfinished one below ``min_nodes``
+    loses its deadline. True if anything changed."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _remove_participant_epilogue  # noqa: PLC0415
+
+    lists = [state.wait_list, getattr(state, "redundancy_list", set())]
+    known = set(state.participants) | set(state.last_heartbeats) | set().union(*lists)
+    names = [addr] if isinstance(addr, str) else addr
+    gone = [node for node in known if is_agent(node, names, pid)]
+    if not gone:
+        return False
+    removed = False
+    for node in gone:
+        state.last_heartbeats.pop(node, None)
+        for members in lists:
+            members.discard(node)
+        if node in state.participants:
+            del state.participants[node]
+            removed = True
+    if removed:
+        # torch's private epilogue reads ``settings.min_nodes`` alone; the rest of a real
+        # RendezvousSettings (timeouts, keep-alives, run id) means nothing here.
+        _remove_participant_epilogue(state, SimpleNamespace(min_nodes=min_nodes))  # type: ignore[arg-type]  # duck-typed on purpose
+    return True
+
+
+def _holds(node: Any, hello: dict[str, Any]) -> bool:
+    """Whether torchrun's node descriptor ``node`` is the agent of lease ``hello``."""
+    return is_agent(node, [hello["addr"], *hello["aliases"]], hello["pid"])
+
+
+def complete_if_all_joined(state: Any, hellos: list[dict[str, Any]]) -> bool:
+    """Complete torchrun's forming round in ``state`` in place, as its last participant
+    would after the last call, when the agent of every lease in ``hellos`` (those held for
+    this run) has joined it and it has ``min_nodes`` participants. True if completed."""
+    if not hellos or state.closed or state.complete or state.deadline is None:
+        return False
+    if len(state.participants) < max(h["min_nodes"] for h in hellos):
+        return False
+    if not all(any(_holds(node, hello) for node in state.participants) for hello in hellos):
+        return False
+    state.complete, state.deadline = True, None
+    for rank, node in enumerate(sorted(state.participants)):
+        state.participants[node] = rank
+    return True
+
+
+def backend_for(store: Any, run_id: str) -> Any:
+    """torchrun's own view of run ``run_id``'s rendezvous state in ``store`` (its c10d
+    backend: made once per run, it writes the key's initial value)."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend  # noqa: PLC0415
+
+    return C10dRendezvousBackend(store, run_id)
+
+
+def _edit(backend: Any, change: Any, attempts: int = 20) -> Any:
+    """Apply ``change(state) -> bool`` to the rendezvous state of ``backend`` with
+    compare-and-set, again when another node wrote it in between; the state written, or
+    None when ``change`` changed nothing (or no state exists)."""
+    for _ in range(attempts):
+        current = backend.get_state()
+        if current is None:
+            return None
+        bits, token = current
+        state = pickle.loads(bits)  # noqa: S301 - torchrun's own state, in our own store
+        if not change(state):
+            return None
+        written = backend.set_state(pickle.dumps(state), token)
+        if written is not None and written[2]:
+            return state
+    return None
+
+
+def release(store: Any, run_id: str, addr: str | list[str], pid: int, min_nodes: int, attempts: int = 20) -> bool:
+    """Take the agent out of run ``run_id``'s rendezvous held in ``store`` (a c10d
+    Store); retries when another node wrote the state in between. True if removed."""
+    return _edit(backend_for(store, run_id), lambda state: drop_node(state, addr, pid, min_nodes), attempts) is not None
+
+
+def parse_hello(line: bytes) -> dict[str, Any]:
+    """A launcher's first line: ``{"run_id", "addr", "pid", "min_nodes"}`` and optional
+    ``"aliases"`` (other names of the host); ValueError names what is wrong."""
+    hello = json.loads(line)
+    if not isinstance(hello, dict):
+        raise ValueError("not a JSON object")
+    for key, kind in (("run_id", str), ("addr", str), ("pid", int), ("min_nodes", int)):
+        if not isinstance(hello.get(key), kind) or isinstance(hello.get(key), bool):
+            raise ValueError(f"{key!r} missing or not {kind.__name__}")
+    aliases = hello.setdefault("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise ValueError("'aliases' not a list of names")
+    return hello
+
+
+def _keep_alive(conn: socket.socket) -> None:
+    """TCP keep-alive probes on a held lease: a pod whose node lost power sends no FIN,
+    and its lease would stay held for good (the store would then never again complete a
+    round early, waiting for it to join). The probes end it in about 25 s (``KEEPALIVE``)."""
+    idle, interval, count = KEEPALIVE
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count)):
+        if hasattr(socket, option):  # Linux; elsewhere the system's defaults
+            conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
+class LeaseServer:
+    """Accepts leases on ``port`` beside ``store`` (the c10d store holding the rendezvous
+    states), releases each agent whose lease ends, and completes a forming round once
+    every lease holder of its run has joined it."""
+
+    def __init__(self, host: str, port: int, store: Any, round_poll_seconds: float = ROUND_POLL_SECONDS):
+        self.sock = socket.create_server((host, port))
+        self.port = self.sock.getsockname()[1]
+        self.store: Any = store
+        self.lock = threading.Lock()  # one client connection to the store, one edit at a time
+        self.held: dict[int, dict[str, Any]] = {}  # open leases by connection
+        self.held_lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.reported: set[str] = set()
+        self.backends: dict[str, Any] = {}  # run -> its backend, for the round checks ten times a second
+        threading.Thread(target=self._accept, name="rdzv-leases", daemon=True).start()
+        threading.Thread(target=self._complete_rounds, args=(round_poll_seconds,), name="rdzv-rounds", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._hold, args=(conn,), name="rdzv-lease", daemon=True).start()
+
+    def _hold(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.settimeout(10)
+                hello = parse_hello(conn.makefile("rb").readline(HELLO_LIMIT))
+            except (OSError, ValueError) as err:
+                print(f"rendezvous leases: no valid hello, connection dropped: {err}", file=sys.stderr, flush=True)
+                return
+            conn.settimeout(None)
+            _keep_alive(conn)
+            with self.held_lock:
+                self.held[id(conn)] = hello
+            try:
+                while conn.recv(1024):
+                    pass  # a launcher sends nothing more: only the end of the connection matters
+            except OSError:
+                pass  # reset: ended as well
+            finally:
+                with self.held_lock:
+                    del self.held[id(conn)]
+        self.release(hello)
+
+    def _complete_rounds(self, poll: float) -> None:
+        """Every ``poll`` seconds, for each run with leases held: complete its forming
+        round if every holder has joined (``complete_if_all_joined``)."""
+        while not self.stopped.wait(poll):
+            with self.held_lock:
+                runs: dict[str, list[dict[str, Any]]] = {}
+                for hello in self.held.values():
+                    runs.setdefault(hello["run_id"], []).append(hello)
+            for run_id, hellos in runs.items():
+                with self.lock:
+                    if self.store is None:
+                        return  # closing
+                    try:
+                        if run_id not in self.backends:
+                            self.backends[run_id] = backend_for(self.store, run_id)
+                        state = _edit(self.backends[run_id], lambda st, hs=hellos: complete_if_all_joined(st, hs))
+                    except Exception as err:  # noqa: BLE001 - best effort: the last call still completes it
+                        said = f"rendezvous leases: could not check rendezvous {run_id!r}: {type(err).__name__}: {err}"
+                        if said not in self.reported:  # once, not ten times a second
+                            self.reported.add(said)
+                            print(said, file=sys.stderr, flush=True)
+                        continue
+                if state is not None:
+                    print(f"rendezvous leases: round {state.round} of rendezvous {run_id!r} complete: all {len(hellos)} "
+                          f"lease holders joined ({len(state.participants)} nodes)", flush=True)
+
+    def release(self, hello: dict[str, Any]) -> None:
+        who = f"{hello['addr']} pid {hello['pid']}"
+        with self.lock:
+            if self.store is None:
+                return  # closing
+            try:
+                removed = release(self.store, hello["run_id"], [hello["addr"], *hello["aliases"]], hello["pid"], hello["min_nodes"])
+            except Exception as err:  # noqa: BLE001 - best effort: the keep-alive still drops the node
+                print(f"rendezvous leases: could not release {who}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+                return
+        outcome = "removed from" if removed else "no longer in"
+        print(f"rendezvous leases: the agent {who} is gone: {outcome} rendezvous {hello['run_id']!r}", flush=True)
+
+    def close(self) -> None:
+        """Stop accepting and drop the store, so that its owner can destroy it."""
+        self.stopped.set()
+        self.sock.close()
+        with self.lock:
+            self.store = None
+
+
+def serve(host: str, store_port: int, store: Any) -> LeaseServer | None:
+    """Serve leases beside ``store`` (the c10d store on ``store_port``) on the next port;
+    None (and a note) if it cannot be bound, which leaves dead nodes to the keep-alive."""
+    try:
+        return LeaseServer(host, store_port + PORT_OFFSET, store)
+    except OSError as err:
+        print(f"rendezvous leases: off, port {store_port + PORT_OFFSET}: {err}", file=sys.stderr, flush=True)
+        return None
+
+
+# --- the launcher's side --------------------------------------------------------------
+
+def lease_for(command: list[str], agent_pid: int) -> tuple[tuple[str, int], dict[str, Any]] | None:
+    """Where to hold the lease of the torchrun ``command`` and its hello; None when it
+    uses no external c10d store (no lease to hold)."""
+    if torchrun_flag(command, "--rdzv-backend") != "c10d" or "is_host=false" not in (torchrun_flag(command, "--rdzv-conf") or ""):
+        return None
+    endpoint, run_id = torchrun_flag(command, "--rdzv-endpoint"), torchrun_flag(command, "--rdzv-id")
+    if not endpoint or not run_id:
+        return None
+    host, _, port = endpoint.rpartition(":")
+    try:
+        address = (host.strip("[]"), int(port) + PORT_OFFSET)
+        min_nodes = int((torchrun_flag(command, "--nnodes") or "1").split(":")[0])
+    except ValueError:
+        return None
+    # torchrun's node address: ``--local-addr`` (a pod's IP), else ``socket.getfqdn()``,
+    # which asks DNS: the lease's thread adds what it answers there as an alias, beside the
+    # host name (``same_host``), since DNS may answer differently a moment later (a pod's
+    # record not there yet) or with another name altogether ("localhost").
+    local = torchrun_flag(command, "--local-addr")
+    hello = {"run_id": run_id, "addr": local or socket.gethostname(), "pid": agent_pid, "min_nodes": min_nodes}
+    return address, hello if local else {**hello, "aliases": None}
+
+
+class Lease:
+    """The launcher's lease for its torchrun agent, held open by a daemon thread; a store
+    that restarts or cannot be reached is tried again, with backoff, quietly."""
+
+    def __init__(self, address: tuple[str, int], hello: dict[str, Any]):
+        self.address, self.hello = address, dict(hello)
+        self.stopped = threading.Event()
+        self.conn: socket.socket | None = None
+        threading.Thread(target=self._hold, name="rdzv-lease", daemon=True).start()
+
+    def _hold(self) -> None:
+        if self.hello.get("aliases", []) is None:
+            self.hello["aliases"] = [socket.getfqdn()]  # here, not in the launcher's main thread: DNS may take seconds
+        line = (json.dumps(self.hello) + "\n").encode()
+        delay = RECONNECT_SECONDS[0]
+        while not self.stopped.is_set():
+            try:
+                with socket.create_connection(self.address, timeout=5) as conn:
+                    conn.sendall(line)
+                    conn.settimeout(None)
+                    self.conn = conn
+                    if self.stopped.is_set():
+                        return
+                    delay = RECONNECT_SECONDS[0]
+                    while conn.recv(1):
+                        pass  # returns b"" (or raises) when the store goes away or close() shuts it
+            except OSError:
+                pass
+            self.conn = None
+            self.stopped.wait(delay)
+            delay = min(delay * 2, RECONNECT_SECONDS[1])
+
+    def close(self) -> None:
+        """End the lease now: the store releases the agent at once."""
+        self.stopped.set()
+        conn = self.conn
+        if conn is not None:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def hold(command: list[str], agent_pid: int) -> Lease | None:
+    """A lease for the torchrun agent ``agent_pid`` running ``command``, or None when it
+    uses no external c10d store."""
+    lease = lease_for(command, agent_pid)
+    return Lease(*lease) if lease is not None else None

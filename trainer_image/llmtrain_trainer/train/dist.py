@@ -1,0 +1,69 @@
+"""Process-group setup with explicit timeouts.
+
+torch's defaults (NCCL 10 min, gloo 30 min) make a dead peer look like a hang: a
+survivor blocks in ``init_process_group`` or ``all_reduce`` until the timeout. Every
+group here is created with ``collectiveTimeoutSeconds``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from llmtrain_trainer.world import DistInfo
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _set_error_handling_env() -> None:
+    # Make NCCL surface errors and timeouts as exceptions instead of hanging forever.
+    # Harmless on CPU/gloo; set before the first process group exists.
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    os.environ.setdefault("TORCH_NCCL_ENABLE_MONITORING", "1")
+
+
+def init(collective_timeout_seconds: float) -> DistInfo:
+    """Initialise the default process group from torchrun's environment.
+
+    Outside torchrun (no ``RANK``), sets up a world of one on loopback so that the
+    trainer also runs as a plain process (tests, benchmarks).
+    """
+    if "RANK" not in os.environ:
+        os.environ.update(
+            {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0"}
+        )
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    _set_error_handling_env()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    timeout = datetime.timedelta(seconds=collective_timeout_seconds)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=timeout)
+    world = dist.get_world_size()
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return DistInfo(
+        rank=dist.get_rank(),
+        world_size=world,
+        local_rank=local_rank,
+        local_world_size=local_world,
+        node_rank=int(os.environ.get("GROUP_RANK", str(dist.get_rank() // max(local_world, 1)))),
+        restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        backend=backend,
+    )
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

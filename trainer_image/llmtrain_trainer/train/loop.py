@@ -1,0 +1,387 @@
+"""The training loop, top to bottom.
+
+    start:  agree on a restore point (resume.py) -> build the engine -> load or seed
+            -> arm the rescue (rescue.py) and the watchdog
+    step:   fault hook -> micro-batches -> engine step -> agree (agreement.py: loss,
+            stop, checkpoint flags, stragglers) -> numerics (roll back?) -> beat, metrics,
+            step log -> checkpoint if due (cadence)
+    end:    the final checkpoint, synchronous; or, after SIGTERM, the emergency one
+
+Each concern is a small unit called from here; the loop holds only the step and the
+data position.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+from llmtrain_contract.config import TrainerConfig
+from llmtrain_contract.exitcodes import ExitCode
+from llmtrain_contract.names import Env
+from llmtrain_store.build import build_tiers
+from llmtrain_store.tier import CheckpointError
+
+from llmtrain_trainer.checkpoint.cadence import Cadence
+from llmtrain_trainer.checkpoint.manager import CheckpointManager
+from llmtrain_trainer.checkpoint.off import NoCheckpoints
+from llmtrain_trainer.checkpoint.protocol import Checkpoints
+from llmtrain_trainer.engines import rng
+from llmtrain_trainer.engines.base import Engine, EngineClass
+from llmtrain_trainer.engines.data import build_source, micro_batch_indices
+from llmtrain_trainer.engines.select import engine_class
+from llmtrain_trainer.pod import exitrecord
+from llmtrain_trainer.pod.heartbeat import WAITING_STATES, Heartbeat, State
+from llmtrain_trainer.train import agreement
+from llmtrain_trainer.train.agreement import Agreed, Proposal
+from llmtrain_trainer.train.faults import FaultInjector
+from llmtrain_trainer.train.numerics import DataPosition, LossGuard
+from llmtrain_trainer.train.peers import is_collective_failure
+from llmtrain_trainer.train.rescue import Rescuer
+from llmtrain_trainer.train.resume import RestorePoint, Resume
+from llmtrain_trainer.train.steplog import StepLog
+from llmtrain_trainer.train.stragglers import StragglerWatch
+from llmtrain_trainer.train.watchdog import Watchdog, dump_stacks_and_exit, first_step_limit
+from llmtrain_trainer.world import DistInfo
+
+log = logging.getLogger("llmtrain.trainer")
+
+
+class BadNumerics(RuntimeError):
+    """Bad numerics once more after ``maxRollbacks`` rollbacks."""
+
+
+def build_checkpoints(cfg: TrainerConfig, info: DistInfo, naming: EngineClass, metrics: Any, heartbeat: Any) -> Checkpoints:
+    """The tiers of ``checkpoint.tiers``, or nothing at all (``checkpoint.enabled: false``
+    renders no tier): chosen once, so the loop never asks again."""
+    tiers = build_tiers(cfg.checkpoint.tiers)
+    if not tiers:
+        return NoCheckpoints()
+    meta = {"config_hash": cfg.config_hash(), "strategy": cfg.strategy.kind, "job": cfg.job_name, "max_steps": cfg.max_steps}
+    return CheckpointManager(tiers, info, naming, meta, commit_timeout=max(60.0, cfg.fault_tolerance.collective_timeout_seconds),
+                             metrics=metrics, heartbeat=heartbeat)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainerConfig, info: DistInfo, metrics: Any, run_dir: Path, config_dir: Path | None = None):
+        self.cfg = cfg
+        self.info = info
+        self.metrics = metrics
+        self.run_dir = run_dir
+        self.accum = cfg.grad_accum_steps(info.world_size)  # raises for an invalid world size
+        self.source = build_source(cfg.data, cfg.seed, cfg.model.shape(cfg.data.seq_len).vocab_size)
+        self.strategy: EngineClass = engine_class(cfg.strategy.kind)
+        self.faults = FaultInjector.from_env(info.rank, info.restart_count, run_dir)
+        self.step = 0
+        self.position = DataPosition()
+        """Where the data stream is: skipped windows of samples, rollbacks."""
+        self.guard = LossGuard(cfg.fault_tolerance.numerics)
+        self.stragglers = StragglerWatch(cfg.fault_tolerance.stragglers)
+        self._stop = threading.Event()
+        hang_timeout = cfg.fault_tolerance.hang_timeout_seconds
+        self.watchdog = Watchdog(
+            hang_timeout, self._on_hang,
+            heartbeat=Heartbeat(run_dir, info.rank, info.local_rank, info.restart_count, first_step_limit(hang_timeout)),
+            supervised=os.environ.get(Env.SUPERVISED) == "1", on_rescue=self._on_rescue_request,
+        )
+        self.ckpt = build_checkpoints(cfg, info, self.strategy, metrics, self.watchdog.beat)
+        self.resume = Resume(cfg, info, self.ckpt, metrics, sharded=cfg.strategy.kind == "deepspeed")
+        self.rescuer = Rescuer(self.ckpt, self.guard, self.watchdog, cfg.checkpoint.sigterm_budget_seconds,
+                               cfg.global_batch_size, enabled=bool(cfg.checkpoint.tiers))
+        self.cadence = Cadence(cfg.checkpoint, config_dir, metrics)
+        self.engine: Engine | None = None
+        self.steplog: StepLog | None = None
+        self.startup: dict[str, float] = {}
+        self.exit_message: str | None = None
+        """Why the run ends with its exit code, when there is more to say than its name."""
+        self._first_step = True
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.start()
+        try:
+            while self.step < self.cfg.max_steps:
+                if self.step_once():
+                    return self._preempted()
+            return self._final_save()
+        except BadNumerics as err:
+            self.exit_message = str(err)
+            log.error("%s", err)
+            return ExitCode.BAD_NUMERICS
+        except Exception as err:
+            if is_collective_failure(err):
+                first_line = (str(err).splitlines() or [""])[0][:200]
+                self.rescuer.save(f"a collective failed ({type(err).__name__}: {first_line})")
+                if self.watchdog.rescue_requested():
+                    # The supervisor judged this rank a victim and wrote its exit record
+                    # before it asked: end as the request does, leaving that record.
+                    sys.stderr.flush()
+                    os._exit(ExitCode.COLLECTIVE_TIMEOUT)
+            raise
+        finally:
+            self.close()
+
+    def start(self) -> None:
+        """Restore (or start fresh), then arm the rescue and the watchdog and open the step log."""
+        began = time.perf_counter()
+        point = self.resume.agree()
+        self.engine = self.strategy.create(self.cfg, self.info, point is not None and point.choice.mode == "universal")
+        self.ckpt.bind(self.engine)
+        self._load(point)
+        if point is not None:
+            self.position = DataPosition.from_wire(point.choice.data)
+        self._publish_position()
+        self.cadence.start(self.step)
+        self.ckpt.prepare(self._barrier, self.step)
+        self.startup["setup"] = time.perf_counter() - began
+        self._first_step = True
+        self.rescuer.arm(self.engine, self.step)
+        self.watchdog.start()
+        if self.info.rank == 0:
+            self.steplog = StepLog(self.cfg, self.run_dir, self.info.world_size, self.accum, self.info.restart_count)
+
+    def step_once(self) -> bool:
+        """One optimizer step with everything around it. True when the ranks agreed to
+        stop (SIGTERM)."""
+        engine = self._engine()
+        began = time.perf_counter()
+        self.faults.at_step(self.step + 1)
+        if self.faults.poison:
+            self.faults.poison = False
+            with torch.no_grad():
+                next(iter(engine.parameters())).view(-1)[0] = float("nan")
+        with self.watchdog.section(State.TRAIN_STEP):
+            local_loss = engine.train_step(self.step, self._micro_batches())
+        self.rescuer.updated(self.step + 1, local_loss)
+        self.faults.before_agree(self.step + 1)
+        with self.watchdog.section(State.COLLECTIVE):
+            agreed = self._agree(float(local_loss), engine.sync_started - began)
+        self.cadence.agreed(agreed.interval)
+        self._watch_stragglers(agreed.local_seconds)
+        bad = self.guard.judge(agreed.loss)
+        if bad is not None:
+            self.rescuer.judged_bad()
+            self._roll_back(self.step + 1, bad)
+            return False
+        self.step += 1
+        self.rescuer.at_boundary(self.step)
+        seconds = time.perf_counter() - began
+        self.watchdog.beat(self.step)
+        self._report(agreed.loss, seconds)
+        if agreed.stop:
+            return True
+        self._checkpoint_if_due(agreed)
+        self.cadence.observe(seconds, self.ckpt.costs, self.ckpt.writing())
+        return False
+
+    def close(self) -> None:
+        self.watchdog.stop()
+        self.ckpt.close()
+        if self.steplog is not None:
+            self.steplog.close()
+
+    # ------------------------------------------------------------------ a step's parts
+
+    def _engine(self) -> Engine:
+        assert self.engine is not None, "start() builds the engine"
+        return self.engine
+
+    def _micro_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        cfg, info = self.cfg, self.info
+        data_step = self.position.data_step(self.step)
+        return [self.source.batch(micro_batch_indices(data_step, a, info.rank, info.world_size, cfg.global_batch_size,
+                                                      cfg.micro_batch_size))
+                for a in range(self.accum)]
+
+    def _agree(self, local_loss: float, local_seconds: float) -> Agreed:
+        interval = self.cadence.proposal() if self.info.rank == 0 else 0
+        proposal = Proposal(loss=local_loss, stop=self._stop.is_set(), writing=self.ckpt.busy(), interval=interval,
+                            tiers_busy=self.ckpt.tiers_busy(), local_seconds=local_seconds)
+        return agreement.agree(self.info, proposal)
+
+    def _report(self, loss: float, seconds: float) -> None:
+        """Metrics, the step log and, after an attempt's first step, its start-up phases."""
+        cfg, info = self.cfg, self.info
+        tokens = cfg.global_batch_size * cfg.data.seq_len
+        # The global batch splits evenly over the ranks (the world size divides it).
+        node_tokens = tokens * info.local_world_size // info.world_size if info.is_node_leader else 0
+        self.metrics.step(self.step, self.step * cfg.global_batch_size, loss, seconds, node_tokens)
+        if self.steplog is not None:
+            self.steplog.record(self.step, loss, seconds, self.position, self.ckpt.newest_local())
+        if self._first_step and info.rank == 0:
+            self._first_step = False
+            self.startup["first_step"] = seconds
+            log.warning("first step done; start-up phases: %s", ", ".join(f"{k} {v:.2f}s" for k, v in self.startup.items()))
+
+    def _checkpoint_if_due(self, agreed: Agreed) -> None:
+        """Save the step when the cadence says so. A rank still writing the previous one
+        defers it, every rank alike (they all read the same agreed flag), to the first
+        step where none is; once deferred for a whole interval, every rank waits for the
+        write instead."""
+        if not self.cadence.due(self.step, self.cfg.max_steps):
+            return
+        writing = agreed.writing
+        if writing and self.cadence.overdue(self.step):
+            writing = not self._wait_for_previous_checkpoint()
+        if writing:
+            self.cadence.deferred()
+            self.ckpt.defer()
+            return
+        self.ckpt.save(self.step, self.step * self.cfg.global_batch_size, rng.capture(), agreed.tiers_busy)
+        self.cadence.saved(self.step)
+
+    def _wait_for_previous_checkpoint(self) -> bool:
+        """Every rank waits until its previous checkpoint is written; True when all are."""
+        began = time.perf_counter()
+        free = agreement.all_true(self.info, self.ckpt.wait_free())
+        waited = time.perf_counter() - began
+        self.metrics.checkpoint_stall(waited)
+        if self.info.rank == 0:
+            log.warning("step %d: waited %.1fs for the previous checkpoint's write, which took longer than an interval "
+                        "(a shorter interval than the tiers can write only adds stalls)", self.step, waited)
+        return free
+
+    def _watch_stragglers(self, local_seconds: list[float]) -> None:
+        new, cleared = self.stragglers.observe(local_seconds)
+        if self.info.rank == 0:
+            knobs = self.cfg.fault_tolerance.stragglers
+            for rank, ratio in new.items():
+                log.warning("straggler: rank %d's local step time has been %.1fx the other ranks' median for %d steps "
+                            "(stragglers.factor=%g)", rank, ratio, knobs.steps, knobs.factor)
+            for rank in cleared:
+                log.warning("straggler: rank %d keeps pace again", rank)
+        node = set(self.info.ranks_on_node())
+        if self.info.local_rank == 0 and (new or cleared or self.stragglers.flagged):
+            self.metrics.stragglers({r: v for r, v in self.stragglers.flagged.items() if r in node}, cleared & node)
+
+    # ------------------------------------------------------------------ restore and roll back
+
+    def _load(self, point: RestorePoint | None) -> None:
+        """The agreed step into the engine and the RNG state, or a fresh start."""
+        if point is not None:
+            self.step = self.resume.load(self._engine(), point, self.watchdog.beat)
+        else:
+            rng.seed_all(self.cfg.seed + self.info.rank)
+            self.step = 0
+
+    def _publish_position(self) -> None:
+        """Every later checkpoint records the data position (it is restored with it)."""
+        self.ckpt.set_data_position(self.position.to_wire())
+        self.metrics.data_position(self.position)
+
+    def _roll_back(self, bad_step: int, why: str) -> None:
+        """Bad numerics at ``bad_step`` (every rank judged the same global loss): back to
+        the newest committed checkpoint, skipping the samples trained on since then.
+        Rolling back repeatedly at the same place skips further each time."""
+        limit = self.cfg.fault_tolerance.numerics.max_rollbacks
+        if self.position.rollbacks >= limit:
+            raise BadNumerics(f"bad numerics at step {bad_step}: {why}; {self.position.rollbacks} rollbacks already "
+                              f"(maxRollbacks={limit})")
+        self.ckpt.wait_free()  # a write in flight holds a good step: let it commit first
+        self.rescuer.forget()  # the state is replaced below: nothing to rescue until it is
+        # A group-wide agreement and load: a rank waiting here waits for its peers.
+        with self.watchdog.section(State.COLLECTIVE):
+            point = self.resume.agree()
+            if point is None:
+                self.engine = self.strategy.create(self.cfg, self.info, False)
+                self.ckpt.bind(self.engine)
+            self._load(point)
+        # The current position, not the checkpoint's: windows skipped since that
+        # checkpoint stay skipped.
+        skip = self.position.skip(self.step, bad_step, self.cfg.global_batch_size, why)
+        self._publish_position()
+        self.cadence.start(self.step)
+        self.rescuer.arm(self._engine(), self.step)
+        self.watchdog.beat()
+        if self.info.rank == 0:
+            log.warning("bad numerics at step %d: %s; rolled back to step %d and skipped samples %d..%d (the data of steps "
+                        "%d..%d); rollback %d of at most %d", bad_step, why, self.step, skip.first_sample, skip.end_sample - 1,
+                        skip.first_step, skip.last_step, self.position.rollbacks, limit)
+
+    def _barrier(self) -> None:
+        if self.info.world_size > 1:
+            with self.watchdog.section(State.COLLECTIVE):
+                torch.distributed.barrier()
+
+    # ------------------------------------------------------------------ the end
+
+    def _final_save(self) -> int:
+        """The last checkpoint, synchronous, into every tier. Training is done; if no tier
+        holds it afterwards (every rank's tier 1, or a job-wide tier that rank 0
+        committed), the exit code says so: retryable, since a restart resumes from the
+        newest committed checkpoint and saves again once a tier works."""
+        step = self.step
+        try:
+            self.ckpt.save(step, step * self.cfg.global_batch_size, rng.capture(), sync=True)
+        except CheckpointError as err:
+            log.error("final checkpoint of step %d: %s", step, err)
+        local_ok, shared_ok = self.ckpt.durable(step)
+        everywhere_local = agreement.all_true(self.info, local_ok)
+        somewhere_shared = agreement.any_true(self.info, shared_ok)
+        if everywhere_local or somewhere_shared:
+            return ExitCode.SUCCESS
+        problems = "; ".join(f"{tier}: {d.message}" for tier, d in self.ckpt.degraded().items()) or "no tier committed it"
+        self.exit_message = f"training finished at step {step} but no tier holds the final checkpoint ({problems})"
+        log.error("%s", self.exit_message)
+        return ExitCode.TRANSIENT
+
+    def _preempted(self) -> int:
+        """SIGTERM: an emergency checkpoint within the budget, then the preempted code."""
+        budget = self.cfg.checkpoint.sigterm_budget_seconds
+        timer = threading.Timer(budget, lambda: os._exit(ExitCode.PREEMPTED))
+        timer.daemon = True
+        timer.start()
+        began = time.perf_counter()
+        try:
+            self.ckpt.wait()
+        except Exception as err:  # noqa: BLE001 - the emergency save still runs
+            log.error("pending checkpoint failed before the emergency save: %s", err)
+        try:
+            self.ckpt.save(self.step, self.step * self.cfg.global_batch_size, rng.capture(), sync=True)
+        except CheckpointError as err:
+            log.error("SIGTERM: the emergency checkpoint of step %d failed (%s); the newest committed one stays", self.step, err)
+        if self.info.rank == 0:
+            log.warning("SIGTERM: emergency checkpoint of step %d in %.2fs; exiting", self.step, time.perf_counter() - began)
+        timer.cancel()
+        return ExitCode.PREEMPTED
+
+    # ------------------------------------------------------------------ signals and the watchdog
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        # Only set a flag: the loop stops at the next step boundary that all ranks agree on.
+        self._stop.set()
+
+    def _on_hang(self, stale: float) -> None:
+        timeout = self.cfg.fault_tolerance.hang_timeout_seconds
+        state = self.watchdog.state  # where it hung, before a rescue marks it RESCUING
+        if state in WAITING_STATES:
+            self.rescuer.save(f"no step progress for {stale:.1f}s while waiting for a peer")
+        if state in (State.COLLECTIVE, State.RESCUING):
+            # Blocked in a collective: a peer stopped participating. That peer is the
+            # cause (its own pod reports it); this rank is a victim, never charged.
+            code = ExitCode.COLLECTIVE_TIMEOUT
+            message = f"victim: blocked in a collective for {stale:.1f}s, waiting for a peer (hangTimeoutSeconds={timeout})"
+        else:
+            code = ExitCode.HANG
+            message = f"no step progress for {stale:.1f}s (hangTimeoutSeconds={timeout})"
+        dump_stacks_and_exit(
+            code, stale,
+            lambda: exitrecord.write(self.run_dir, self.info.restart_count, self.info.rank, self.info.local_rank, code, message, self.step),
+        )
+
+    def _on_rescue_request(self) -> None:
+        """The supervisor judged this rank a victim and asked for a rescue checkpoint (it
+        wrote the exit record): save it, then end as the supervisor would have."""
+        self.rescuer.save("the supervisor judged this rank a victim of a peer that stopped")
+        sys.stderr.flush()
+        os._exit(ExitCode.COLLECTIVE_TIMEOUT)

@@ -1,0 +1,34 @@
+"""Where a rank stands in its job: torchrun's environment, as one value.
+
+Torch-free and dependency-free, so that every room of the rank side (``train``,
+``engines``, ``checkpoint``) can take it without importing the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    """torchrun's GROUP_RANK: which node (agent) this rank runs on."""
+    restart_count: int
+    """TORCHELASTIC_RESTART_COUNT: how many times torchrun restarted this worker group."""
+    backend: str
+
+    @property
+    def num_nodes(self) -> int:
+        return self.world_size // self.local_world_size
+
+    @property
+    def is_node_leader(self) -> bool:
+        return self.local_rank == 0
+
+    def ranks_on_node(self, node: int | None = None) -> range:
+        node = self.node_rank if node is None else node
+        return range(node * self.local_world_size, (node + 1) * self.local_world_size)
