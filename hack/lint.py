@@ -8,7 +8,7 @@
   would be rebuilt by each run in turn.
 
 The strict packages are read from pyproject.toml (the override that sets
-``disallow_untyped_defs``), so they are named in one place. ``tests/test_lint.py`` runs
+``disallow_untyped_defs``), so they are named in one place. ``tests/project/test_lint.py`` runs
 the same commands (``CHECKS``). Every check runs even after one fails; the exit status is
 1 when any failed.
 """

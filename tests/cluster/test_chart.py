@@ -93,7 +93,7 @@ def test_every_values_file_lints_strictly_and_passes_a_server_side_dry_run(local
     docs = yaml.safe_load_all(bed.helm("template", "llmtrain", CHART, "--namespace", NS, "--kube-version", "1.36.3",
                                        "-f", str(values)).stdout)
     # The Prometheus Operator's CRDs are not on this cluster: its objects are checked by
-    # tests/test_monitoring.py instead.
+    # tests/operator/test_monitoring.py instead.
     docs = [d for d in docs if d and not d["apiVersion"].startswith("monitoring.coreos.com/")]
     out = bed.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(docs), check=False)
     assert out.returncode == 0, out.stderr

@@ -47,7 +47,7 @@ that list is evaluated at every write of the job, its status writes included: wi
 docs/benchmarks.md, operator scale). 43 are as strict as 1,024: any 43 consecutive
 integers have every m <= 43 among their divisors, so a range of 43 or more node counts
 needs a global batch divisible by lcm(1..43) > 2**63 - 1, the largest integer the API
-server holds. Such a spec fails at the first 43 offsets already (tests/test_rules.py)."""
+server holds. Such a spec fails at the first 43 offsets already (tests/contract/test_rules.py)."""
 
 
 def cel(rule: str, message: str, **extra: Any) -> dict[str, Any]:

@@ -4,7 +4,7 @@ and how it reads in the log (docs/operator.md, "One pass", step 3).
 ``APPLIERS`` is the one map from action type to applier, as JobSet's
 ``actionFunctionMap``: an action type missing from it is an error that names the type,
 raised before any request of the pass goes out, never a default that writes (or
-deletes) something. tests/api/test_executor.py checks that the map covers every member
+deletes) something. tests/operator/handlers/test_executor.py checks that the map covers every member
 of the planner's ``Action`` union.
 
 A pass's writes go in two rounds. The first is every create (and the other writes that

@@ -1,5 +1,5 @@
 """``plan(job, observed, now) -> Plan``: the operator's every decision, as a pure
-function. Table-tested in tests/test_planner.py; used by the kopf handlers and by the
+function. Table-tested in tests/operator/planner/test_planner.py; used by the kopf handlers and by the
 local runner alike.
 
 A pass runs the policies in order; each returns a ``Verdict``, and anything but

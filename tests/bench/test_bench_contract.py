@@ -4,11 +4,11 @@ line `RESULT name=value ...` (the runs themselves are `make bench`, not tests)."
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from support.specs import ROOT
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = ROOT / "bench"
 SCRIPTS = sorted(p for p in BENCH.glob("*.py") if not p.name.startswith("_"))
 
 

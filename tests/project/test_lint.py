@@ -3,7 +3,7 @@ missing method on a protocol's stand-in is a test failure, not a crash at step 1
 
 Unmarked, so part of the fast suite. With a warm mypy cache (``make lint`` ran, or an
 earlier session) the three take about a second; a cold cache costs about 20 s of CPU.
-The import contracts are ``tests/test_layering.py``'s."""
+The import contracts are ``tests/project/test_layering.py``'s."""
 
 from __future__ import annotations
 

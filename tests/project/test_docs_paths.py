@@ -29,8 +29,8 @@ from __future__ import annotations
 import re
 from functools import cache
 from pathlib import Path
+from support.specs import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 REPO_ROOTS = ("operator/", "trainer_image/", "common/", "hack/", "bench/", "tests/", "charts/", "crds/",
@@ -242,8 +242,8 @@ def test_every_path_and_module_the_docs_name_exists():
 def test_the_checker_tells_stale_from_existing():
     assert not _missing("planner/accounting.py", "code") and _missing("planner/failures.py", "code")
     assert not _missing("hack/kind/e2e.sh", "code") and _missing("hack/kind/e3e.sh", "code")
-    assert not _missing("tests/test_docs_paths.py::test_the_checker_tells_stale_from_existing", "code")
-    assert _missing("tests/test_docs_paths.py::test_nothing_of_the_kind", "code")
+    assert not _missing("tests/project/test_docs_paths.py::test_the_checker_tells_stale_from_existing", "code")
+    assert _missing("tests/project/test_docs_paths.py::test_nothing_of_the_kind", "code")
     assert not _missing("llmtrain_contract.names", "code") and _missing("llmtrain_contract.nothing", "code")
     assert not _missing("llmtrain_operator.planner.plan.plan", "code")
     assert _missing("llmtrain_operator.planner.plan.no_such_name", "code")

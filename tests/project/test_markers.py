@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("tests_root_conftest", Path(__file__).with_name("conftest.py"))
+_spec = importlib.util.spec_from_file_location("tests_root_conftest", Path(__file__).resolve().parents[1] / "conftest.py")
 conftest = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(conftest)
 

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import yaml
+from support.specs import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 LLMTRAIN = str(Path(sys.executable).with_name("llmtrain"))
 
 

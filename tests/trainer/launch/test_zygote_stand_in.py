@@ -1,7 +1,7 @@
 """The stand-in's side of the fork server's protocol (``llmtrain_trainer.pod.standin.run_forked``)
 against a scripted server: no server means "train here", the rank's end is mirrored (exit
 code or signal), and signals sent to the stand-in reach the rank. The real server under
-torchrun is tested in tests/trainer/test_zygote.py."""
+torchrun is tested in tests/trainer/runs/test_zygote.py."""
 
 from __future__ import annotations
 

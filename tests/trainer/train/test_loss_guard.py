@@ -1,5 +1,5 @@
 """The loss guard and the data position, without torch processes (the rollback itself is
-tested with real ranks in tests/trainer/test_numerics.py)."""
+tested with real ranks in tests/trainer/runs/test_numerics.py)."""
 
 from __future__ import annotations
 

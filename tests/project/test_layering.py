@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from support.specs import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_import_contracts_are_kept():

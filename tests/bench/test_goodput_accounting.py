@@ -3,11 +3,11 @@ log seen from outside, their spans, and ETTR."""
 
 import math
 import sys
-from pathlib import Path
 
 import pytest
+from support.specs import ROOT
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(ROOT / "bench"))
 from _goodput import (KINDS, Injected, StepSeen, account, episode_lost, interruptions, schedule,
                       steady_step_seconds, union_seconds)
 

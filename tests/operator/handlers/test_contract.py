@@ -435,7 +435,7 @@ async def test_a_missing_secret_is_read_once_and_reported(api, k8s):
 
 async def test_without_secret_checks_no_secret_is_read_and_the_pods_are_created(api, k8s):
     # Cluster-wide, the chart grants no Secret reads: the pods are created, and a missing
-    # Secret is reported from their wait (tests/test_planner.py).
+    # Secret is reported from their wait (tests/operator/planner/test_planner.py).
     raw = job({"spec.checkpoint.s3": {"bucket": "ckpts", "credentialsSecret": {"name": "s3-creds"}}})
     put_job(api, raw)
     before = len(api)

@@ -257,7 +257,12 @@ def _worker(attempt: int, local_world_size: int) -> subprocess.Popen:
     """A stand-in for a worker torchrun spawned: a child of this process (the 'agent')
     with torchrun's environment."""
     env = {"TORCHELASTIC_RESTART_COUNT": str(attempt), "LOCAL_WORLD_SIZE": str(local_world_size), "PATH": "/usr/bin:/bin"}
-    return subprocess.Popen(["sleep", "60"], env=env)
+    proc = subprocess.Popen(["sleep", "60"], env=env)
+    # Until the child has exec'd, /proc shows this process's environment (a fork's): the
+    # tracker would not see the attempt yet. On a loaded machine that window is long.
+    marker = f"TORCHELASTIC_RESTART_COUNT={attempt}".encode()
+    wait_for(lambda: marker in Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0"), 10, 0.01, "the worker's exec")
+    return proc
 
 
 def test_the_launcher_counts_an_attempt_failed_when_the_next_starts_and_agrees_with_the_trainer(tmp_path, ranks):

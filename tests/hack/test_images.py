@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.specs import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
 SOURCES = ("common/", "operator/", "trainer_image/")
 TARGETS = {"operator", "trainer-cpu", "trainer-cuda"}
@@ -152,7 +152,7 @@ def test_the_build_context_leaves_out_the_caches_and_keeps_what_the_images_copy(
         line = line.strip()
         if line and not line.startswith("#"):
             patterns.append((line.startswith("!"), line.lstrip("!").rstrip("/")))
-    for path in (".venv/bin/python", ".cache/cluster-tools/bin/kube-apiserver", ".git/HEAD", "tests/test_images.py",
+    for path in (".venv/bin/python", ".cache/cluster-tools/bin/kube-apiserver", ".git/HEAD", "tests/hack/test_images.py",
                  "runs/demo/events.jsonl", "operator/llmtrain_operator/__pycache__/cli.cpython-311.pyc"):
         assert _ignored(patterns, path), f"{path} would be sent to the build"
     _, stages = parse(DOCKERFILE.read_text())

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import yaml
 from llmtrain_operator.api.crd import CRD_FILENAME, build_crd, render_crd_yaml
+from support.specs import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = [ROOT / "crds" / CRD_FILENAME, ROOT / "charts" / "llmtrain-operator" / "crds" / CRD_FILENAME]
 
 ALLOWED_KEYS = {
@@ -105,7 +104,7 @@ def _rules(node: Any) -> list[str]:
 
 
 def test_immutable_fields_carry_their_transition_rule():
-    # The cross-field rules come from the rule table (tests/test_rules.py checks each is
+    # The cross-field rules come from the rule table (tests/contract/test_rules.py checks each is
     # in the CRD); immutability needs the old object, so only the server's CEL has it.
     rules = _rules(yaml.safe_load(render_crd_yaml()))
     assert rules.count("self == oldSelf") == 2

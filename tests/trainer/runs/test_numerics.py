@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow  # real multi-process torchrun runs
 
 GBS = 8
 NUMERICS = {"hangTimeoutSeconds": 60, "collectiveTimeoutSeconds": 30,
-            # Only non-finite losses here: the spike rule is unit-tested (tests/test_loss_guard.py).
+            # Only non-finite losses here: the spike rule is unit-tested (tests/trainer/train/test_loss_guard.py).
             "numerics": {"spikeStdDevs": 0, "windowSteps": 5, "maxRollbacks": 2}}
 
 
