@@ -35,6 +35,9 @@ trap stop_build EXIT
 
 bash hack/setup.sh
 stamp "setup done"
+# Debian's Prometheus and iproute2 for the full stage, fetched while the fast stage runs.
+bash hack/system-deps.sh > .cache/system-deps.log 2>&1 &
+deps_pid=$!
 
 stamp "stage fast: lint"
 make --no-print-directory lint
@@ -42,7 +45,10 @@ stamp "stage fast: unit and API-contract tests"
 LLMTRAIN_PREBUILD_TOOLS=0 "$BIN/pytest" -m "not slow and not cluster and not e2e and not tools" -p no:cacheprovider
 stamp "stage fast passed"
 
-bash hack/system-deps.sh
+if ! wait "$deps_pid"; then
+  cat .cache/system-deps.log >&2
+  exit 1
+fi
 stamp "stage full: torchrun, store, cluster and end-to-end suites"
 "$BIN/pytest" -m "slow or cluster or e2e or tools" "$@"
 stamp "stage full passed"
