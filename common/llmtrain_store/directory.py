@@ -37,7 +37,8 @@ from typing import Any
 from . import manifest as mf
 from .fileio import HASH, Hasher, fsync_dir, fsync_file, hash_file, iter_file
 from .sources import Source, iter_range
-from .tier import CheckpointError, Committed, digest_bytes, finish_fetch, merge_parts, new_manifest, wait_for_parts, write_json_durably
+from .tier import (CheckpointError, Committed, allocate, digest_bytes, finish_fetch, merge_parts, new_manifest, wait_for_parts,
+                   write_json_durably)
 
 
 log = logging.getLogger("llmtrain.checkpoint")
@@ -268,10 +269,7 @@ class DirTier:
         jobs = []
         for name in names:
             entry = files[name]
-            target = mf.inside(dest, name)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with open(target, "wb") as fh:
-                fh.truncate(entry.size)
+            target = allocate(dest, name, entry.size)
             jobs += [(target, name, piece) for piece in entry.pieces]
 
         def copy(job: tuple[Path, str, mf.Piece]) -> str | None:

@@ -29,7 +29,7 @@ from typing import Any
 from . import manifest as mf
 from .fileio import Hasher, hash_file
 from .sources import Source, iter_range
-from .tier import CheckpointError, Committed, digest_bytes, finish_fetch, merge_parts, new_manifest, wait_for_parts
+from .tier import CheckpointError, Committed, allocate, digest_bytes, finish_fetch, merge_parts, new_manifest, wait_for_parts
 
 CHUNK = 32 << 20
 """Part size of multipart uploads and ranged downloads."""
@@ -333,10 +333,7 @@ class S3Tier:
         jobs = []
         for name in names:
             entry = files[name]
-            target = mf.inside(dest, name)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with open(target, "wb") as fh:
-                fh.truncate(entry.size)
+            target = allocate(dest, name, entry.size)
             # The pieces used from one object are a contiguous run of it (merge_parts
             # leaves an object only when it ends): it lands at its first piece's offset.
             spans: dict[str, tuple[int, int, int]] = {}

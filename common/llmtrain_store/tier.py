@@ -195,6 +195,16 @@ def new_manifest(step: int, meta: dict[str, Any], ranks: set[int], files: dict[s
     return {**meta, "format": mf.FORMAT_VERSION, "step": step, "ranks": sorted(ranks), "hash": HASH, "files": files}
 
 
+def allocate(dest: Path, name: str, size: int) -> Path:
+    """Where a fetched file goes, ``dest/name`` (checked like a manifest's name), created at
+    its full size: its pieces are written into it at their offsets, in any order."""
+    target = mf.inside(dest, name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "wb") as fh:
+        fh.truncate(size)
+    return target
+
+
 def finish_fetch(files: dict[str, mf.FileEntry], names: list[str], dest: Path, failed: dict[str, str],
                  optional: frozenset[str]) -> dict[str, dict[str, Any]]:
     """The records of the fetched files; a failed optional file is removed and left out,
