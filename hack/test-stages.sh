@@ -50,5 +50,6 @@ if ! wait "$deps_pid"; then
   exit 1
 fi
 stamp "stage full: torchrun, store, cluster and end-to-end suites"
-"$BIN/pytest" -m "slow or cluster or e2e or tools" "$@"
+# The build started above already runs: the session must not start a second one.
+LLMTRAIN_PREBUILD_TOOLS=0 "$BIN/pytest" -m "slow or cluster or e2e or tools" "$@"
 stamp "stage full passed"
