@@ -20,6 +20,10 @@ from .spec import LLMTrainJobSpec
 from .status import LLMTrainJobStatus, read_status
 
 GROUP = "llmtrain.io"
+EVENT_SOURCE = "llmtrain-operator"
+"""The component the operator's Events name as their source (``kubectl get events`` shows it)."""
+REPORTING_COMPONENT = f"{GROUP}/operator"
+"""The Events' ``reportingComponent`` (events.k8s.io's field, a qualified name)."""
 VERSION = "v1alpha1"
 API_VERSION: Final = "llmtrain.io/v1alpha1"
 """``GROUP/VERSION``, spelled out: ``LLMTrainJob.api_version`` is this literal."""

@@ -26,7 +26,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from ..api.job import GROUP, PLURAL, VERSION
+from ..api.job import EVENT_SOURCE, GROUP, PLURAL, REPORTING_COMPONENT, VERSION
 
 log = logging.getLogger("llmtrain.k8s")
 
@@ -257,9 +257,9 @@ class K8s:
             "reason": reason,
             "message": message[:1024],
             "type": type_,
-            "source": {"component": "llmtrain-operator"},
-            "reportingComponent": "llmtrain.io/operator",
-            "reportingInstance": "llmtrain-operator",
+            "source": {"component": EVENT_SOURCE},
+            "reportingComponent": REPORTING_COMPONENT,
+            "reportingInstance": EVENT_SOURCE,
             "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "count": 1,
