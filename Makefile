@@ -5,7 +5,7 @@ SHELL := /bin/bash
 VENV  := .venv
 BIN   := $(VENV)/bin
 
-.PHONY: setup system-deps cluster-tools demo test test-fast fault-matrix lint crds cluster-up cluster-down bench clean
+.PHONY: setup system-deps cluster-tools demo test test-fast fault-matrix lint crds cluster-up cluster-down bench clean images test-images
 
 setup:
 	@bash hack/setup.sh
@@ -40,7 +40,7 @@ test:
 
 # Unit and API-contract tests only (no torchrun runs, no cluster, no built tools).
 test-fast: setup
-	$(BIN)/pytest -m "not slow and not cluster and not e2e and not tools"
+	$(BIN)/pytest -m "not slow and not cluster and not e2e and not tools and not images"
 
 # The fifteen fault-matrix scenarios, ROUNDS pytest sessions in a row, each with a fresh
 # local cluster (about 12.5 min a round here); a table per scenario (docs/development.md).
@@ -63,6 +63,15 @@ bench: setup cluster-tools
 	$(BIN)/python bench/recovery.py $(BENCH_ARGS)
 	$(BIN)/python bench/checkpoint.py $(BENCH_ARGS)
 	$(BIN)/python bench/goodput.py $(BENCH_ARGS)
+
+# The operator and trainer-cpu images, built here (Debian's dockerd started when none runs,
+# a debootstrap base, pip through the host's CA as a build secret): hack/images/build.sh.
+images:
+	@bash hack/images/build.sh
+
+# The built images run by a real runtime: uid 65532, read-only root, a job trains in one.
+test-images: setup
+	$(BIN)/pytest -m images tests/images
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

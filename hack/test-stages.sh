@@ -42,7 +42,7 @@ deps_pid=$!
 stamp "stage fast: lint"
 make --no-print-directory lint
 stamp "stage fast: unit and API-contract tests"
-LLMTRAIN_PREBUILD_TOOLS=0 "$BIN/pytest" -m "not slow and not cluster and not e2e and not tools" -p no:cacheprovider
+LLMTRAIN_PREBUILD_TOOLS=0 "$BIN/pytest" -m "not slow and not cluster and not e2e and not tools and not images" -p no:cacheprovider
 stamp "stage fast passed"
 
 if ! wait "$deps_pid"; then

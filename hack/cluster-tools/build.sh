@@ -2,8 +2,10 @@
 # Builds (or reuses) the pinned local-cluster binaries:
 #   kube-apiserver kube-controller-manager kube-scheduler kubectl  (Kubernetes v1.36.3)
 #   etcd (v3.6.16)   helm (v3.22.0)   minio (2026-02-12, the S3 server of the tests)
-# and, only when named (bench/operator_scale.py does), kwok (v0.8.0, fake nodes) and
-# training-operator (Kubeflow v1.8.1, the peer controller)
+# and, only when named: kwok (v0.8.0, fake nodes) and training-operator (Kubeflow v1.8.1,
+# the peer controller) for bench/operator_scale.py; kubelet, kubeadm and kube-proxy (the
+# same Kubernetes), kind (v0.33.0) and coredns (v1.15.0) for the kind bed
+# (hack/kind/node-image.sh, hack/kind/up.sh)
 # into $LLMTRAIN_CLUSTER_TOOLS (default: .cache/cluster-tools/<versions>/bin, git-ignored).
 # Each tool is a Go module wrapper under hack/cluster-tools/<tool>/ with a committed
 # go.sum; `go build` downloads modules from the Go module proxy on a cold cache.
@@ -25,15 +27,25 @@ out=${LLMTRAIN_CLUSTER_TOOLS:-$root/.cache/cluster-tools/$stamp/bin}
 mkdir -p "$out"
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
 
-build_k8s() {
+k8s_version_flags() {
   local major=${K8S_VERSION#v}; major=${major%%.*}
   local minor=${K8S_VERSION#v*.}; minor=${minor%%.*}
   local v="-X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=$major -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
-  v="$v -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitMajor=$major -X k8s.io/client-go/pkg/version.gitMinor=$minor"
-  (cd "$here/kubernetes" && go build -trimpath -ldflags "-s -w $v" -o "$1/" \
+  echo "$v -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitMajor=$major -X k8s.io/client-go/pkg/version.gitMinor=$minor"
+}
+build_k8s() {
+  (cd "$here/kubernetes" && go build -trimpath -ldflags "-s -w $(k8s_version_flags)" -o "$1/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
       k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
 }
+build_node() {
+  (cd "$here/kubernetes" && go build -trimpath -ldflags "-s -w $(k8s_version_flags)" -o "$1/" \
+      k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubeadm k8s.io/kubernetes/cmd/kube-proxy)
+}
+KIND_VERSION=v0.33.0
+COREDNS_VERSION=v1.15.0
+build_kind() { (cd "$here/kind" && go build -trimpath -ldflags "-s -w" -o "$1/kind" sigs.k8s.io/kind); }
+build_coredns() { (cd "$here/coredns" && go build -trimpath -ldflags "-s -w" -o "$1/coredns" github.com/coredns/coredns); }
 build_etcd() { (cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$1/etcd" go.etcd.io/etcd/server/v3); }
 build_helm() {
   (cd "$here/helm" && go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
@@ -47,9 +59,10 @@ build_training-operator() {
 build_minio() { (cd "$here/minio" && go build -trimpath -ldflags "-s -w" -o "$1/minio" github.com/minio/minio); }
 
 # group -> its binaries. minio first: the S3 tests run before the cluster tests.
-groups=(minio etcd helm k8s kwok training-operator)
+groups=(minio etcd helm k8s node kind coredns kwok training-operator)
 declare -A bins=([minio]="minio" [etcd]="etcd" [helm]="helm"
                  [k8s]="kube-apiserver kube-controller-manager kube-scheduler kubectl"
+                 [node]="kubelet kubeadm kube-proxy" [kind]="kind" [coredns]="coredns"
                  [kwok]="kwok" [training-operator]="training-operator")
 all=" ${bins[*]} "
 default="minio etcd helm kube-apiserver kube-controller-manager kube-scheduler kubectl"

@@ -1,11 +1,16 @@
-"""Print the requirements of the project's base install and the given extras, one per
-line, for an image to install before it copies the sources: a code edit then rebuilds
-only the last layer, never the dependency layers (torch alone is several GB).
+"""Write what each image installs, as small files, so that a layer is rebuilt only when
+what it installs changes (not when a test marker or a dev pin in pyproject.toml does):
 
-torch and DeepSpeed are left out: the image installs torch first (from the index its
-variant needs) and DeepSpeed last, against that torch, without build isolation.
+    python requirements.py OUT_DIR
 
-    python requirements.py trainer > /tmp/requirements.txt
+writes into OUT_DIR:
+- ``torch.txt``: torch's pin alone (the trainer's multi-GB layer, first);
+- ``deepspeed.txt``: DeepSpeed's pin alone (installed last, against that torch, without
+  build isolation: it has no wheel, and an isolated build would pull a second torch);
+- ``operator.txt`` and ``trainer.txt``: the project's base requirements plus that extra,
+  torch and DeepSpeed left out;
+- ``constraints.txt``: constraints.txt less the pins of packages only the ``dev`` extra
+  names (pytest, linters ...).
 """
 
 from __future__ import annotations
@@ -15,27 +20,22 @@ import sys
 import tomllib
 from pathlib import Path
 
-SEPARATE = {"torch", "deepspeed"}
+SEPARATE = ("torch", "deepspeed")
 """Installed by the image in their own steps (see the module docstring)."""
+EXTRAS = ("operator", "trainer")
 
 
 def _name(requirement: str) -> str:
     return re.split(r"[\s<>=!~;\[]", requirement.strip(), maxsplit=1)[0].lower().replace("_", "-")
 
 
-def requirements(pyproject: Path, extras: list[str]) -> list[str]:
-    project = tomllib.loads(pyproject.read_text())["project"]
+def requirements(project: dict, extra: str) -> list[str]:
     optional = project.get("optional-dependencies", {})
-    unknown = [e for e in extras if e not in optional]
-    if unknown:
-        raise SystemExit(f"requirements.py: no such extra in {pyproject}: {', '.join(unknown)} "
-                         f"(there are: {', '.join(sorted(optional))})")
-    wanted = list(project.get("dependencies", []))
-    for extra in extras:
-        wanted += optional[extra]
+    if extra not in optional:
+        raise SystemExit(f"requirements.py: no extra {extra!r} in pyproject.toml (there are: {', '.join(sorted(optional))})")
     seen: set[str] = set()
     out = []
-    for requirement in wanted:
+    for requirement in [*project.get("dependencies", []), *optional[extra]]:
         name = _name(requirement)
         if name in SEPARATE or name in seen:
             continue
@@ -44,11 +44,37 @@ def requirements(pyproject: Path, extras: list[str]) -> list[str]:
     return out
 
 
+def runtime_constraints(project: dict, constraints: str) -> list[str]:
+    optional = project.get("optional-dependencies", {})
+    runtime = {_name(r) for r in project.get("dependencies", [])} | {_name(r) for e in EXTRAS for r in optional.get(e, [])}
+    dev_only = {_name(r) for r in optional.get("dev", [])} - runtime
+    lines = [line.split("#", 1)[0].strip() for line in constraints.splitlines()]
+    return [line for line in lines if line and _name(line) not in dev_only]
+
+
+def pin(constraints: list[str], name: str) -> str:
+    pins = [line for line in constraints if _name(line) == name]
+    if len(pins) != 1:
+        raise SystemExit(f"requirements.py: constraints.txt must pin {name} exactly once (found {len(pins)})")
+    return pins[0]
+
+
+def write(root: Path, out: Path) -> None:
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    constraints = runtime_constraints(project, (root / "constraints.txt").read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"constraints.txt": constraints, **{f"{n}.txt": [pin(constraints, n)] for n in SEPARATE},
+             **{f"{e}.txt": requirements(project, e) for e in EXTRAS}}
+    for name, lines in files.items():
+        (out / name).write_text("\n".join(lines) + "\n")
+
+
 def main(argv: list[str]) -> int:
-    pyproject = Path(__file__).resolve().parent / "pyproject.toml"
-    if not pyproject.exists():  # run from the repository rather than the image's /src
-        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
-    print("\n".join(requirements(pyproject, argv[1:])))
+    if len(argv) != 2:
+        raise SystemExit("usage: python requirements.py OUT_DIR")
+    here = Path(__file__).resolve().parent
+    root = here if (here / "pyproject.toml").exists() else here.parents[1]  # the image's /src, or the repository
+    write(root, Path(argv[1]))
     return 0
 
 

@@ -90,6 +90,6 @@ def test_a_failed_build_exits_non_zero_naming_the_tool_and_leaves_no_binary(tmp_
 
 def test_an_unknown_tool_name_is_refused_naming_it(tmp_path):
     env = _env(tmp_path, seconds=0)
-    refused = subprocess.run(["bash", str(BUILD), "minio", "kubeadm"], env=env, capture_output=True, text=True)
-    assert refused.returncode == 64 and "no tool named kubeadm" in refused.stderr, refused.stderr
+    refused = subprocess.run(["bash", str(BUILD), "minio", "kubeadmm"], env=env, capture_output=True, text=True)
+    assert refused.returncode == 64 and "no tool named kubeadmm" in refused.stderr, refused.stderr
     assert not (tmp_path / "calls").exists(), "nothing is built for a bad request"

