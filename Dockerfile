@@ -25,9 +25,14 @@ ARG TORCH_CPU_INDEX=""
 # the build secret `ca` (a CA bundle, `--secret id=ca,src=...`): a secret is mounted for one
 # RUN and never stored in a layer. Without it, the image's own CA list is used.
 FROM ${BASE} AS python
+# The images' user, uid/gid 65532, named: kopf's peering and Python's getpass ask the
+# password database who runs them, and a uid with no entry there raises KeyError (found
+# when the operator first ran on a real kubelet).
 # hadolint ignore=DL3008
 RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
- && rm -rf /var/lib/apt/lists/* && python3 -m venv /opt/venv
+ && rm -rf /var/lib/apt/lists/* && python3 -m venv /opt/venv \
+ && groupadd --gid 65532 llmtrain && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /home/llmtrain \
+      --shell /usr/sbin/nologin llmtrain
 ENV PATH=/opt/venv/bin:$PATH \
     PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 RUN --mount=type=secret,id=ca,target=/run/secrets/ca \
@@ -92,7 +97,9 @@ FROM ${CUDA_BASE} AS trainer-cuda
 # The base's Python (3.12 on Ubuntu 24.04) in a venv: the system one is externally managed.
 # hadolint ignore=DL3008
 RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-dev \
- && rm -rf /var/lib/apt/lists/* && python3 -m venv /opt/venv
+ && rm -rf /var/lib/apt/lists/* && python3 -m venv /opt/venv \
+ && groupadd --gid 65532 llmtrain && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /home/llmtrain \
+      --shell /usr/sbin/nologin llmtrain
 ENV PATH=/opt/venv/bin:$PATH \
     PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     HOME=/home/llmtrain TORCH_EXTENSIONS_DIR=/home/llmtrain/.cache/torch_extensions MPLCONFIGDIR=/tmp/matplotlib

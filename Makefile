@@ -5,7 +5,7 @@ SHELL := /bin/bash
 VENV  := .venv
 BIN   := $(VENV)/bin
 
-.PHONY: setup system-deps cluster-tools demo test test-fast fault-matrix lint crds cluster-up cluster-down bench clean images test-images
+.PHONY: setup system-deps cluster-tools demo test test-fast fault-matrix lint crds cluster-up cluster-down bench clean images test-images kind-up kind-down test-kind
 
 setup:
 	@bash hack/setup.sh
@@ -72,6 +72,18 @@ images:
 # The built images run by a real runtime: uid 65532, read-only root, a job trains in one.
 test-images: setup
 	$(BIN)/pytest -m images tests/images
+
+# The kind bed: real kubelets, containerd and runc in Docker containers, every image built
+# here (hack/kind/up.sh; docs/development.md, "Real nodes"). kind-down removes all of it.
+kind-up: setup
+	@bash hack/kind/up.sh
+
+kind-down:
+	@bash hack/kind/down.sh
+
+# The end-to-end suite on the kind bed (up, the suite, down): hack/kind/e2e.sh.
+test-kind: setup
+	@bash hack/kind/e2e.sh
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

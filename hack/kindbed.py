@@ -60,6 +60,15 @@ rules:
 """
 
 
+NODE_IMAGE_PATCHES: list[dict[str, Any]] = [
+    # The images hack/kind/node-image.sh puts in the node image, at the versions it builds
+    # (kubeadm would name its own defaults, which no registry can serve here).
+    {"kind": "ClusterConfiguration", "etcd": {"local": {"imageTag": "3.6.16-0"}}, "dns": {"imageTag": "v1.15.0"}},
+    # Hosts on cgroup v1 (this project's CI machine): kubelet >= 1.35 refuses them unless told.
+    {"kind": "KubeletConfiguration", "failCgroupV1": False},
+]
+
+
 def kind_config(root: Path, workers: list[dict[str, Any]] = WORKERS) -> str:
     """The kind cluster config: node labels, the host mounts the state view reads, the
     audit log, and node-lifecycle timings as the local cluster's (NotReady after 16 s)."""
@@ -87,7 +96,8 @@ def kind_config(root: Path, workers: list[dict[str, Any]] = WORKERS) -> str:
                 {"hostPath": str(root / PVS), "containerPath": IN_NODE_PVS},
             ],
         })
-    return json.dumps({"kind": "Cluster", "apiVersion": "kind.x-k8s.io/v1alpha4", "nodes": nodes}, indent=2)
+    return json.dumps({"kind": "Cluster", "apiVersion": "kind.x-k8s.io/v1alpha4", "nodes": nodes,
+                       "kubeadmConfigPatches": [json.dumps(p) for p in NODE_IMAGE_PATCHES]}, indent=2)
 
 
 @dataclass
@@ -272,8 +282,11 @@ class KindCluster:
             f"for s in $(crictl pods -q --state ready --name '^{name}$' --namespace '^{namespace}$'); do "
             'for c in $(crictl ps -q --pod "$s"); do '
             'pid=$(crictl inspect -o go-template --template "{{.info.pid}}" "$c"); '
-            'cg=$(cut -d: -f3 "/proc/$pid/cgroup"); '
-            f'for p in $(cat "/sys/fs/cgroup$cg/cgroup.procs"); do kill -s {signal.removeprefix("SIG")} "$p" || true; done; '
+            # cgroup v1 (the pids hierarchy) or v2 (the unified one): every process of the container
+            'line=$(grep -E "^[0-9]+:([^:]*,)?pids(,[^:]*)?:" "/proc/$pid/cgroup" || grep "^0::" "/proc/$pid/cgroup"); '
+            'ctrl=$(echo "$line" | cut -d: -f2); cg=$(echo "$line" | cut -d: -f3-); '
+            'for p in $(cat "/sys/fs/cgroup${ctrl:+/$ctrl}$cg/cgroup.procs"); do '
+            f'kill -s {signal.removeprefix("SIG")} "$p" || true; done; '
             'done; done')
         self._docker("exec", node, "sh", "-c", script)
 

@@ -4,7 +4,7 @@
 #   etcd (v3.6.16)   helm (v3.22.0)   minio (2026-02-12, the S3 server of the tests)
 # and, only when named: kwok (v0.8.0, fake nodes) and training-operator (Kubeflow v1.8.1,
 # the peer controller) for bench/operator_scale.py; kubelet, kubeadm and kube-proxy (the
-# same Kubernetes), kind (v0.33.0) and coredns (v1.15.0) for the kind bed
+# same Kubernetes), kind (v0.33.0), coredns (v1.15.0) and crictl (v1.37.0) for the kind bed
 # (hack/kind/node-image.sh, hack/kind/up.sh)
 # into $LLMTRAIN_CLUSTER_TOOLS (default: .cache/cluster-tools/<versions>/bin, git-ignored).
 # Each tool is a Go module wrapper under hack/cluster-tools/<tool>/ with a committed
@@ -45,6 +45,10 @@ build_node() {
 KIND_VERSION=v0.33.0
 COREDNS_VERSION=v1.15.0
 build_kind() { (cd "$here/kind" && go build -trimpath -ldflags "-s -w" -o "$1/kind" sigs.k8s.io/kind); }
+build_crictl() {
+  (cd "$here/crictl" && go build -trimpath -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=v1.37.0" \
+      -o "$1/crictl" sigs.k8s.io/cri-tools/cmd/crictl)
+}
 build_coredns() { (cd "$here/coredns" && go build -trimpath -ldflags "-s -w" -o "$1/coredns" github.com/coredns/coredns); }
 build_etcd() { (cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$1/etcd" go.etcd.io/etcd/server/v3); }
 build_helm() {
@@ -59,10 +63,10 @@ build_training-operator() {
 build_minio() { (cd "$here/minio" && go build -trimpath -ldflags "-s -w" -o "$1/minio" github.com/minio/minio); }
 
 # group -> its binaries. minio first: the S3 tests run before the cluster tests.
-groups=(minio etcd helm k8s node kind coredns kwok training-operator)
+groups=(minio etcd helm k8s node kind coredns crictl kwok training-operator)
 declare -A bins=([minio]="minio" [etcd]="etcd" [helm]="helm"
                  [k8s]="kube-apiserver kube-controller-manager kube-scheduler kubectl"
-                 [node]="kubelet kubeadm kube-proxy" [kind]="kind" [coredns]="coredns"
+                 [node]="kubelet kubeadm kube-proxy" [kind]="kind" [coredns]="coredns" [crictl]="crictl"
                  [kwok]="kwok" [training-operator]="training-operator")
 all=" ${bins[*]} "
 default="minio etcd helm kube-apiserver kube-controller-manager kube-scheduler kubectl"

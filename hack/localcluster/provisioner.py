@@ -1,10 +1,14 @@
 """A dynamic provisioner for PersistentVolumeClaims: each pending claim gets a hostPath
 PersistentVolume under ``<state>/pvs/`` that every simulated node can see (the shared
-checkpoint tier is a ReadWriteMany claim). The real PV controller then binds them."""
+checkpoint tier is a ReadWriteMany claim). The real PV controller then binds them. Once a
+claim is deleted, its volume (Released, or Failed: no deleter exists for hostPath) and its
+folder are deleted here, as a real provisioner's deleter does; otherwise a claim made again
+under the same namespace and name would never get a volume (the name is taken)."""
 
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -50,9 +54,27 @@ def provision_once(core: client.CoreV1Api, root: Path, in_node: Path | None = No
     return created
 
 
+def reclaim_once(core: client.CoreV1Api, root: Path) -> int:
+    """Deletes the volumes this provisioner made whose claim is gone, and their folders."""
+    deleted = 0
+    for pv in core.list_persistent_volume(label_selector="localcluster.io/provisioned=true").items:
+        if pv.status.phase not in ("Released", "Failed"):
+            continue
+        try:
+            core.delete_persistent_volume(pv.metadata.name)
+        except ApiException as err:
+            if err.status != 404:
+                log.warning("reclaiming %s: %s", pv.metadata.name, err.reason)
+                continue
+        shutil.rmtree(root / pv.metadata.name, ignore_errors=True)
+        deleted += 1
+    return deleted
+
+
 def loop(core: client.CoreV1Api, root: Path, stop: threading.Event, in_node: Path | None = None) -> None:
     while not stop.wait(1.0):
         try:
+            reclaim_once(core, root)
             provision_once(core, root, in_node)
         except Exception as err:  # noqa: BLE001 - the API server may be restarting
             log.debug("provisioner: %s", err)

@@ -390,3 +390,25 @@ def test_the_api_server_restarts_and_the_agent_carries_on(bed):
     """), NS)
     wait_for(lambda: phase(bed, "after-restart", NS) == "Succeeded", 90, what="a pod runs after the restart")
     bed.wait_nodes_ready(60)
+
+
+def test_a_claim_deleted_and_made_again_under_its_name_gets_a_fresh_volume(bed):
+    """The bed's provisioner reclaims a deleted claim's volume and folder (hostPath has no
+    deleter, so the PV controller marks it Failed): before, the name stayed taken and the
+    claim made again stayed Pending for good."""
+    claim = textwrap.dedent("""
+        apiVersion: v1
+        kind: PersistentVolumeClaim
+        metadata: {name: again}
+        spec: {accessModes: [ReadWriteMany], resources: {requests: {storage: 1Gi}}}
+    """)
+    status = lambda: json.loads(bed.kubectl("get", "pvc", "again", "-n", NS, "-o", "json").stdout)["status"]  # noqa: E731
+    apply(bed, claim, NS)
+    wait_for(lambda: status().get("phase") == "Bound", 60, what="the first claim Bound")
+    folder = bed.state / "pvs" / f"pv-{NS}-again"
+    (folder / "left-behind").write_text("x")
+    bed.kubectl("delete", "pvc", "again", "-n", NS, "--wait=true")
+    wait_for(lambda: not folder.exists(), 60, what="the first volume's folder reclaimed")
+    apply(bed, claim, NS)
+    wait_for(lambda: status().get("phase") == "Bound", 60, what="the claim made again Bound")
+    assert not (folder / "left-behind").exists()

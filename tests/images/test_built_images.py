@@ -54,6 +54,18 @@ def test_each_image_runs_as_uid_65532_which_cannot_change_the_system_or_the_venv
     assert all(line.endswith("False") for line in lines[1:] if line), result.stdout
 
 
+@pytest.mark.parametrize("image", [OPERATOR, TRAINER])
+def test_the_images_user_is_in_the_password_database(image):
+    """kopf's peering names its identity from getpass.getuser(): with no entry for the uid
+    it raises KeyError and the operator crash-loops (what the first real kubelet showed)."""
+    probe = "import getpass; from kopf._core.engines import peering; print(getpass.getuser(), peering.detect_own_id(manual=False))"
+    if image == TRAINER:
+        probe = "import getpass, os, pwd; print(getpass.getuser(), pwd.getpwuid(os.getuid()).pw_dir)"
+    result = run(image, "-c", probe, flags=["--entrypoint", "python", *HARDENED])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[0] == "llmtrain", result.stdout
+
+
 def test_the_operator_image_has_no_torch_and_its_entry_point_runs():
     result = run(OPERATOR, "-c", "import importlib.util as u; print(u.find_spec('torch') is None)", flags=["--entrypoint", "python"])
     assert result.stdout.strip() == "True", result.stderr

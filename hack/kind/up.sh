@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# make kind-up: a kind cluster with real kubelets, containerd and runc, built here with no
+# registry (docs/development.md, "Real nodes"): one control plane and hack/kindbed.py's
+# four workers (a system node, three "GPU" nodes advertising nvidia.com/gpu), the
+# project's images loaded into the nodes, and the host routes that let this machine reach
+# the pods (the suite scrapes them). Prints the kubeconfig's path last.
+#
+#   bash hack/kind/up.sh        # make kind-down (hack/kind/down.sh) removes all of it
+#   bash hack/kind/up.sh load   # rebuild the project's images, load them into the nodes
+#
+# Needs root. Refuses while the process-based local cluster runs (they share no ports, but
+# each changes routing the other relies on). Fails, naming them, if creating the nodes
+# changed any of the host's kernel settings that a node could reach (/proc/sys outside
+# net.*): the node image shields what the kubelet writes (hack/kind/node/files).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+CLUSTER=${LLMTRAIN_KIND_CLUSTER:-llmtrain}
+STATE=${LLMTRAIN_KIND_STATE:-$ROOT/.cache/kind/bed}
+log() { echo "kind-up: $*" >&2; }
+
+if ip link show lcbr0 >/dev/null 2>&1; then
+  log "the process-based local cluster is up (bridge lcbr0): make cluster-down first"; exit 1
+fi
+started=$(date +%s)
+bash hack/images/engine.sh
+bin=$(bash hack/cluster-tools/build.sh kind kubectl helm | tail -1)
+export PATH=$bin:$PATH
+node=$(bash hack/kind/node-image.sh | tail -1)
+bash hack/images/build.sh
+VERSION=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/llmtrain-operator/Chart.yaml)
+
+# The operator image into every worker, the trainer's (5.9 GB) only into the GPU pool's,
+# where jobs run. Not `kind load`: after containerd unpacks an image, its layer blobs are
+# dropped ("prune references" then a synchronous GC, as the CRI's discard_unpacked_layers
+# does for pulls), so a node holds each image once; kind's loader keeps both copies and
+# four workers filled this machine's disk.
+load() {  # load IMAGE NODE...: into each node that lacks this build of it
+  local image=$1 tar="$STATE/image.tar" want old new n need=(); shift
+  want=$(docker image inspect -f '{{.Id}}' "$image")
+  for n in "$@"; do
+    old=$(docker exec "$n" crictl inspecti -o go-template --template '{{.status.id}}' "$image" 2>/dev/null || true)
+    [ "$old" = "$want" ] || need+=("$n")
+  done
+  [ ${#need[@]} -gt 0 ] || return 0
+  docker save -o "$tar" "$image"
+  for n in "${need[@]}"; do
+    log "loading $image into $n"
+    # the image this tag named before, removed once the tag moves (else it stays, by id)
+    old=$(docker exec "$n" crictl inspecti -o go-template --template '{{.status.id}}' "$image" 2>/dev/null || true)
+    docker exec -i "$n" ctr --namespace=k8s.io images import --all-platforms --digests --snapshotter=overlayfs - < "$tar" >/dev/null
+    docker exec "$n" sh -c 'ctr -n k8s.io content prune references >/dev/null
+      stale=$(ctr -n k8s.io images ls -q | grep "^import-" || true)
+      [ -z "$stale" ] || ctr -n k8s.io images rm --sync $stale >/dev/null'
+    new=$(docker exec "$n" crictl inspecti -o go-template --template '{{.status.id}}' "$image")
+    if [ -n "$old" ] && [ "$old" != "$new" ]; then docker exec "$n" crictl rmi "$old" >/dev/null || true; fi
+  done
+  rm -f "$tar"
+}
+load_project_images() {
+  local workers gpu
+  workers=$(kubectl get nodes -l '!node-role.kubernetes.io/control-plane' -o jsonpath='{.items[*].metadata.name}')
+  gpu=$(kubectl get nodes -l llmtrain.io/pool=gpu -o jsonpath='{.items[*].metadata.name}')
+  # shellcheck disable=SC2086
+  load "ghcr.io/llmtrain/operator:$VERSION" $workers
+  # shellcheck disable=SC2086
+  load "ghcr.io/llmtrain/trainer:$VERSION" $gpu
+}
+if [ "${1:-}" = load ]; then
+  export KUBECONFIG=$STATE/kubeconfig
+  load_project_images
+  exit 0
+fi
+
+snapshot() {  # the host's kernel settings a privileged node could write (not per netns)
+  find /proc/sys/kernel /proc/sys/vm /proc/sys/fs -type f -perm -u+w 2>/dev/null \
+    | grep -vE '/(random|ns_last_pid|inode-state|inode-nr|file-nr|dentry-state|aio-nr|stat_interval|dirty_)' \
+    | sort | while read -r f; do printf '%s=%s\n' "$f" "$(tr '\n\t' '  ' < "$f" 2>/dev/null)"; done
+}
+kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
+rm -rf "$STATE"; mkdir -p "$STATE"
+[ -e /lib/modules ] || { mkdir -p /lib/modules; touch "$STATE/.created-lib-modules"; }  # kind mounts it
+snapshot > "$STATE/host-sysctl.before"
+config=$(PYTHONPATH=hack .venv/bin/python -m kindbed "$STATE")
+log "creating $CLUSTER from $node"
+kind create cluster --name "$CLUSTER" --image "$node" --config "$config" --kubeconfig "$STATE/kubeconfig" --wait 240s >&2
+export KUBECONFIG=$STATE/kubeconfig
+load_project_images
+# This machine reaches each node's pods through the node (the suite scrapes and reads them).
+: > "$STATE/host-routes"
+for n in $(kubectl get nodes -o jsonpath='{.items[*].metadata.name}'); do
+  cidr=$(kubectl get node "$n" -o jsonpath='{.spec.podCIDR}')
+  ip=$(docker inspect -f '{{.NetworkSettings.Networks.kind.IPAddress}}' "$n")
+  ip route replace "$cidr" via "$ip"
+  echo "$cidr" >> "$STATE/host-routes"
+done
+snapshot > "$STATE/host-sysctl.after"
+if ! diff -u "$STATE/host-sysctl.before" "$STATE/host-sysctl.after" > "$STATE/host-sysctl.diff"; then
+  log "the host's kernel settings changed while the nodes started:"; cat "$STATE/host-sysctl.diff" >&2; exit 1
+fi
+log "up in $(( $(date +%s) - started )) s: KUBECONFIG=$STATE/kubeconfig"
+echo "$STATE/kubeconfig"
