@@ -5,6 +5,10 @@
 #          torchrun, no cluster, no built tools. A failure here ends the run at once.
 #   full   everything else: the torchrun suites, the store against MinIO, the cluster and
 #          end-to-end suites (tests/conftest.py orders them: cluster tests last).
+#   kind   the smoke on real nodes, once the process bed is down: the images and the kind
+#          bed built here (hack/kind/up.sh), the operator helm-installed, a rank crash and
+#          a node loss recovered and the job succeeding (tests/e2e/test_failures.py), then
+#          the bed taken down (hack/kind/e2e.sh). LLMTRAIN_KIND_SMOKE=0 skips it, saying so.
 #
 # Go-built tools (the Kubernetes binaries, etcd, helm, MinIO: about 12 min of both cores
 # on a cold cache) are only needed in the full stage. Their build starts first, at the
@@ -21,7 +25,10 @@ mkdir -p .cache
 build_pid=""
 if [ "${LLMTRAIN_PREBUILD_TOOLS:-1}" != 0 ] && command -v go >/dev/null 2>&1; then
   # A session of its own with autogroup nice 19, as tests/support/prebuild.py starts it.
-  setsid sh -c 'echo 19 > /proc/self/autogroup 2>/dev/null; exec nice -n 19 bash hack/cluster-tools/build.sh' \
+  # The default tools, then the kind bed's (kubelet, kubeadm, kube-proxy, kind, CoreDNS,
+  # crictl), which only the last stage needs.
+  setsid sh -c 'echo 19 > /proc/self/autogroup 2>/dev/null; exec nice -n 19 bash hack/cluster-tools/build.sh \
+      minio etcd helm kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kubeadm kube-proxy kind coredns crictl' \
     < /dev/null > .cache/cluster-tools-prebuild.log 2>&1 &
   build_pid=$!
   stamp "tools build started in the background (log: .cache/cluster-tools-prebuild.log)"
@@ -53,3 +60,11 @@ stamp "stage full: torchrun, store, cluster and end-to-end suites"
 # The build started above already runs: the session must not start a second one.
 LLMTRAIN_PREBUILD_TOOLS=0 "$BIN/pytest" -m "slow or cluster or e2e or tools" "$@"
 stamp "stage full passed"
+
+if [ "${LLMTRAIN_KIND_SMOKE:-1}" = 0 ]; then
+  stamp "stage kind SKIPPED (LLMTRAIN_KIND_SMOKE=0)"
+  exit 0
+fi
+stamp "stage kind: the smoke on real nodes"
+bash hack/kind/e2e.sh tests/e2e/test_failures.py
+stamp "stage kind passed"
