@@ -21,6 +21,7 @@ for t in "${targets[@]}"; do
 done
 
 bash hack/images/engine.sh
+mkdir -p .cache/docker  # the build logs (an engine that already ran made no state folder here)
 base=${LLMTRAIN_IMAGE_BASE:-llmtrain/debian:bookworm}
 [ "$base" != llmtrain/debian:bookworm ] || bash hack/images/base.sh
 

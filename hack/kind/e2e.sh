@@ -15,9 +15,10 @@ CLUSTER=${LLMTRAIN_KIND_CLUSTER:-llmtrain}
 STATE=${LLMTRAIN_KIND_STATE:-$ROOT/.cache/kind/bed}
 [ "$(id -u)" = 0 ] || { echo "hack/kind/e2e.sh: needs root (run it with sudo -E)" >&2; exit 2; }
 bash hack/system-deps.sh >/dev/null  # Prometheus: the suite scrapes with a real one
-bash hack/kind/up.sh >/dev/null
+# Down whatever happens, a bed that failed half-way up included: nothing is left running.
 cleanup() { [ "${KEEP_CLUSTER:-}" = 1 ] || bash hack/kind/down.sh; }
 trap cleanup EXIT
+bash hack/kind/up.sh >/dev/null
 bin=$(bash hack/cluster-tools/build.sh kind kubectl helm | tail -1)
 LLMTRAIN_E2E_BED=kind LLMTRAIN_KIND_CLUSTER="$CLUSTER" LLMTRAIN_KIND_STATE="$STATE" LLMTRAIN_KIND_BIN="$bin" \
   PATH="$bin:$PATH" .venv/bin/pytest -p no:cacheprovider -m e2e "${@:-tests/e2e}"

@@ -1,15 +1,38 @@
-"""The kind bed's pure parts, on real files: its cluster config and the view that lays
-the kind nodes' mounts out as the local cluster's state folder (the tests read pods'
-volumes and logs there). The bed itself runs only where Docker does
-(hack/kind/e2e.sh, .github/workflows/kind-e2e.yml)."""
+"""The kind bed's pure parts, on real files: its cluster config, the view that lays the
+kind nodes' mounts out as the local cluster's state folder (the tests read pods' volumes
+and logs there), and the versions the node image and the config must agree on. The bed
+itself runs in `make test`'s last stage and `make test-kind` (hack/kind/)."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 from kindbed import IN_NODE_PVS, WORKERS, StateView, kind_config, write_config
+from support.specs import ROOT
+
+
+def _shell_vars(path: Path) -> dict[str, str]:
+    return dict(re.findall(r"^([A-Z_]+)=([^\s#]+)", path.read_text(), re.M))
+
+
+def test_the_config_names_the_images_the_node_image_holds_at_the_versions_built():
+    """kubeadm would name its own etcd and CoreDNS tags, which no registry serves here:
+    the config's tags, the node image's and the Go builds' versions must be one."""
+    node_image = _shell_vars(ROOT / "hack/kind/node-image.sh")
+    tools = _shell_vars(ROOT / "hack/cluster-tools/build.sh")
+    patches = [json.loads(p) for p in json.loads(kind_config(Path("/x")))["kubeadmConfigPatches"]]
+    cluster = next(p for p in patches if p["kind"] == "ClusterConfiguration")
+    kubelet = next(p for p in patches if p["kind"] == "KubeletConfiguration")
+    assert cluster["etcd"]["local"]["imageTag"] == node_image["ETCD_TAG"]
+    assert node_image["ETCD_TAG"].startswith(tools["ETCD_VERSION"].removeprefix("v") + "-")
+    assert cluster["dns"]["imageTag"] == node_image["COREDNS_TAG"] == tools["COREDNS_VERSION"]
+    containerd = (ROOT / "hack/kind/node/files/containerd-config.toml").read_text()
+    assert f'sandbox_image = "registry.k8s.io/pause:{node_image["PAUSE_TAG"]}"' in containerd
+    assert "restrict_oom_score_adj = true" in containerd, "this VM's root cannot lower OOM scores"
+    assert kubelet["failCgroupV1"] is False
 
 
 def test_the_config_mounts_what_the_view_reads_labels_the_pools_and_keeps_the_local_timings(tmp_path):
