@@ -132,6 +132,38 @@ def test_release_edits_the_state_in_the_store_and_retries_after_another_writer(s
     assert not leases.release(store, "another-run", HOST, 101, 1), "no state for that run"
 
 
+class _Forged:
+    """What anyone who reaches the store could write as the state: unpickled by plain
+    pickle, it would run a command."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_forged_state_in_the_store_is_refused_naming_it_and_runs_nothing(store, tmp_path):
+    marker = tmp_path / "ran"
+    backend = C10dRendezvousBackend(store, RUN)
+    current = backend.get_state()
+    assert backend.set_state(pickle.dumps(_Forged(marker)), current[1] if current else None)[2]
+    with pytest.raises(leases.ForgedState, match="names posix.system"):
+        leases.release(store, RUN, HOST, os.getpid(), 1)
+    with pytest.raises(leases.ForgedState, match="does not decode"):
+        leases.load_state(b"not a pickle")
+    assert not marker.exists(), "the forged state ran its command"
+
+
+def test_torchruns_real_state_loads_whole_through_the_restricted_reader(store):
+    me = _NodeDesc(HOST, os.getpid(), 0)
+    state = _state(True, A, me)
+    state.last_heartbeats[me] = datetime.datetime.now()
+    loaded = leases.load_state(pickle.dumps(state))
+    assert loaded.participants == state.participants and loaded.last_heartbeats == state.last_heartbeats
+    assert loaded.complete == state.complete and loaded.round == state.round
+
+
 def test_a_lease_resolves_the_fqdn_torchrun_took_and_the_store_matches_it(store):
     server = leases.serve("127.0.0.1", store.port, store)
     try:

@@ -30,6 +30,7 @@ the last call.
 
 from __future__ import annotations
 
+import io
 import ipaddress
 import json
 import pickle
@@ -132,6 +133,35 @@ def backend_for(store: Any, run_id: str) -> Any:
     return C10dRendezvousBackend(store, run_id)
 
 
+RDZV_MODULE = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+STATE_GLOBALS = {(RDZV_MODULE, "_RendezvousState"), (RDZV_MODULE, "_NodeDesc"),
+                 ("datetime", "datetime"), ("datetime", "timedelta"), ("datetime", "timezone"), ("builtins", "set")}
+"""All that torchrun's rendezvous state is made of. The store is reachable over the
+network, so its bytes are read by an unpickler that builds nothing else: a forged state
+naming any other callable (``os.system``) is refused before anything runs."""
+
+
+class ForgedState(ValueError):
+    """The store held a rendezvous state naming something torchrun's state never holds."""
+
+
+class _StateUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in STATE_GLOBALS:
+            raise ForgedState(f"the rendezvous state names {module}.{name}, which torchrun's state never holds")
+        return super().find_class(module, name)
+
+
+def load_state(bits: bytes) -> Any:
+    """torchrun's rendezvous state from the store's bytes, building only its own types."""
+    try:
+        return _StateUnpickler(io.BytesIO(bits)).load()
+    except ForgedState:
+        raise
+    except Exception as err:  # any malformed payload is the same refusal
+        raise ForgedState(f"the rendezvous state does not decode: {err}") from err
+
+
 def _edit(backend: Any, change: Any, attempts: int = 20) -> Any:
     """Apply ``change(state) -> bool`` to the rendezvous state of ``backend`` with
     compare-and-set, again when another node wrote it in between; the state written, or
@@ -141,7 +171,7 @@ def _edit(backend: Any, change: Any, attempts: int = 20) -> Any:
         if current is None:
             return None
         bits, token = current
-        state = pickle.loads(bits)  # noqa: S301 - torchrun's own state, in our own store
+        state = load_state(bits)
         if not change(state):
             return None
         written = backend.set_state(pickle.dumps(state), token)
