@@ -32,9 +32,14 @@ secret=()
 for t in "${targets[@]}"; do
   start=$(date +%s)
   echo "build.sh: $t -> ${TAGS[$t]}" >&2
+  old=$("$DOCKER" image inspect -f '{{.Id}}' "${TAGS[$t]}" 2>/dev/null || true)
   "$DOCKER" build --network host --progress plain "${secret[@]}" \
     --build-arg "BASE=$base" --target "$t" -t "${TAGS[$t]}" . > ".cache/docker/build-$t.log" 2>&1 \
     || { tail -30 ".cache/docker/build-$t.log" >&2; echo "build.sh: $t failed (log .cache/docker/build-$t.log)" >&2; exit 1; }
   size=$("$DOCKER" image inspect -f '{{.Size}}' "${TAGS[$t]}")
+  # The build this tag named before, untagged now: removed, so that rebuilds do not pile
+  # up on the disk (kept while a container or another tag still uses it).
+  new=$("$DOCKER" image inspect -f '{{.Id}}' "${TAGS[$t]}")
+  [ -z "$old" ] || [ "$old" = "$new" ] || "$DOCKER" rmi "$old" >/dev/null 2>&1 || true
   echo "build.sh: ${TAGS[$t]} built in $(( $(date +%s) - start )) s, $(( size / 1000000 )) MB" >&2
 done

@@ -31,31 +31,64 @@ bash hack/images/build.sh
 VERSION=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/llmtrain-operator/Chart.yaml)
 
 # The operator image into every worker, the trainer's (5.9 GB) only into the GPU pool's,
-# where jobs run. Not `kind load`: after containerd unpacks an image, its layer blobs are
-# dropped ("prune references" then a synchronous GC, as the CRI's discard_unpacked_layers
-# does for pulls), so a node holds each image once; kind's loader keeps both copies and
-# four workers filled this machine's disk.
+# where jobs run. Not `kind load`, which keeps two copies in each node and a tar on the
+# host; here the save streams into the node, containerd's layer blobs are dropped once
+# unpacked ("prune references" then a synchronous GC, as the CRI's
+# discard_unpacked_layers does for pulls), and the layers a node unpacked are then linked
+# to an earlier node's copy (hack/kind/layerlinks.py): the GPU pool holds the trainer once.
+SNAPSHOTS=/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs/snapshots
+layer_dirs() {  # NODE IMAGE: the host paths of IMAGE's layer snapshots in NODE, top first
+  local n=$1 chain="" d vol
+  for d in $(docker image inspect -f '{{range .RootFS.Layers}}{{.}} {{end}}' "$2"); do
+    if [ -z "$chain" ]; then chain=$d; else chain=sha256:$(printf '%s %s' "$chain" "$d" | sha256sum | cut -d' ' -f1); fi
+  done
+  vol=$(docker inspect -f '{{range .Mounts}}{{if eq .Destination "/var"}}{{.Source}}{{end}}{{end}}' "$n")
+  [ -n "$vol" ] || { log "$n has no /var volume"; return 1; }
+  # A read-only view of the image's top layer: its mounts name every layer's folder.
+  docker exec "$n" sh -c 'ctr -n k8s.io snapshots rm llmtrain-layers 2>/dev/null
+    ctr -n k8s.io snapshots view llmtrain-layers "$1" >/dev/null && ctr -n k8s.io snapshots mounts /x llmtrain-layers
+    rc=$?; ctr -n k8s.io snapshots rm llmtrain-layers; exit $rc' _ "$chain" \
+    | grep -o "$SNAPSHOTS/[0-9]*/fs" | sed "s|^/var|$vol|"
+}
+link_layers() {  # IMAGE FROM TO: TO's copy of IMAGE's layers made links to FROM's
+  local from to
+  from=$(layer_dirs "$2" "$1"); to=$(layer_dirs "$3" "$1")
+  [ -n "$from" ] && [ "$(wc -l <<< "$from")" = "$(wc -l <<< "$to")" ] \
+    || { log "$2 and $3 name different layers for $1: not linked"; return 1; }
+  log "linking $3's layers of $1 to $2's"
+  # shellcheck disable=SC2046
+  .venv/bin/python hack/kind/layerlinks.py $(paste -d' ' <(echo "$from") <(echo "$to")) >&2
+}
+room() {  # IMAGE: fail, naming the numbers, unless a node can import IMAGE (blobs + unpacked)
+  local size free need dir
+  size=$(docker image inspect -f '{{.Size}}' "$1")
+  dir=$(docker info -f '{{.DockerRootDir}}')
+  free=$(df --output=avail -B1 "$dir" | tail -1)
+  need=$(( 2 * size + 2000000000 ))
+  [ "$free" -ge "$need" ] && return 0
+  log "$(( free / 1000000000 )) GB free on $dir's filesystem; importing $1 into a node needs $(( need / 1000000000 )) GB (its layers twice while they unpack, and 2 GB): free some, or skip the kind stage (LLMTRAIN_KIND_SMOKE=0)"
+  return 1
+}
 load() {  # load IMAGE NODE...: into each node that lacks this build of it
-  local image=$1 tar="$STATE/image.tar" want old new n need=(); shift
+  local image=$1 want old new n have="" need=(); shift
   want=$(docker image inspect -f '{{.Id}}' "$image")
   for n in "$@"; do
     old=$(docker exec "$n" crictl inspecti -o go-template --template '{{.status.id}}' "$image" 2>/dev/null || true)
-    [ "$old" = "$want" ] || need+=("$n")
+    if [ "$old" = "$want" ]; then have=${have:-$n}; else need+=("$n"); fi
   done
-  [ ${#need[@]} -gt 0 ] || return 0
-  docker save -o "$tar" "$image"
   for n in "${need[@]}"; do
+    room "$image"
     log "loading $image into $n"
     # the image this tag named before, removed once the tag moves (else it stays, by id)
     old=$(docker exec "$n" crictl inspecti -o go-template --template '{{.status.id}}' "$image" 2>/dev/null || true)
-    docker exec -i "$n" ctr --namespace=k8s.io images import --all-platforms --digests --snapshotter=overlayfs - < "$tar" >/dev/null
+    docker save "$image" | docker exec -i "$n" ctr --namespace=k8s.io images import --all-platforms --digests --snapshotter=overlayfs - >/dev/null
     docker exec "$n" sh -c 'ctr -n k8s.io content prune references >/dev/null
       stale=$(ctr -n k8s.io images ls -q | grep "^import-" || true)
       [ -z "$stale" ] || ctr -n k8s.io images rm --sync $stale >/dev/null'
     new=$(docker exec "$n" crictl inspecti -o go-template --template '{{.status.id}}' "$image")
     if [ -n "$old" ] && [ "$old" != "$new" ]; then docker exec "$n" crictl rmi "$old" >/dev/null || true; fi
+    if [ -n "$have" ]; then link_layers "$image" "$have" "$n"; else have=$n; fi
   done
-  rm -f "$tar"
 }
 load_project_images() {
   local workers gpu
@@ -75,7 +108,7 @@ fi
 snapshot() {  # the host's kernel settings a privileged node could write (not per netns)
   find /proc/sys/kernel /proc/sys/vm /proc/sys/fs -type f -perm -u+w 2>/dev/null \
     | grep -vE '/(random|ns_last_pid|inode-state|inode-nr|file-nr|dentry-state|aio-nr|stat_interval|dirty_)' \
-    | sort | while read -r f; do printf '%s=%s\n' "$f" "$(tr '\n\t' '  ' < "$f" 2>/dev/null)"; done
+    | sort | while read -r f; do printf '%s=%s\n' "$f" "$(tr '\n\t' '  ' 2>/dev/null < "$f")"; done
 }
 kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
 rm -rf "$STATE"; mkdir -p "$STATE"

@@ -20,6 +20,13 @@ spec:
   resources: {requests: {storage: 1Gi}}
 """
 
+GANG = {"spec.replicas": {"min": 2, "max": 2}}
+"""Both workers from the first step. A fault aimed at rank 1 at step N (``crash@step=N,
+rank=1``) fires only if rank 1 exists at step N: an elastic job (example 01's min 1) trains
+alone until its second pod is up, and on real nodes a pod can start long after its peer
+(on kind, the first container from the 5.9 GB trainer image on a cold node took 30 s, and
+a pair's rank 1 joined after its step-8 fault)."""
+
 
 def job_manifest(name: str, changes: dict[str, Any] | None = None) -> dict[str, Any]:
     """Example 01 under another name, on the bed's GPU pool (the operator is elsewhere)."""

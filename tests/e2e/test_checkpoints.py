@@ -14,7 +14,7 @@ from support.waiting import wait_for
 
 from s3server import MinioServer
 
-from .jobs import PVC, create, events, job_manifest, wait_status
+from .jobs import GANG, PVC, create, events, job_manifest, wait_status
 from .matrix import check_counters
 
 pytestmark = pytest.mark.e2e
@@ -128,7 +128,7 @@ def test_failures_shorten_the_adaptive_interval_visible_in_the_status(operator):
     create(bed, ns, job_manifest(name, {
         "spec.trainer.builtin.maxSteps": 100000, "spec.checkpoint.intervalSteps": "auto",
         "spec.checkpoint.auto": {"initialSteps": 10, "minSteps": 2, "maxSteps": 5000, "mtbfPriorSeconds": 600},
-        "spec.faultTolerance.maxRestarts": 10,
+        "spec.faultTolerance.maxRestarts": 10, **GANG,
         # Steps of >= 0.2 s; four crashes of a rank.
         "spec.env": [{"name": "LLMTRAIN_FAULT_INJECT",
                       "value": "slow@step=1,seconds=0.2,steps=100000;crash@step=60,rank=1;crash@step=120,rank=0;"

@@ -18,7 +18,7 @@ import pytest
 from support.waiting import wait_for
 
 from .conftest import OPERATOR_NS
-from .jobs import PVC, create, job_manifest, pods, rank_holder, status, wait_status
+from .jobs import GANG, PVC, create, job_manifest, pods, rank_holder, status, wait_status
 from .matrix import Churn, check_outcome, condition, restores
 
 pytestmark = pytest.mark.e2e
@@ -47,7 +47,7 @@ def jobs_metric(prometheus, counter: str, ns: str, at_least: float) -> float:
 def test_12_an_exhausted_restart_budget_fails_the_job_once_and_starts_nothing_after(operator, prometheus):
     bed, ns, name = operator, "e2e-m-budget", "budget"
     crashes = ";".join(f"crash@step={s},rank=1" for s in (4, 8, 12))
-    create(bed, ns, paced(name, crashes, {"spec.faultTolerance.maxRestarts": 2,
+    create(bed, ns, paced(name, crashes, {**GANG, "spec.faultTolerance.maxRestarts": 2,
                                           "spec.faultTolerance.backoff": {"initialSeconds": 1, "maxSeconds": 2}}))
     with Churn(bed, ns, name) as churn:
         done = finished(bed, ns, name)
@@ -191,9 +191,9 @@ def _not_ready(bed, node: str) -> bool:
 
 def test_01_one_rank_sigkilled_restarts_in_place_from_its_node_local_checkpoint(operator, prometheus):
     bed, ns, name = operator, "e2e-m-rank", "rank"
-    create(bed, ns, paced(name, "crash@step=17,rank=1"))
+    create(bed, ns, paced(name, "crash@step=17,rank=1", GANG))
     with Churn(bed, ns, name) as churn:
-        # Both workers training: a restore before this one is the job growing to two.
+        # Both workers training (a gang: the crash needs a rank 1 at step 17).
         wait_status(bed, ns, name, lambda s: s.get("worldSize") == 2, 300, "two workers training")
         began = time.time()
         done = finished(bed, ns, name)

@@ -17,7 +17,7 @@ import json
 import pytest
 from support.waiting import wait_for
 
-from .jobs import create, event_messages, job_manifest, pod_with_marker, pods, run_dir, wait_status
+from .jobs import GANG, create, event_messages, job_manifest, pod_with_marker, pods, run_dir, wait_status
 from .matrix import check_counters, restores
 
 pytestmark = pytest.mark.e2e
@@ -43,8 +43,9 @@ def jobs(operator):
     create(bed, NS, job_manifest("single", {**COMMON, "spec.replicas": {"min": 1, "max": 1}, "spec.trainer.builtin.maxSteps": 30,
                                             "spec.env": [{"name": FAULTS, "value": f"stop@step=8,rank=0;nan@step=20,rank=0;{PACE}"}]}))
     # The pair job also gets a straggler late: steps 45..56 of rank 1 take 2.5 s longer,
-    # a ratio above the factor 2 even when a loaded machine adds seconds to every step.
-    create(bed, NS, job_manifest("pair", {**COMMON, "spec.trainer.builtin.maxSteps": 70,
+    # a ratio above the factor 2 even when a loaded machine adds seconds to every step. A
+    # gang: its faults need a rank 1 at steps 8 and 45.
+    create(bed, NS, job_manifest("pair", {**COMMON, **GANG, "spec.trainer.builtin.maxSteps": 70,
                                           "spec.faultTolerance.stragglers": {"factor": 2, "steps": 5},
                                           "spec.env": [{"name": FAULTS,
                                                         "value": f"gil@step=8,rank=1;slow@step=45,rank=1,seconds=2.5,steps=12;{PACE}"}]}))
