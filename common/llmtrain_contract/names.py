@@ -142,6 +142,11 @@ class LauncherMetric:
     """Gauge: when the script last reported a step."""
 
 
+FAILED_ATTEMPT_CAUSES = ("crash", "hang", "victim", "preempted", "permanent")
+"""What ended a failed attempt, the ``cause`` label of the trainer's and the launcher's
+failed-attempts counters; the operator ignores any other."""
+
+
 class Termination:
     """Keys of the JSON termination message the launcher writes and the operator reads."""
 

@@ -17,9 +17,10 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from llmtrain_contract.names import LauncherMetric, Metric
+from llmtrain_contract.names import FAILED_ATTEMPT_CAUSES, LauncherMetric, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from .api import untrusted
 from .api.observed import TrainerProbe
 
 RESTARTS = Metric.total(Metric.WORKER_GROUP_RESTARTS)
@@ -42,33 +43,58 @@ def trainer_url(host: str, port: int) -> str:
     return f"http://{host}:{port}/metrics?{_QUERY}"
 
 
+MAX_BODY = 256 * 1024
+"""Bytes of a metrics page read at most: the trainer's filtered page is a few KB, and a
+pod that serves more is not ours to buffer (every job shares the operator's memory)."""
+
+
 def parse(text: str) -> TrainerProbe:
+    """A trainer's page, every value checked (``api.untrusted``): a bad one is left out and
+    named in ``rejected``. Raises ValueError only for text that is not Prometheus' format."""
     values: dict[str, float] = {}
     checkpoints: dict[str, int] = {}
     failed: dict[str, int] = {}
     degraded: dict[str, str] = {}
     skipped: list[tuple[int, int, int, int]] = []
     stragglers: dict[int, float] = {}
+    rejected: list[str] = []
+
+    def bad(sample: Any, what: str = "value") -> None:
+        rejected.append(f"metric {sample.name} {what} ({untrusted.shown(sample.value if what == 'value' else sample.labels)})")
+
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == Metric.CHECKPOINT_LAST_STEP:
-                checkpoints[sample.labels.get("tier", "local")] = int(sample.value)
-            elif sample.name == Metric.CHECKPOINT_TIER_DEGRADED and sample.value >= 1:
-                degraded[sample.labels.get("tier", "local")] = sample.labels.get("reason", "Error")
+                tier, step = sample.labels.get("tier", "local"), untrusted.count(sample.value)
+                if tier not in untrusted.TIERS or step is None:
+                    bad(sample, "value" if step is None else "labels")
+                else:
+                    checkpoints[tier] = step
+            elif sample.name == Metric.CHECKPOINT_TIER_DEGRADED and untrusted.seconds(sample.value) and sample.value >= 1:
+                tier, reason = sample.labels.get("tier", "local"), untrusted.tier_reason(sample.labels.get("reason", "Error"))
+                if tier not in untrusted.TIERS or reason is None:
+                    bad(sample, "labels")
+                degraded[tier if tier in untrusted.TIERS else "local"] = reason or "Error"
             elif sample.name == FAILED_ATTEMPTS:
-                failed[sample.labels.get("cause", "crash")] = int(sample.value)
-            elif sample.name == Metric.STRAGGLER and sample.labels.get("rank", "").isdigit():
-                stragglers[int(sample.labels["rank"])] = sample.value
-            elif sample.name == Metric.SKIPPED_SAMPLES and sample.value >= 1:
-                try:
-                    first_step, last_step, first_sample, end_sample = (
-                        int(sample.labels[k]) for k in ("first_step", "last_step", "first_sample", "end_sample"))
-                    skipped.append((first_step, last_step, first_sample, end_sample))
-                except (KeyError, ValueError):
-                    pass
+                _failed(sample, failed, bad)
+            elif sample.name == Metric.STRAGGLER:
+                rank, value = untrusted.count(sample.labels.get("rank", "")), untrusted.ratio(sample.value)
+                if rank is None or value is None:
+                    bad(sample, "value" if rank is not None else "labels")
+                else:
+                    stragglers[rank] = value
+            elif sample.name == Metric.SKIPPED_SAMPLES and untrusted.seconds(sample.value) and sample.value >= 1:
+                window = tuple(untrusted.count(sample.labels.get(k, "")) for k in ("first_step", "last_step", "first_sample", "end_sample"))
+                if any(v is None for v in window):
+                    bad(sample, "labels")
+                else:
+                    skipped.append(window)  # type: ignore[arg-type]
             elif sample.name in READ:
-                values[sample.name] = sample.value
-    as_int = lambda key: int(values[key]) if key in values else None  # noqa: E731
+                if untrusted.seconds(sample.value) is None:
+                    bad(sample)
+                else:
+                    values[sample.name] = sample.value
+    as_int = lambda key: untrusted.count(values[key]) if key in values else None  # noqa: E731
     return TrainerProbe(
         step=as_int(Metric.STEP),
         world_size=as_int(Metric.WORLD_SIZE),
@@ -86,7 +112,16 @@ def parse(text: str) -> TrainerProbe:
         rollbacks=as_int(Metric.NUMERICS_ROLLBACKS),
         skipped=tuple(sorted(set(skipped))),
         stragglers=stragglers,
+        rejected=tuple(rejected),
     )
+
+
+def _failed(sample: Any, failed: dict[str, int], bad: Any) -> None:
+    cause, n = sample.labels.get("cause", "crash"), untrusted.count(sample.value)
+    if cause not in FAILED_ATTEMPT_CAUSES or n is None:
+        bad(sample, "value" if n is None else "labels")
+    else:
+        failed[cause] = n
 
 
 @dataclass(frozen=True)
@@ -99,6 +134,8 @@ class LauncherReport:
     step: int | None = None
     """The step a user's script reported (``LLMTRAIN_PROGRESS_FILE``), if it did."""
     last_step_time: float | None = None
+    rejected: tuple[str, ...] = ()
+    """Values on the page that were unusable and ignored, each named."""
 
     def progress(self) -> TrainerProbe | None:
         """A script's reported progress, in the form the planner reads a trainer's."""
@@ -110,52 +147,71 @@ class LauncherReport:
 def parse_launcher(text: str) -> LauncherReport:
     failed: dict[str, int] = {}
     values: dict[str, float] = {}
+    rejected: list[str] = []
+
+    def bad(sample: Any, what: str = "value") -> None:
+        rejected.append(f"metric {sample.name} {what} ({untrusted.shown(sample.value if what == 'value' else sample.labels)})")
+
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == LAUNCHER_FAILED_ATTEMPTS:
-                failed[sample.labels.get("cause", "crash")] = int(sample.value)
+                _failed(sample, failed, bad)
             elif sample.name in (LauncherMetric.WORKERS_RUNNING, LauncherMetric.STEP, LauncherMetric.LAST_STEP_TIMESTAMP):
-                values[sample.name] = sample.value
+                if untrusted.seconds(sample.value) is None:
+                    bad(sample)
+                else:
+                    values[sample.name] = sample.value
     step = values.get(LauncherMetric.STEP)
     return LauncherReport(failed, workers_running=values.get(LauncherMetric.WORKERS_RUNNING, 0) >= 1,
-                          step=int(step) if step is not None else None,
-                          last_step_time=values.get(LauncherMetric.LAST_STEP_TIMESTAMP) or None)
+                          step=untrusted.count(step) if step is not None else None,
+                          last_step_time=values.get(LauncherMetric.LAST_STEP_TIMESTAMP) or None,
+                          rejected=tuple(rejected))
 
 
-def combine(trainers: dict[str, TrainerProbe],
-            launchers: dict[str, LauncherReport]) -> tuple[dict[str, TrainerProbe], dict[str, dict[str, int]]]:
-    """(progress by pod, failed attempts by pod). A user's script has no trainer endpoint
-    of ours; the progress it reported through its launcher stands in for one."""
+def combine(trainers: dict[str, TrainerProbe], launchers: dict[str, LauncherReport]
+            ) -> tuple[dict[str, TrainerProbe], dict[str, dict[str, int]], dict[str, tuple[str, ...]]]:
+    """(progress by pod, failed attempts by pod, unusable values by pod). A user's script
+    has no trainer endpoint of ours; the progress it reported through its launcher stands
+    in for one."""
     probes = dict(trainers)
     for pod, report in launchers.items():
         progress = report.progress()
         if pod not in probes and progress is not None:
             probes[pod] = progress
-    return probes, {pod: report.failed for pod, report in launchers.items()}
+    rejected = {pod: probe.rejected for pod, probe in trainers.items() if probe.rejected}
+    for pod, report in launchers.items():
+        if report.rejected:
+            rejected[pod] = rejected.get(pod, ()) + report.rejected
+    return probes, {pod: report.failed for pod, report in launchers.items()}, rejected
 
 
 def scrape(url: str, timeout: float = 2.0) -> TrainerProbe | None:
-    """None when the endpoint is not up (yet): a probe never raises."""
+    """None when the endpoint is not up (yet) or serves no metrics page: a probe never raises."""
     text = _get(url, timeout)
-    try:
-        return parse(text) if text is not None else None
-    except ValueError:
-        return None
+    return _parsed(parse, text) if text is not None else None
 
 
 def scrape_launcher(url: str, timeout: float = 2.0) -> LauncherReport | None:
     """The launcher's report (``LauncherMetric``); None when it does not answer."""
     text = _get(url, timeout)
+    return _parsed(parse_launcher, text) if text is not None else None
+
+
+def _parsed(parser: Any, text: str) -> Any:
+    """``parser(text)``, or None for a page that is not in Prometheus' format (the parser
+    raises ValueError, and for some malformed input other errors)."""
     try:
-        return parse_launcher(text) if text is not None else None
-    except ValueError:
+        return parser(text)
+    except (ValueError, TypeError, IndexError, KeyError, OverflowError):
         return None
 
 
 def _get(url: str, timeout: float) -> str | None:
+    """The page, or None when the endpoint does not answer or serves over ``MAX_BODY``."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - cluster-internal URL
-            return response.read().decode("utf-8", errors="replace")
+            body = response.read(MAX_BODY + 1)
+            return body.decode("utf-8", errors="replace") if len(body) <= MAX_BODY else None
     except (urllib.error.URLError, OSError, ValueError):
         return None
 
@@ -182,30 +238,32 @@ class AsyncProber:
         return self._session
 
     async def text(self, url: str, timeout: float) -> str | None:
-        """The page, or None when the endpoint does not answer 200 in time: a probe never raises."""
+        """The page, or None when the endpoint does not answer 200 in time or serves over
+        ``MAX_BODY`` (read no further): a probe never raises."""
         import aiohttp  # noqa: PLC0415
 
         try:
             async with self._client().get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
-                if response.status != 200:
+                if response.status != 200 or (response.content_length or 0) > MAX_BODY:
                     return None
-                return (await response.read()).decode("utf-8", errors="replace")
+                body = bytearray()
+                async for chunk in response.content.iter_chunked(64 * 1024):
+                    body += chunk
+                    if len(body) > MAX_BODY:
+                        return None
+                return body.decode("utf-8", errors="replace")
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
             return None
 
     async def trainer(self, url: str, timeout: float) -> TrainerProbe | None:
         text = await self.text(url, timeout)
-        try:
-            return parse(text) if text is not None else None
-        except ValueError:
-            return None
+        # Parsed on a thread: a page of up to MAX_BODY must not hold the event loop that
+        # every job's passes and the Lease renewals share.
+        return await asyncio.to_thread(_parsed, parse, text) if text is not None else None
 
     async def launcher(self, url: str, timeout: float) -> LauncherReport | None:
         text = await self.text(url, timeout)
-        try:
-            return parse_launcher(text) if text is not None else None
-        except ValueError:
-            return None
+        return await asyncio.to_thread(_parsed, parse_launcher, text) if text is not None else None
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:

@@ -25,7 +25,8 @@ def trainer_page() -> bytes:
 
 
 class Server:
-    """A real HTTP server: /trainer, /launcher, /error (500), /slow (answers after 5 s)."""
+    """A real HTTP server: /trainer, /launcher, /error (500), /slow (answers after 5 s),
+    /huge (a valid page of 300 KB)."""
 
     def __init__(self):
         page = trainer_page()
@@ -34,7 +35,7 @@ class Server:
             def do_GET(self):
                 if self.path == "/slow":
                     time.sleep(5)
-                body = {"/trainer": page, "/slow": page,
+                body = {"/trainer": page, "/slow": page, "/huge": page + b"# padding\n" * 30_000,
                         "/launcher": b'llmtrain_launcher_failed_attempts_total{cause="hang"} 2.0\n'
                                      b"llmtrain_launcher_workers_running 1.0\n"}.get(self.path)
                 self.send_response(200 if body else 500)
@@ -124,3 +125,17 @@ def test_the_restricted_page_reads_as_the_whole_page_and_is_a_fraction_of_it():
         == (77, 4, 25, {3: 1.8}, 1, 1)
     assert part.tier_degraded == {"s3": "Unreachable"} and part.failed_attempts == {"crash": 1, "victim": 3}
     assert len(restricted) < len(whole) / 2
+
+
+def test_a_page_over_the_size_limit_is_no_answer_and_is_not_read_whole():
+    """A pod serving a huge page (hostile or broken) costs the operator at most MAX_BODY
+    bytes of it, whichever probe reads it."""
+    from llmtrain_operator.probe import MAX_BODY
+
+    server = Server()
+    prober = AsyncProber()
+    assert len(trainer_page() + b"# padding\n" * 30_000) > MAX_BODY
+    assert asyncio.run(prober.trainer(f"{server.url}/huge", 2)) is None
+    assert scrape(f"{server.url}/huge") is None
+    assert asyncio.run(prober.trainer(f"{server.url}/trainer", 2)) is not None, "a normal page still reads"
+    server.httpd.shutdown()

@@ -7,7 +7,6 @@ its table tests need no cluster and no client library.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, UTC
@@ -15,6 +14,7 @@ from typing import Any
 
 from llmtrain_contract.names import CONFIG_HASH_ANNOTATION
 
+from . import untrusted
 from .vocabulary import PodPhase
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
@@ -68,7 +68,11 @@ class PodView:
     """``state.terminated.reason`` (OOMKilled, Error ...) or the pod's status reason (Evicted)."""
     message: str | None = None
     termination: dict[str, Any] = field(default_factory=dict)
-    """The launcher's termination message (code, reason, rank, step), when present."""
+    """The launcher's termination message (code, reason, rank, step), when present: only
+    its fields with usable values (``untrusted.termination``)."""
+    rejected: tuple[str, ...] = ()
+    """Values this pod supplied that were unusable and ignored, each named (a label, a
+    termination message's field): reported once as an Event (``policies/pod_values.py``)."""
     disruption: bool = False
     """A ``DisruptionTarget`` condition or an eviction: the pod was taken away."""
     unschedulable: bool = False
@@ -146,21 +150,28 @@ def pod_view(pod: dict[str, Any]) -> PodView:
     if status.get("phase") not in (PodPhase.SUCCEEDED, PodPhase.FAILED):
         terminated = (cstatus.get("state") or {}).get("terminated")
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
-    termination: dict[str, Any] = {}
-    if terminated and terminated.get("message"):
-        try:
-            parsed = json.loads(terminated["message"])
-            termination = parsed if isinstance(parsed, dict) else {}
-        except ValueError:
-            termination = {}
+    termination, rejected = untrusted.termination(terminated.get("message")) if terminated else ({}, [])
+    generation = untrusted.count(labels.get(LABEL_GENERATION, "0") or "0")
+    if generation is None:
+        rejected.append(f"label {LABEL_GENERATION} ({untrusted.shown(labels.get(LABEL_GENERATION))})")
+    raw_code = terminated.get("exitCode") if terminated else None
+    code = raw_code if isinstance(raw_code, int) and not isinstance(raw_code, bool) and -2**31 <= raw_code < 2**31 else None
+    if raw_code is not None and code is None:
+        rejected.append(f"exit code ({untrusted.shown(raw_code)})")
+    reason = (terminated or {}).get("reason") or status.get("reason")
+    if reason is not None and untrusted.token(reason) is None:
+        rejected.append(f"termination reason ({untrusted.shown(reason)})")
+        reason = None
     sched = conditions.get("PodScheduled") or {}
-    slot = labels.get(LABEL_SLOT)
+    slot = untrusted.count(labels[LABEL_SLOT]) if isinstance(labels.get(LABEL_SLOT), str) else None
+    if LABEL_SLOT in labels and slot is None:
+        rejected.append(f"label {LABEL_SLOT} ({untrusted.shown(labels[LABEL_SLOT])})")
     waiting = (cstatus.get("state") or {}).get("waiting") or {}
     return PodView(
         name=meta.get("name", ""),
         role=labels.get(LABEL_ROLE, ""),
-        slot=int(slot) if slot is not None and str(slot).isdigit() else None,
-        generation=int(labels.get(LABEL_GENERATION, "0") or 0),
+        slot=slot,
+        generation=generation or 0,
         phase=status.get("phase") or PodPhase.PENDING,
         uid=meta.get("uid") or "",
         node=(pod.get("spec") or {}).get("nodeName"),
@@ -168,11 +179,12 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         deleting=meta.get("deletionTimestamp") is not None,
         created=parse_time(meta.get("creationTimestamp")),
         started=parse_time(status.get("startTime")),
-        exit_code=terminated.get("exitCode") if terminated else None,
+        exit_code=code,
         finished=parse_time(terminated.get("finishedAt")) if terminated else None,
-        reason=(terminated or {}).get("reason") or status.get("reason"),
+        reason=reason,
         message=status.get("message"),
         termination=termination,
+        rejected=tuple(rejected),
         disruption=(conditions.get("DisruptionTarget") or {}).get("status") == "True" or status.get("reason") == "Evicted",
         unschedulable=sched.get("status") == "False" and sched.get("reason") == "Unschedulable",
         ip=status.get("podIP"),
@@ -248,6 +260,9 @@ class TrainerProbe:
     """Skipped windows: (first step, last step, first sample, end sample)."""
     stragglers: dict[int, float] = field(default_factory=dict)
     """Straggling ranks of this pod's node -> local step time over the others' median."""
+    rejected: tuple[str, ...] = ()
+    """Values on the page that were unusable and ignored, each named (``probe.parse``);
+    ``probe.combine`` gathers them into ``Observed.rejected_values``."""
 
 
 @dataclass(frozen=True)
@@ -367,6 +382,9 @@ class Observed:
     """Pod name -> failed attempts by cause, as the pod's launcher counts them: the same
     count as the trainer's ``TrainerProbe.failed_attempts``, known seconds sooner (and
     while the restarted trainer is not up yet)."""
+    rejected_values: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Pod name -> values its trainer's or launcher's endpoint served that were unusable
+    and ignored, each named (``probe.parse``): reported once as an Event."""
     missing: tuple[str, ...] = ()
     """Referenced objects that do not exist, e.g. ``Secret s3-creds``, ``PersistentVolumeClaim ckpt``."""
     refused: tuple[str, ...] = ()

@@ -105,6 +105,8 @@ class Reason(StrEnum):
     STRAGGLER_REPLACED = "StragglerReplaced"
     NO_STRAGGLER = "NoStraggler"
     ZONE_DISRUPTED = "ZoneDisrupted"
+    UNUSABLE_POD_VALUE = "UnusablePodValue"
+    """A label, termination message field or metric from a pod that was ignored."""
     NODES_REACHABLE = "NodesReachable"
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     DEADLINE_EXCEEDED = "DeadlineExceeded"

@@ -307,6 +307,7 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
     before = await source(ns, name)
     probes: dict[str, Any] = {}
     attempts: dict[str, dict[str, int]] = {}
+    rejected: dict[str, tuple[str, ...]] = {}
     job = received.job
     if settings.probes_enabled and job is not None:  # the plan of an invalid job reads no probe
         pods = [pod_view(p) for p in before.owned_by(job_uid(body)).pods]
@@ -315,14 +316,15 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
         timeout = settings.probe_timeout_seconds
         trainers, launchers = await asyncio.gather(probe_workers(trainer_pods, job.spec.metrics.port, timeout),
                                                    probe_launchers(pods, timeout))
-        probes, attempts = combine(trainers, launchers)
+        probes, attempts, rejected = combine(trainers, launchers)
     probed = time.perf_counter()
     async with slots.held(urgent, key) if slots is not None else no_slot() as waited:
         # A watch-fed source costs nothing to read again; a listing one (tests) is read once.
         children = await source(ns, name) if before.body is not None else before
         if children.body is not None and children.body is not body:
             body, received = children.body, receive(children.body)
-        observed = children.owned_by(job_uid(body)).observed(probes=probes, launcher_attempts=attempts, **refused_before(ns, name))
+        observed = children.owned_by(job_uid(body)).observed(probes=probes, launcher_attempts=attempts, rejected_values=rejected,
+                                                                 **refused_before(ns, name))
         try:
             return await _decide_and_write(k8s, body, received, settings, now or datetime.now(UTC), started + waited,
                                            observed, gate, jobs)

@@ -306,9 +306,9 @@ class LocalCluster:
         services = frozenset(o.split("/", 1)[1] for o in self.objects if o.startswith("Service/"))
         configmaps = {o.split("/", 1)[1]: ConfigMapView.from_annotations(self.configmap["metadata"].get("annotations"))
                       for o in self.objects if o.startswith("ConfigMap/") and self.configmap is not None}
-        probes, attempts = combine(trainers, launchers)
+        probes, attempts, rejected = combine(trainers, launchers)
         return Observed(pods=tuple(views), nodes=nodes, services=services, configmaps=configmaps, probes=probes,
-                        launcher_attempts=attempts)
+                        launcher_attempts=attempts, rejected_values=rejected)
 
     def _probe(self, pod: LocalPod) -> TrainerProbe | None:
         info = pod.folder / "run" / "metrics-local-rank-0.json"

@@ -30,6 +30,7 @@ from .policies import (
     node_failures,
     numerics,
     pod_failures,
+    pod_values,
     progress,
     queueing,
     stragglers,
@@ -49,6 +50,7 @@ FIRST: tuple[Policy, ...] = (
 )
 FAILURES: tuple[Policy, ...] = (
     deadline.handle,
+    pod_values.handle,     # values from pods that were ignored: reported once each
     progress.handle,       # step, world size, newest checkpoint, end of a recovery
     numerics.handle,       # rollbacks for bad numerics and the samples they skipped
     checkpoints.handle,    # tier health, the interval in force, the failure history for auto

@@ -140,14 +140,14 @@ def test_the_launcher_serves_a_scripts_progress_and_readiness_as_the_operator_re
             assert resp.status == 200
         report = scrape_launcher(f"{url}/metrics")
         assert report.workers_running and report.step is None
-        probes, attempts = combine({}, {"pod-0": report})
+        probes, attempts, _ = combine({}, {"pod-0": report})
         assert probes == {} and attempts == {"pod-0": report.failed}, "no step reported: no progress invented"
 
         progress.folder(tmp_path).mkdir()
         progress.rank_file(tmp_path, 0).write_text("41")
         report = scrape_launcher(f"{url}/metrics")
         assert report.step == 41 and abs(report.last_step_time - progress.rank_file(tmp_path, 0).stat().st_mtime) < 1e-3
-        probes, _ = combine({}, {"pod-0": report})
+        probes, _, _ = combine({}, {"pod-0": report})
         assert probes["pod-0"].step == 41
         trainer = TrainerProbe(step=50)
         assert combine({"pod-0": trainer}, {"pod-0": report})[0]["pod-0"].step == 50, "a trainer's own endpoint wins"

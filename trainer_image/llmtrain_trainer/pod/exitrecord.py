@@ -26,6 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 from llmtrain_contract.exitcodes import ExitCode, FailureClass, classify_exit
+from llmtrain_contract.names import FAILED_ATTEMPT_CAUSES
 
 # When ranks disagree, the code that best explains the failure wins: a permanent error
 # over a hang over a preemption over a timeout seen by the survivors of a dead peer.
@@ -35,7 +36,7 @@ _SEVERITY = {
     FailureClass.DISRUPTION: 1,
     FailureClass.SUCCEEDED: 0,
 }
-CAUSES = ("crash", "hang", "victim", "preempted", "permanent")
+CAUSES = FAILED_ATTEMPT_CAUSES
 """What ended a failed attempt, as exported in ``llmtrain_trainer_failed_attempts_total``."""
 
 

@@ -35,7 +35,9 @@ def handle(ctx: Pass) -> Verdict:
             if cause not in CHARGED_CAUSES:
                 continue
             slot = f"{key}/{cause}"
-            charges += [(cause, pod)] * max(0, count - seen.get(slot, 0))
+            # A pod's count is its word: one that jumps by millions (a forged or broken
+            # endpoint) charges at most what ends the budget, not a list of that length.
+            charges += [(cause, pod)] * min(max(0, count - seen.get(slot, 0)), ctx.spec.fault_tolerance.max_restarts + 1)
             seen[slot] = max(count, seen.get(slot, 0))
     book.attempts_seen = seen
     for cause, pod in charges:

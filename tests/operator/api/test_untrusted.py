@@ -1,0 +1,181 @@
+"""Values from pods are untrusted input: each bad one is left out and named, and no pass
+raises on it (issue: "one bad value from a pod wedges a job forever")."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from llmtrain_operator.api import untrusted
+from llmtrain_operator.api.observed import pod_view
+from llmtrain_operator.planner import plan
+from llmtrain_operator.probe import combine, parse, parse_launcher
+from support.planning import NOW, job, observed, running_status, worker
+
+CONDITION_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+"""What the API server accepts as a condition's reason (metav1.Condition)."""
+
+
+def test_numbers_are_whole_finite_and_bounded():
+    assert [untrusted.count(v) for v in (0, 7, 7.0, "12", 2**53)] == [0, 7, 7, 12, 2**53]
+    for bad in (-1, 2**53 + 1, 7.5, math.nan, math.inf, -math.inf, True, "x", "", "1e3", "²", "-3", None, [1], {"a": 1}):
+        assert untrusted.count(bad) is None, bad
+    assert untrusted.exit_code(137) == 137 and untrusted.exit_code(256) is None and untrusted.exit_code("1") is None
+    assert untrusted.seconds(1.5) == 1.5 and untrusted.seconds(math.inf) is None and untrusted.seconds(-1) is None
+
+
+def test_reasons_are_tokens_the_api_server_takes():
+    assert untrusted.tier_reason("NoSpace") == "NoSpace"
+    for bad in ("No Space", "nospace", "Made Up", "NoSpace\n", "", None, 3):
+        assert untrusted.tier_reason(bad) is None, bad
+    assert untrusted.token("OOMKilled") == "OOMKilled" and untrusted.token("out of memory") is None
+
+
+def test_a_termination_message_keeps_its_good_fields_and_names_its_bad_ones():
+    kept, bad = untrusted.termination(json.dumps({"code": "x", "reason": "Crash", "rank": 1, "step": 1e999,
+                                                  "message": "m" * 5000, "checkpoints": {"local": 5, "evil": 1},
+                                                  "somethingNew": [1]}))
+    assert kept == {"reason": "Crash", "rank": 1, "message": "m" * untrusted.MAX_MESSAGE}
+    assert [b.split(" (")[0] for b in bad] == ["termination message field 'code'", "termination message field 'step'",
+                                               "termination message field 'checkpoints'"]
+    # not the launcher's (plain text, a list, JSON nested past the parser's depth): nothing, no complaint
+    for message in ("Error: killed", "[1, 2]", "[" * 100_000 + "]" * 100_000, "", None):
+        assert untrusted.termination(message) == ({}, []), message[:20] if message else message
+
+
+def _pod(labels=None, message=None, exit_code=1, reason="Error"):
+    terminated = {"exitCode": exit_code, "reason": reason, "finishedAt": "2026-11-21T11:59:00Z"}
+    if message is not None:
+        terminated["message"] = message
+    return {"metadata": {"name": "tiny-elastic-worker-1", "uid": "u1", "creationTimestamp": "2026-11-21T11:50:00Z",
+                         "labels": {"llmtrain.io/role": "worker", "llmtrain.io/slot": "1", **(labels or {})}},
+            "spec": {"nodeName": "node-1"},
+            "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": terminated}}]}}
+
+
+def test_a_pod_view_ignores_and_names_a_bad_label_message_exit_code_and_reason():
+    view = pod_view(_pod(labels={"llmtrain.io/generation": "abc", "llmtrain.io/slot": "¹"},
+                         message='{"code": 1e999}', exit_code="137", reason="out of memory"))
+    assert (view.generation, view.slot, view.exit_code, view.reason, view.termination) == (0, None, None, None, {})
+    assert [r.split(" (")[0] for r in view.rejected] == [
+        "termination message field 'code'", "label llmtrain.io/generation", "exit code", "termination reason",
+        "label llmtrain.io/slot"]
+
+
+def test_a_metrics_page_with_infinities_nans_and_forged_labels_keeps_only_usable_values():
+    page = "\n".join([
+        "llmtrain_trainer_step +Inf",
+        "llmtrain_trainer_world_size 2",
+        'llmtrain_trainer_checkpoint_last_step{tier="local"} NaN',
+        'llmtrain_trainer_checkpoint_last_step{tier="shared"} 40',
+        'llmtrain_trainer_checkpoint_last_step{tier="../../etc"} 40',
+        'llmtrain_trainer_checkpoint_tier_degraded{tier="s3",reason="No Space"} 1',
+        'llmtrain_trainer_failed_attempts_total{cause="hang"} 1e300',
+        'llmtrain_trainer_failed_attempts_total{cause="crash"} 2',
+        'llmtrain_trainer_failed_attempts_total{cause="made-up"} 2',
+        'llmtrain_trainer_straggler{rank="٣"} 3',
+        'llmtrain_trainer_skipped_samples{first_step="1",last_step="x",first_sample="0",end_sample="8"} 1',
+        "llmtrain_trainer_last_step_timestamp_seconds -5",
+    ]) + "\n"
+    probe = parse(page)
+    assert (probe.step, probe.world_size, probe.last_step_time) == (None, 2, None)
+    assert probe.last_checkpoint == {"shared": 40}
+    assert probe.tier_degraded == {"s3": "Error"}, "a reason outside TIER_REASONS is read as Error"
+    assert probe.failed_attempts == {"crash": 2} and probe.stragglers == {} and probe.skipped == ()
+    assert [r.split(" (")[0] for r in probe.rejected] == [
+        "metric llmtrain_trainer_step value", "metric llmtrain_trainer_checkpoint_last_step value",
+        "metric llmtrain_trainer_checkpoint_last_step labels", "metric llmtrain_trainer_checkpoint_tier_degraded labels",
+        "metric llmtrain_trainer_failed_attempts_total value", "metric llmtrain_trainer_failed_attempts_total labels",
+        "metric llmtrain_trainer_straggler labels", "metric llmtrain_trainer_skipped_samples labels",
+        "metric llmtrain_trainer_last_step_timestamp_seconds value"]
+    launcher = parse_launcher('llmtrain_launcher_step -Inf\nllmtrain_launcher_failed_attempts_total{cause="crash"} 1\n')
+    assert launcher.step is None and launcher.failed == {"crash": 1} and len(launcher.rejected) == 1
+    _, _, rejected = combine({"p": probe}, {"p": launcher, "q": launcher})
+    assert rejected == {"p": probe.rejected + launcher.rejected, "q": launcher.rejected}
+
+
+def test_a_bad_value_is_reported_once_per_pod_and_field_and_the_failure_is_still_handled():
+    raw = job(status=running_status())
+    failed = pod_view(_pod(message='{"code": "x", "reason": "Crash"}', exit_code=137))
+    obs = observed(raw, [worker(0), failed])
+    result = plan(raw, obs, NOW)
+    warned = [e for e in result.events if e.reason == "UnusablePodValue"]
+    assert len(warned) == 1 and "tiny-elastic-worker-1" in warned[0].message and "'code'" in warned[0].message
+    assert result.status["lastFailure"]["reason"] == "Signal9", "classified by the kubelet's exit code instead"
+    again = plan({**raw, "status": result.status}, obs, NOW)
+    assert not [e for e in again.events if e.reason == "UnusablePodValue"], "reported once"
+
+
+def test_a_forged_attempt_count_charges_no_more_than_ends_the_budget():
+    from llmtrain_operator.api.observed import TrainerProbe
+
+    raw = job({"spec.faultTolerance.maxRestarts": 3}, status=running_status())
+    obs = observed(raw, [worker(0), worker(1)], probes={"tiny-elastic-worker-1": TrainerProbe(step=20, failed_attempts={"crash": 2**53})})
+    result = plan(raw, obs, NOW)
+    assert result.status["phase"] == "Failed" and result.status["restarts"] <= 4
+
+
+# ---------------------------------------------------------------- any value, no raise
+
+TEXT = st.text(max_size=30)
+NUMBERS = st.one_of(st.integers(min_value=-2**70, max_value=2**70), st.floats(allow_nan=True, allow_infinity=True),
+                    st.sampled_from([1e999, -1e999]))
+JSONISH = st.recursive(st.one_of(st.none(), st.booleans(), NUMBERS, TEXT),
+                       lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(TEXT, inner, max_size=3)),
+                       max_leaves=8)
+MESSAGES = st.one_of(TEXT, st.dictionaries(st.sampled_from(["code", "reason", "rank", "step", "message", "checkpoints",
+                                                            "countedInPlace", "other"]), JSONISH, max_size=5)
+                     .map(lambda d: json.dumps(d)))
+SAMPLE_VALUES = st.one_of(NUMBERS.map(repr), st.sampled_from(["NaN", "+Inf", "-Inf", "1e999", "0", "3", "2.5"]))
+METRICS = st.sampled_from(["llmtrain_trainer_step", "llmtrain_trainer_world_size", "llmtrain_trainer_checkpoint_last_step",
+                           "llmtrain_trainer_checkpoint_tier_degraded", "llmtrain_trainer_failed_attempts_total",
+                           "llmtrain_trainer_straggler", "llmtrain_trainer_skipped_samples",
+                           "llmtrain_trainer_last_step_timestamp_seconds", "llmtrain_trainer_checkpoint_interval_steps",
+                           "llmtrain_trainer_checkpoint_cost_seconds", "llmtrain_trainer_numerics_rollbacks",
+                           "llmtrain_trainer_worker_group_restarts_total"])
+LABEL_KEYS = st.sampled_from(["tier", "reason", "cause", "rank", "first_step", "last_step", "first_sample", "end_sample"])
+LABEL_VALUES = st.one_of(st.sampled_from(["local", "shared", "s3", "NoSpace", "crash", "hang", "1", "0"]),
+                         st.text(alphabet=st.characters(blacklist_characters='"\\\n'), max_size=12))
+
+
+@st.composite
+def pages(draw):
+    lines = []
+    for _ in range(draw(st.integers(0, 8))):
+        labels = draw(st.dictionaries(LABEL_KEYS, LABEL_VALUES, max_size=3))
+        body = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        lines.append(f"{draw(METRICS)}{{{body}}} {draw(SAMPLE_VALUES)}" if body else f"{draw(METRICS)} {draw(SAMPLE_VALUES)}")
+    return "\n".join(lines) + "\n"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(generation=st.one_of(TEXT, st.sampled_from(["0", "1", "99999999999999999999"])), slot=st.one_of(TEXT, st.just("1")),
+       message=MESSAGES, exit_code=st.one_of(st.none(), NUMBERS, TEXT, st.booleans()), reason=st.one_of(st.none(), TEXT),
+       page=pages(), phase=st.sampled_from(["Failed", "Running", "Succeeded"]))
+def test_no_value_from_a_pod_makes_a_pass_raise_or_write_what_the_api_server_refuses(generation, slot, message, exit_code,
+                                                                                     reason, page, phase):
+    raw = job(status=running_status())
+    body = _pod(labels={"llmtrain.io/generation": generation, "llmtrain.io/slot": slot}, message=message,
+                exit_code=exit_code, reason=reason)
+    body["status"]["phase"] = phase
+    probe = parse_or_none(page)
+    view = pod_view(body)
+    probes, attempts, rejected = combine({view.name: probe} if probe else {}, {})
+    result = plan(raw, observed(raw, [worker(0), view], probes=probes, launcher_attempts=attempts, rejected_values=rejected), NOW)
+    json.dumps(result.status, allow_nan=False)  # what the API server takes: no NaN, no Infinity
+    for condition in result.status.get("conditions", []):
+        assert CONDITION_REASON.match(condition["reason"]), condition
+    named = view.rejected + rejected.get(view.name, ())
+    warned = [e.message for e in result.events if e.reason == "UnusablePodValue"]
+    fields = {w.split(" (")[0] for w in named}
+    assert len(warned) == len(fields), (named, warned)
+
+
+def parse_or_none(page):
+    try:
+        return parse(page)
+    except ValueError:  # not Prometheus' format at all: the probes treat it as no answer
+        return None
