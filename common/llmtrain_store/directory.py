@@ -37,8 +37,9 @@ from typing import Any
 from . import manifest as mf
 from .fileio import HASH, Hasher, fsync_dir, fsync_file, hash_file, iter_file
 from .sources import Source, iter_range
-from .tier import (CheckpointError, Committed, allocate, digest_bytes, finish_fetch, merge_parts, new_manifest, wait_for_parts,
-                   write_json_durably)
+from .health import absent
+from .tier import (CheckpointError, Committed, StepUnreadable, allocate, digest_bytes, finish_fetch, merge_parts, new_manifest,
+                   wait_for_parts, write_json_durably)
 
 
 log = logging.getLogger("llmtrain.checkpoint")
@@ -133,7 +134,11 @@ class DirTier:
         """Delete committed checkpoints beyond ``keep`` (default: the tier's), oldest
         first, except those a reader has pinned (they go on a later call). Returns the
         steps deleted. Staging folders of steps older than the newest commit are swept too."""
-        steps = sorted(c.step for c in self.list())
+        try:
+            steps = sorted(c.step for c in self.list())
+        except StepUnreadable as err:  # a listing without that step could doom the steps beside it
+            log.warning("%s: retention deletes nothing until it can be read", err)
+            return []
         excess = steps[: max(0, len(steps) - (self.keep if keep is None else keep))]
         doomed = [step for step in excess if not self._pinned(step)]
         for step in doomed:
@@ -152,7 +157,11 @@ class DirTier:
         never deleted for room. Returns the steps deleted."""
         deleted: list[int] = []
         while shutil.disk_usage(self.root).free < need:
-            older = sorted(c.step for c in self.list())[:-1]
+            try:
+                older = sorted(c.step for c in self.list())[:-1]
+            except StepUnreadable as err:
+                log.warning("%s: no room is made until it can be read", err)
+                break
             older = [s for s in older if not self._pinned(s)]
             if not older:
                 break
@@ -206,7 +215,10 @@ class DirTier:
 
     def list(self) -> list[Committed]:
         """Committed checkpoints whose COMMITTED marker matches the manifest, newest first.
-        Unreadable entries are skipped, never raised: a tier must not break a restore."""
+        A folder without them (not committed, being deleted), with a marker that does not
+        match, or a symlink is left out; one that cannot be read for another reason (EIO,
+        ESTALE, EACCES) raises StepUnreadable (``tier.py``): a listing without it could
+        make a job start over beside its committed progress."""
         out: list[Committed] = []
         if not self.root.is_dir():
             return out
@@ -215,11 +227,17 @@ class DirTier:
                 if folder.is_symlink() or (folder / mf.MANIFEST).is_symlink():
                     continue
                 text = (folder / mf.MANIFEST).read_bytes()
-                if (folder / mf.COMMITTED).read_text().strip() != digest_bytes(text):
+                marker = (folder / mf.COMMITTED).read_bytes()
+            except OSError as err:
+                if absent(err):
                     continue
+                raise StepUnreadable(self.name, mf.step_of(folder.name), err) from err
+            if marker.decode(errors="replace").strip() != digest_bytes(text):
+                continue
+            try:
                 manifest = json.loads(text)
                 out.append(Committed(self, int(manifest["step"]), str(folder), manifest))
-            except (OSError, ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError):
                 continue
         return sorted(out, key=lambda c: c.step, reverse=True)
 

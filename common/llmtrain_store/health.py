@@ -54,6 +54,19 @@ def classify(err: BaseException) -> Degraded:
     return Degraded("Error", type(err).__name__)
 
 
+def absent(err: BaseException) -> bool:
+    """Whether ``err`` says only that an object or file is not there (never was, or was
+    deleted meanwhile): a step without it is not committed, not unreadable."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOENT, errno.ENOTDIR):
+        return True
+    response = getattr(err, "response", None)
+    if isinstance(response, dict) and isinstance(response.get("Error"), dict):
+        code = str(response["Error"].get("Code", ""))
+        status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        return code in ("NoSuchKey", "NotFound", "404") or status == 404
+    return False
+
+
 def _botocore(err: BaseException) -> Degraded | None:
     name = type(err).__name__
     if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError", "ProxyConnectionError"):

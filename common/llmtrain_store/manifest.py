@@ -59,6 +59,12 @@ def piece_size(total: int) -> int:
 SLICE_SUFFIX = re.compile(r"\.part-(\d{3})-of-(\d{3})$")
 
 
+def step_of(name: str) -> int | None:
+    """The step a ``step-NNNNNNNN`` folder or prefix names; None for any other name."""
+    tail = name[len(STEP_PREFIX):] if name.startswith(STEP_PREFIX) else ""
+    return int(tail) if tail.isascii() and tail.isdigit() else None
+
+
 def step_dir(step: int) -> str:
     return f"{STEP_PREFIX}{step:08d}"
 

@@ -29,7 +29,9 @@ from typing import Any
 from . import manifest as mf
 from .fileio import Hasher, hash_file
 from .sources import Source, iter_range
-from .tier import CheckpointError, Committed, allocate, digest_bytes, finish_fetch, merge_parts, new_manifest, wait_for_parts
+from .health import absent
+from .tier import (CheckpointError, Committed, StepUnreadable, allocate, digest_bytes, finish_fetch, merge_parts, new_manifest,
+                   wait_for_parts)
 
 CHUNK = 32 << 20
 """Part size of multipart uploads and ranged downloads."""
@@ -277,7 +279,11 @@ class S3Tier:
     def retain(self) -> list[int]:
         """Delete committed steps beyond ``keep`` (oldest first), and uncommitted steps
         older than the newest committed one (abandoned uploads)."""
-        committed = sorted(c.step for c in self.list())
+        try:
+            committed = sorted(c.step for c in self.list())
+        except StepUnreadable as err:  # a listing without that step could doom the steps beside it
+            log.warning("%s: retention deletes nothing until it can be read", err)
+            return []
         doomed = committed[: max(0, len(committed) - self.keep)]
         if committed:
             doomed += [s for s in self._steps() if s < committed[-1] and s not in committed]
@@ -292,15 +298,24 @@ class S3Tier:
     # ------------------------------------------------------------------ reading
 
     def list(self) -> list[Committed]:
+        """Committed steps, newest first. A step without its manifest or marker (not
+        committed yet, or being deleted) or whose marker does not match is left out; one
+        that cannot be read for another reason raises StepUnreadable (``tier.py``)."""
         out = []
         for step in self._steps():
             try:
                 text = self._get(self.key(step, mf.MANIFEST))
-                if self._get(self.key(step, mf.COMMITTED)).decode().strip() != digest_bytes(text):
+                marker = self._get(self.key(step, mf.COMMITTED))
+            except Exception as err:  # classified: absent, or unreadable
+                if absent(err):
                     continue
+                raise StepUnreadable(self.name, step, err) from err
+            if marker.decode(errors="replace").strip() != digest_bytes(text):
+                continue
+            try:
                 manifest = json.loads(text)
                 out.append(Committed(self, int(manifest["step"]), self.key(step), manifest))
-            except Exception:  # noqa: BLE001 - a missing or unreadable step is simply not listed
+            except (ValueError, KeyError, TypeError):  # a manifest that matches its marker but is no manifest
                 continue
         return sorted(out, key=lambda c: c.step, reverse=True)
 

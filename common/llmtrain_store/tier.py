@@ -94,6 +94,17 @@ class CheckpointError(Exception):
     """A checkpoint could not be written or read (the tier degrades; training goes on)."""
 
 
+class StepUnreadable(CheckpointError):
+    """A step the tier lists cannot be read for a reason other than its absence (access
+    refused, an I/O error, a 5xx): ``list()`` raises this instead of leaving the step out,
+    since a listing without it could make a job start over beside committed progress, and
+    retention then delete that progress as older. The cause is chained (``__cause__``)."""
+
+    def __init__(self, tier: str, step: int | None, cause: BaseException):
+        super().__init__(f"{tier} tier: step {step} is listed but cannot be read ({type(cause).__name__})")
+        self.tier, self.step = tier, step
+
+
 def write_json_durably(path: Path, data: Any) -> bytes:
     tmp = path.with_name("." + path.name + ".tmp")
     text = json.dumps(data, indent=1, sort_keys=True).encode()

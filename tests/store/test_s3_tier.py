@@ -86,6 +86,32 @@ def test_wrong_credentials_are_classified_and_the_secret_never_appears(minio, mo
     assert "Secret" in degraded.message
 
 
+@pytest.mark.tools  # MinIO (the minio fixture)
+def test_a_bucket_that_lists_but_refuses_reads_raises_and_retention_deletes_nothing(s3env):
+    """Listing allowed, GetObject refused (an IAM policy with s3:ListBucket only, or a
+    sustained error on reads): the steps exist, so the tier must not list as empty; a
+    job would start over and retention then delete the old steps as older."""
+    from botocore.exceptions import ClientError
+    from llmtrain_store.tier import StepUnreadable
+
+    tier = _tier("noread", keep=1)
+    for step in (1, 2):
+        save_shared(tier, step, os.urandom(1000), nodes=1, piece=PIECE)
+    before = s3env.keys("ckpt", "noread/")
+    client = tier.client()
+
+    def refused(**kw):  # the error S3 (and MinIO) answers a GetObject that the policy denies
+        raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied."},
+                           "ResponseMetadata": {"HTTPStatusCode": 403}}, "GetObject")
+
+    client.get_object = refused
+    with pytest.raises(StepUnreadable, match="s3 tier: step 1 is listed but cannot be read") as info:
+        tier.list()
+    assert classify(info.value).reason == "CredentialsRefused", "classified by its cause"
+    assert tier.retain() == []
+    assert s3env.keys("ckpt", "noread/") == before, "nothing deleted"
+
+
 def test_an_unreachable_endpoint_is_classified(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "b")

@@ -256,3 +256,55 @@ def test_refused_credentials_are_not_retried_and_a_fresh_job_starts(tmp_path, ca
     assert choice is None and broken.calls == 1 and errors == ["s3"]
     assert "s3 tier: cannot list checkpoints: the credentials were refused" in caplog.text
     assert "AKIAXXXX" not in caplog.text
+
+
+def _unreadable(tier: DirTier, step: int) -> None:
+    """A committed step whose manifest cannot be read (EISDIR here; EIO, ESTALE or EACCES
+    on a real filesystem): listed, but not absent."""
+    folder = tier.root / mf.step_dir(step)
+    (folder / mf.MANIFEST).unlink()
+    (folder / mf.MANIFEST).mkdir()
+
+
+def test_a_listed_step_that_cannot_be_read_never_lets_a_job_start_over(tmp_path, caplog):
+    """Whatever the reason (here a folder where the manifest should be), a step the tier
+    lists but cannot read is committed progress that may exist: with nothing readable
+    elsewhere, the trainer exits retryable instead of starting at step 0."""
+    from llmtrain_store.tier import StepUnreadable
+    from llmtrain_trainer.checkpoint.restore import TierUnavailable
+
+    shared = DirTier("shared", tmp_path / "shared", keep=1)
+    save_dir(shared, 10, {"state.llmt": b"a" * 10})
+    _unreadable(shared, 10)
+    (tmp_path / "shared" / mf.step_dir(20)).mkdir()  # an upload that never committed: not listed, no error
+    with pytest.raises(StepUnreadable, match="shared tier: step 10 is listed but cannot be read"):
+        shared.list()
+    assert shared.retain(keep=0) == []
+    assert (tmp_path / "shared" / mf.step_dir(10)).is_dir(), "retention deleted nothing"
+    with pytest.raises(TierUnavailable, match="shared tier: step 10 is listed but cannot be read"):
+        _restore([DirTier("local", tmp_path / "local"), shared])
+
+
+def test_a_step_being_deleted_while_listed_is_left_out_not_an_error(tmp_path):
+    tier = DirTier("shared", tmp_path / "shared", keep=5)
+    save_dir(tier, 5, {"state.llmt": b"a" * 10})
+    save_dir(tier, 10, {"state.llmt": b"b" * 10})
+    (tier.root / mf.step_dir(10) / mf.COMMITTED).unlink()  # deletion under way, or a commit not finished
+    assert [c.step for c in tier.list()] == [5]
+
+
+def test_reads_refused_on_a_listed_step_are_retryable_though_a_refused_listing_is_not(tmp_path):
+    """A refused listing (wrong keys) says nothing exists that this job can see: a fresh
+    job starts (the test above). A refused read of a step the listing showed says progress
+    exists: the trainer exits retryable, with the reason."""
+    from botocore.exceptions import ClientError
+    from llmtrain_store.tier import StepUnreadable
+    from llmtrain_trainer.checkpoint.restore import TierUnavailable
+
+    denied = ClientError({"Error": {"Code": "AccessDenied"}, "ResponseMetadata": {"HTTPStatusCode": 403}}, "GetObject")
+    try:
+        raise StepUnreadable("s3", 40, denied) from denied
+    except StepUnreadable as err:
+        unreadable = err
+    with pytest.raises(TierUnavailable, match="s3 tier: step 40 is listed but cannot be read: the credentials were refused"):
+        _restore([DirTier("local", tmp_path), _Broken(unreadable)])

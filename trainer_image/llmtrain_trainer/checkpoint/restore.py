@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 from llmtrain_store import manifest as mf
 from llmtrain_store.health import classify
+from llmtrain_store.tier import StepUnreadable
 
 log = logging.getLogger("llmtrain.restore")
 
@@ -101,10 +102,13 @@ class Unlisted:
     tier: str
     reason: str
     message: str
+    unreadable: bool = False
+    """The tier listed a step it could not read (``StepUnreadable``): committed progress
+    may be there, whatever the reason, so this never lets a job start over."""
 
     @property
     def transient(self) -> bool:
-        return self.reason not in CONFIG_REASONS
+        return self.unreadable or self.reason not in CONFIG_REASONS
 
 
 def _list(tier: Any, on_error: Callable[[str, BaseException], object],
@@ -115,8 +119,10 @@ def _list(tier: Any, on_error: Callable[[str, BaseException], object],
         except Exception as err:  # noqa: BLE001 - classified; an unreachable tier must not crash a restore
             on_error(tier.name, err)
             found = classify(err)
-            if found.reason in CONFIG_REASONS or pause is None:
-                return None, Unlisted(tier.name, found.reason, found.message)
+            unreadable = isinstance(err, StepUnreadable)
+            if (found.reason in CONFIG_REASONS and not unreadable) or pause is None:
+                where = f"step {err.step} is listed but cannot be read: " if isinstance(err, StepUnreadable) else ""
+                return None, Unlisted(tier.name, found.reason, where + found.message, unreadable)
             log.warning("%s tier: cannot list checkpoints (%s); trying again in %.0fs", tier.name, found.message, pause)
             sleep(pause)
     return None, None  # unreachable: the loop returns
