@@ -173,7 +173,9 @@ def store_pod(job: LLMTrainJob, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> d
         "command": store_command(names.PYTHON, RDZV_PORT, entry=STORE),
         "ports": [{"name": "rdzv", "containerPort": RDZV_PORT},
                   {"name": "rdzv-leases", "containerPort": RDZV_PORT + RDZV_LEASE_PORT_OFFSET}],
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+        # A limit: the store's memory is bounded by the job's agents, and an unbounded pod
+        # on a shared node is every tenant's risk.
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "securityContext": container_security,
         "volumeMounts": [dict(TMP_MOUNT)],
     }
@@ -183,6 +185,7 @@ def store_pod(job: LLMTrainJob, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> d
         "metadata": _meta(job, names.store_pod(job_name), names.store_labels(job_name)),
         "spec": {
             "restartPolicy": "Always",
+            "automountServiceAccountToken": False,  # the store never calls the API server
             "securityContext": pod_security,
             "containers": [container],
             "volumes": [copy.deepcopy(TMP_VOLUME)],
@@ -361,6 +364,8 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: Sequen
         "hostname": names.worker_pod(job_name, slot),
         "subdomain": names.workers_service(job_name),
         "terminationGracePeriodSeconds": spec.checkpoint.sigterm_budget_seconds + 15,
+        # Nothing in a worker calls the API server: no token for a compromised rank to use.
+        "automountServiceAccountToken": False,
         "securityContext": pod_security,
         "containers": [container],
         "volumes": volumes,
@@ -412,4 +417,9 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: Sequen
         owned_env = {e["name"] for e in container["env"]}
         trainer["env"] = container["env"] + [e for e in trainer.get("env", []) if e["name"] not in owned_env]
         pod["spec"]["restartPolicy"] = "Never"
+        template_spec = spec.pod_template.to_wire().get("spec") or {}
+        if template_spec.get("serviceAccountName") and "automountServiceAccountToken" not in template_spec:
+            # A template that names its own service account means to use it: its token
+            # mounts as that account (or its Secret) says, not as our default.
+            pod["spec"].pop("automountServiceAccountToken", None)
     return pod

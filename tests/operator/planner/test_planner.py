@@ -705,6 +705,24 @@ def test_worker_and_store_pods_are_pod_security_restricted_unless_the_template_s
         assert first == {**RESTRICTED_CONTAINER, "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]}}
 
 
+def test_worker_and_store_pods_get_no_api_token_unless_the_template_names_a_service_account():
+    """Nothing in them calls the API server: a compromised rank finds no token to use. A
+    template that names its own service account gets that account's default, or what it
+    sets itself."""
+    from llmtrain_operator.api import parse_job
+    from llmtrain_operator.planner.manifests import store_pod, worker_pod
+
+    default = parse_job(job())
+    for pod in (worker_pod(default, 0, 0), store_pod(default)):
+        assert pod["spec"]["automountServiceAccountToken"] is False
+    assert store_pod(default)["spec"]["containers"][0]["resources"]["limits"] == {"memory": "1Gi"}
+    named = parse_job(job({"spec.podTemplate": {"spec": {"serviceAccountName": "trainer-reader"}}}))
+    assert "automountServiceAccountToken" not in worker_pod(named, 0, 0)["spec"]
+    explicit = parse_job(job({"spec.podTemplate": {"spec": {"serviceAccountName": "x", "automountServiceAccountToken": True}}}))
+    assert worker_pod(explicit, 0, 0)["spec"]["automountServiceAccountToken"] is True
+    assert store_pod(named)["spec"]["automountServiceAccountToken"] is False, "the store never takes the template"
+
+
 def test_the_builtin_trainer_and_the_store_run_on_a_read_only_root_with_a_writable_tmp_and_a_script_need_not():
     from llmtrain_operator.api import parse_job
     from llmtrain_operator.planner.manifests import store_pod, worker_pod
