@@ -60,9 +60,26 @@ def _kind_name(manifest: dict[str, Any]) -> str:
     return f"{manifest['kind']} {manifest['metadata']['name']}"
 
 
+def _create(k8s: K8s, namespace: str, action: CreateObject) -> bool:
+    """Create the object; False if this job's own already exists. An object of that name
+    that the job does not own (one made by hand, a copy ``kubectl debug --copy-to``
+    labelled alike, one planted to take over the job's rendezvous) is never adopted: the
+    create is refused, naming it, and retried with the refusals' backoff."""
+    if k8s.create(action.manifest):
+        return True
+    ours = {str(ref.get("uid")) for ref in action.manifest["metadata"].get("ownerReferences") or []}
+    theirs = k8s.owner_uids(action.kind, namespace, action.name)
+    if ours and theirs is not None and not ours & set(theirs):
+        owners = ", ".join(theirs) if theirs else "none"
+        raise PermanentApiError(f"create {action.kind} {namespace}/{action.name}: it exists and is not this job's", 409,
+                                server_message=f"{action.kind} {action.name} exists and is not this job's (its owners' uids: "
+                                               f"{owners}); it is left alone: delete or rename it")
+    return False
+
+
 APPLIERS: Mapping[type, Applier[Any]] = {
     CreateObject: Applier[CreateObject](
-        lambda k8s, ns, job, a: k8s.create(a.manifest),
+        lambda k8s, ns, job, a: _create(k8s, ns, a),
         lambda a: f"create {a.kind} {a.name}", Round.WITH_STATUS),
     ReplaceObject: Applier[ReplaceObject](
         lambda k8s, ns, job, a: k8s.replace(a.manifest),

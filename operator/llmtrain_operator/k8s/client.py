@@ -176,6 +176,30 @@ class K8s:
                 group, version, ns, CUSTOM_PLURALS[kind], manifest, _request_timeout=self.timeout, _preload_content=False)
         return self._send(call, f"create {kind} {ns}/{meta['name']}", tolerated=409)
 
+    def owner_uids(self, kind: str, namespace: str, name: str) -> list[str] | None:
+        """The uids in an existing Pod's, Service's or ConfigMap's ownerReferences; None
+        when it is gone (or of another kind: not checked)."""
+        reads = {"Pod": self.core.read_namespaced_pod, "Service": self.core.read_namespaced_service,
+                 "ConfigMap": self.core.read_namespaced_config_map}
+        if kind not in reads:
+            return None
+        what = f"read {kind} {namespace}/{name}"
+        try:
+            response = reads[kind](name, namespace, _request_timeout=self.timeout, _preload_content=False)
+            try:
+                meta = json.loads(response.data).get("metadata") or {}
+            finally:
+                _release(response)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise _classify(err, what) from err
+        except NETWORK_ERRORS as err:
+            raise _classify(err, what) from err
+        except (ValueError, AttributeError) as err:
+            raise TransientApiError(f"{what}: unreadable response: {err}") from err
+        return [str(ref.get("uid")) for ref in meta.get("ownerReferences") or [] if isinstance(ref, dict)]
+
     def update_spec(self, manifest: dict[str, Any]) -> None:
         """Merge ``manifest["spec"]`` into a custom object (JSON merge patch)."""
         kind, meta = manifest["kind"], manifest["metadata"]

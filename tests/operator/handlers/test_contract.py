@@ -394,6 +394,29 @@ async def test_a_refused_create_is_a_condition_and_an_event_with_the_servers_wor
     assert [e["reason"] for e in _events(api, before)].count("CreatesAccepted") == 1
 
 
+async def test_an_object_of_the_jobs_name_that_it_does_not_own_is_refused_by_name_never_adopted(api, k8s):
+    """Someone pre-created the job's rendezvous pod (to take its rendezvous over, or a copy
+    by ``kubectl debug --copy-to``): the 409 on create is read, its owner checked, and the
+    job says so; the pod is left alone, and the job's own children are created."""
+    planted = pod("tiny-elastic-rdzv", 0, owners=[])
+    planted["metadata"]["labels"] = {"llmtrain.io/job": NAME, "llmtrain.io/role": "rendezvous"}
+    api.objects["v1/pods", NS, "tiny-elastic-rdzv"] = planted
+    put_job(api, job())
+    first = await one_pass(api, k8s)
+    refused = reconcile_module._REFUSALS[NS, NAME].refused
+    assert [(r.action.kind, r.action.name) for r in refused] == [("Pod", "tiny-elastic-rdzv")]
+    assert "exists and is not this job's (its owners' uids: none)" in refused[0].message
+    assert ("Pod", "tiny-elastic-worker-0") in first.created
+    before = len(api)
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=1))
+    failure = next(c for c in stored_job(api)["status"]["conditions"] if c["type"] == "ReplicaFailure")
+    assert failure["status"] == "True" and "create Pod tiny-elastic-rdzv: Pod tiny-elastic-rdzv exists and is not this job's" \
+        in failure["message"], failure
+    assert [e["reason"] for e in _events(api, before)].count("FailedCreate") == 1
+    assert not [c for c in writes(requests_since(api, before)) if c[0] == "DELETE"], "nothing of someone else's is deleted"
+    assert api.objects["v1/pods", NS, "tiny-elastic-rdzv"].raw["metadata"].get("ownerReferences") in (None, [])
+
+
 async def test_a_refusal_that_lasts_backs_off_to_five_minutes():
     from llmtrain_operator.handlers.reconcile import Refusal
 
