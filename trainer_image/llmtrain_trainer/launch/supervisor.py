@@ -50,7 +50,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from llmtrain_contract.exitcodes import ExitCode, FailureClass, classify_exit
@@ -59,7 +59,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from llmtrain_trainer.launch import attempts
-from llmtrain_trainer.pod import exitrecord
+from llmtrain_trainer.pod import exitrecord, httpserve
 from llmtrain_trainer.pod import heartbeat
 from llmtrain_trainer.pod import progress
 from llmtrain_trainer.pod.heartbeat import WAITING_STATES, Beat, State
@@ -320,7 +320,7 @@ def _write_stderr(text: str) -> None:
 
 
 def serve_health(port: int, supervisor: Supervisor, tracker: attempts.AttemptTracker | None = None,
-                 host: str = "") -> ThreadingHTTPServer:
+                 host: str = "") -> httpserve.BoundedHTTPServer:
     """``GET /healthz`` for the pod's liveness probe: 200 while the supervisor checks.
     ``GET /readyz`` for a user script's readiness probe: 200 while torchrun's workers run
     (the built-in trainer's pods are ready once its own metrics answer instead).
@@ -352,10 +352,7 @@ def serve_health(port: int, supervisor: Supervisor, tracker: attempts.AttemptTra
         def log_message(self, *args: object) -> None:
             pass  # a probe every few seconds would flood the pod's log
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="launcher-health", daemon=True).start()
-    return server
+    return httpserve.serve(host, port, Handler, "launcher-health")
 
 
 def render_metrics(tracker: attempts.AttemptTracker) -> bytes:

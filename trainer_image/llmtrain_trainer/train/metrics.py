@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from llmtrain_contract.names import Metric
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import MetricsHandler
+from llmtrain_trainer.pod import httpserve
 
 log = logging.getLogger("llmtrain.metrics")
 
@@ -75,7 +77,9 @@ class TrainerMetrics:
         """Start the HTTP endpoint; returns the bound port (``port=0`` picks a free one)
         and records it in ``<run_dir>/metrics-local-rank-<r>.json`` for local tooling
         (the local runner finds each node's endpoint there)."""
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        # Bounded (pod/httpserve.py): prometheus_client's own server starts a thread per
+        # connection and waits forever on each.
+        server = httpserve.serve(host, port, MetricsHandler.factory(self.registry), f"metrics-{local_rank}")
         bound = server.server_port
         run_dir.mkdir(parents=True, exist_ok=True)
         path = run_dir / f"metrics-local-rank-{local_rank}.json"
