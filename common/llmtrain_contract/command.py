@@ -26,8 +26,11 @@ without it, the operator passes the paths of the copies an init container made
 (``llmtrain_trainer.launch.bundle``)."""
 
 
-def store_command(python: str, port: int = RDZV_PORT, host: str = "0.0.0.0", entry: tuple[str, ...] = STORE) -> list[str]:
-    return [python, *entry, "--host", host, "--port", str(port)]
+def store_command(python: str, port: int = RDZV_PORT, host: str = "0.0.0.0", entry: tuple[str, ...] = STORE,
+                  run_id: str | None = None) -> list[str]:
+    """The rendezvous store's command; ``run_id``: the only rendezvous whose leases it
+    accepts (the job's ``--rdzv-id``)."""
+    return [python, *entry, "--host", host, "--port", str(port), *(["--run-id", run_id] if run_id else [])]
 
 
 def torchrun_args(

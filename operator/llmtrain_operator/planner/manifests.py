@@ -163,6 +163,11 @@ def _entry(filename: str) -> tuple[str, ...]:
     return (f"{names.RUNTIME_MOUNT}/{filename}",)
 
 
+def _rdzv_id(job: LLMTrainJob) -> str:
+    """torchrun's ``--rdzv-id``, and the only rendezvous the job's store holds leases for."""
+    return job.metadata.uid or job.metadata.name
+
+
 def store_pod(job: LLMTrainJob, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> dict[str, Any]:
     job_name = job.metadata.name
     pod_security, container_security = security_contexts(job, read_only_root=True)
@@ -170,7 +175,7 @@ def store_pod(job: LLMTrainJob, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> d
         "name": "rendezvous",
         "image": job.spec.image,
         "imagePullPolicy": job.spec.image_pull_policy,
-        "command": store_command(names.PYTHON, RDZV_PORT, entry=STORE),
+        "command": store_command(names.PYTHON, RDZV_PORT, entry=STORE, run_id=_rdzv_id(job)),
         "ports": [{"name": "rdzv", "containerPort": RDZV_PORT},
                   {"name": "rdzv-leases", "containerPort": RDZV_PORT + RDZV_LEASE_PORT_OFFSET}],
         # A limit: the store's memory is bounded by the job's agents, and an unbounded pod
@@ -193,7 +198,7 @@ def store_pod(job: LLMTrainJob, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> d
     }
     if uses_runtime_bundle(job):
         init, volume, mount = runtime_bundle(job, runtime_image)
-        container["command"] = store_command(names.PYTHON, RDZV_PORT, entry=_entry("rdzv_store.py"))
+        container["command"] = store_command(names.PYTHON, RDZV_PORT, entry=_entry("rdzv_store.py"), run_id=_rdzv_id(job))
         container["volumeMounts"].append(mount)
         pod["spec"]["initContainers"] = [init]
         pod["spec"]["volumes"].append(volume)
@@ -255,7 +260,7 @@ def _command(job: LLMTrainJob) -> list[str]:
     ns = job.metadata.namespace or "default"
     flags = torchrun_args(
         nnodes_min=spec.replicas.min, nnodes_max=spec.replicas.max, nproc_per_node=spec.procs_per_node,
-        rdzv_endpoint=names.rdzv_endpoint(job.metadata.name, ns), rdzv_id=job.metadata.uid or job.metadata.name,
+        rdzv_endpoint=names.rdzv_endpoint(job.metadata.name, ns), rdzv_id=_rdzv_id(job),
         max_restarts=TORCHRUN_MAX_RESTARTS,
     )
     flags.append("--local-addr=$(POD_IP)")  # peers reach rank 0's store at the pod IP

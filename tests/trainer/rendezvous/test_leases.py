@@ -330,3 +330,68 @@ def test_a_held_lease_probes_its_peer_so_that_a_powered_off_node_ends_it(store):
             assert ends[0][5].startswith("02:"), f"timer {ends[0][5]} (02: keep-alive)"
     finally:
         server.close()
+
+
+def test_a_hello_must_come_from_the_agent_it_names():
+    """A lease's end removes its agent: a hello naming another pod's agent, sent from
+    elsewhere, would let anyone drop a live agent from the rendezvous."""
+    hello = {**_hello("10.244.1.7", 101)}
+    assert leases.impostor(hello, "10.244.1.7") is None
+    assert leases.impostor(hello, "::ffff:10.244.1.7") is None, "an IPv4 peer on a dual-stack socket"
+    assert "names the agent at 10.244.1.7 but comes from 10.244.2.9" in leases.impostor(hello, "10.244.2.9")
+    named = _hello("worker-0.pods", 101)
+    assert leases.impostor(named, "127.0.0.1") is None, "a local run: no --local-addr, from this host"
+    resolves = lambda name, port, type: [(2, 1, 6, "", ("10.244.1.7", 0))] if name == "worker-0.pods" else []  # noqa: E731
+    assert leases.impostor(named, "10.244.1.7", resolve=resolves) is None
+    assert "does not resolve to 10.244.2.9" in leases.impostor(named, "10.244.2.9", resolve=resolves)
+
+
+def test_a_forged_or_foreign_hello_removes_nobody_and_the_store_serves_on(store, capsys):
+    server = leases.LeaseServer("127.0.0.1", store.port + RDZV_LEASE_PORT_OFFSET, store, run_id=RUN)
+    try:
+        agent = _NodeDesc("10.244.1.7", 101, 0)
+        _write(store, _state(True, agent, A))
+        for hello in ({**_hello("10.244.1.7", 101)},          # another pod's agent, from here
+                      {**_hello(HOST, 101), "run_id": "some-other-job"}):  # a rendezvous this store does not hold
+            with socket.create_connection(("127.0.0.1", server.port)) as forged:
+                forged.sendall((json.dumps(hello) + "\n").encode())
+                assert forged.recv(1) == b"", "the server hangs up"
+        err = capsys.readouterr().err
+        assert "names the agent at 10.244.1.7 but comes from 127.0.0.1" in err
+        assert "rendezvous 'some-other-job' is not this store's" in err
+        time.sleep(0.3)
+        assert set(_read(store).participants) == {agent, A}, "nobody was removed"
+        with socket.create_connection(("127.0.0.1", server.port)) as good:  # its own agent, from its own host
+            good.sendall((json.dumps(_hello(HOST, 101)) + "\n").encode())
+        wait_for(lambda: set(_read(store).participants) == {agent}, 10, 0.05, "A released by its own lease")
+    finally:
+        server.close()
+
+
+def test_connections_beyond_the_cap_are_closed_and_the_accept_loop_lives(store):
+    server = leases.LeaseServer("127.0.0.1", store.port + RDZV_LEASE_PORT_OFFSET, store, max_connections=4)
+    flood = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(40)]
+    try:
+        wait_for(lambda: server.connections == 4, 10, 0.05, "four held")
+        time.sleep(0.3)
+        assert server.connections == 4
+        assert sum(1 for c in flood if _closed(c)) >= 30, "the rest were closed at once"
+    finally:
+        for c in flood:
+            c.close()
+    wait_for(lambda: server.connections == 0, 10, 0.05, "all gone")
+    _write(store, _state(True, A))
+    with socket.create_connection(("127.0.0.1", server.port)) as good:
+        good.sendall((json.dumps(_hello(HOST, 101)) + "\n").encode())
+    wait_for(lambda: _read(store).participants == {}, 10, 0.05, "a lease still works")
+    server.close()
+
+
+def _closed(conn: socket.socket) -> bool:
+    conn.settimeout(0.5)
+    try:
+        return conn.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:
+        return True

@@ -44,6 +44,10 @@ from llmtrain_contract.command import torchrun_flag
 from llmtrain_contract.names import RDZV_LEASE_PORT_OFFSET as PORT_OFFSET
 
 HELLO_LIMIT = 4096
+HELLO_TIMEOUT_SECONDS = 10
+"""A connection that sends no hello line in this long is dropped."""
+MAX_CONNECTIONS = 1024
+"""Connections held at once (a lease per worker pod, each a thread): more are closed."""
 ROUND_POLL_SECONDS = 0.1
 """How often the store looks for a forming round that every lease holder has joined."""
 KEEPALIVE = (10, 5, 3)
@@ -201,6 +205,38 @@ def parse_hello(line: bytes) -> dict[str, Any]:
     return hello
 
 
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        ip = ipaddress.ip_address(text.strip("[]").split("%")[0])
+    except ValueError:
+        return None
+    mapped = getattr(ip, "ipv4_mapped", None)  # an IPv4 peer on a dual-stack socket
+    return mapped or ip
+
+
+def impostor(hello: dict[str, Any], peer: str, resolve: Any = socket.getaddrinfo) -> str | None:
+    """Why a hello cannot be the agent it names, or None. A lease names its agent by
+    address and pid, and its end removes that agent from the rendezvous: a forged hello
+    naming a live agent, then closed, would drop it. An address must be the connection's
+    own (a pod cannot send from another pod's IP); a host name (no ``--local-addr``, a
+    local run) must come from this host or resolve to the connection's address."""
+    source = _ip(peer)
+    claimed = _ip(hello["addr"])
+    if source is None:
+        return f"the connection's address {peer!r} is not an IP address"
+    if claimed is not None:
+        return None if claimed == source else f"it names the agent at {hello['addr']} but comes from {peer}"
+    if source.is_loopback:
+        return None
+    for name in [hello["addr"], *hello["aliases"]]:
+        try:
+            if any(_ip(info[4][0]) == source for info in resolve(name, None, type=socket.SOCK_STREAM)):
+                return None
+        except (OSError, UnicodeError):
+            continue
+    return f"it names the host {hello['addr']!r}, which does not resolve to {peer}"
+
+
 def _keep_alive(conn: socket.socket) -> None:
     """TCP keep-alive probes on a held lease: a pod whose node lost power sends no FIN,
     and its lease would stay held for good (the store would then never again complete a
@@ -217,7 +253,11 @@ class LeaseServer:
     states), releases each agent whose lease ends, and completes a forming round once
     every lease holder of its run has joined it."""
 
-    def __init__(self, host: str, port: int, store: Any, round_poll_seconds: float = ROUND_POLL_SECONDS):
+    def __init__(self, host: str, port: int, store: Any, round_poll_seconds: float = ROUND_POLL_SECONDS,
+                 run_id: str | None = None, max_connections: int = MAX_CONNECTIONS):
+        # run_id: the only rendezvous whose leases this store accepts (its job's); None: any.
+        self.run_id, self.max_connections = run_id, max_connections
+        self.connections = 0
         self.sock = socket.create_server((host, port))
         self.port = self.sock.getsockname()[1]
         self.store: Any = store
@@ -233,18 +273,44 @@ class LeaseServer:
     def _accept(self) -> None:
         while True:
             try:
-                conn, _ = self.sock.accept()
+                conn, peer = self.sock.accept()
             except OSError:
-                return  # closed
-            threading.Thread(target=self._hold, args=(conn,), name="rdzv-lease", daemon=True).start()
+                if self.stopped.is_set():
+                    return  # closed
+                continue  # out of file descriptors for a moment, a connection reset before accept
+            with self.held_lock:
+                full = self.connections >= self.max_connections
+                if not full:
+                    self.connections += 1
+            if full:
+                conn.close()  # a lease per worker pod: this many is a flood, not a job
+                continue
+            try:
+                threading.Thread(target=self._hold, args=(conn, peer[0]), name="rdzv-lease", daemon=True).start()
+            except RuntimeError:  # no thread to be had: this connection goes, the loop stays
+                conn.close()
+                with self.held_lock:
+                    self.connections -= 1
 
-    def _hold(self, conn: socket.socket) -> None:
+    def _hold(self, conn: socket.socket, peer: str) -> None:
+        try:
+            self._serve_lease(conn, peer)
+        finally:
+            with self.held_lock:
+                self.connections -= 1
+
+    def _serve_lease(self, conn: socket.socket, peer: str) -> None:
         with conn:
             try:
-                conn.settimeout(10)
+                conn.settimeout(HELLO_TIMEOUT_SECONDS)
                 hello = parse_hello(conn.makefile("rb").readline(HELLO_LIMIT))
+                if self.run_id is not None and hello["run_id"] != self.run_id:
+                    raise ValueError(f"rendezvous {hello['run_id'][:80]!r} is not this store's")
+                why = impostor(hello, peer)
+                if why is not None:
+                    raise ValueError(why)
             except (OSError, ValueError) as err:
-                print(f"rendezvous leases: no valid hello, connection dropped: {err}", file=sys.stderr, flush=True)
+                print(f"rendezvous leases: no valid hello from {peer}, connection dropped: {err}", file=sys.stderr, flush=True)
                 return
             conn.settimeout(None)
             _keep_alive(conn)
@@ -307,11 +373,12 @@ class LeaseServer:
             self.store = None
 
 
-def serve(host: str, store_port: int, store: Any) -> LeaseServer | None:
-    """Serve leases beside ``store`` (the c10d store on ``store_port``) on the next port;
-    None (and a note) if it cannot be bound, which leaves dead nodes to the keep-alive."""
+def serve(host: str, store_port: int, store: Any, run_id: str | None = None) -> LeaseServer | None:
+    """Serve leases beside ``store`` (the c10d store on ``store_port``) on the next port,
+    for rendezvous ``run_id`` only when given; None (and a note) if it cannot be bound,
+    which leaves dead nodes to the keep-alive."""
     try:
-        return LeaseServer(host, store_port + PORT_OFFSET, store)
+        return LeaseServer(host, store_port + PORT_OFFSET, store, run_id=run_id)
     except OSError as err:
         print(f"rendezvous leases: off, port {store_port + PORT_OFFSET}: {err}", file=sys.stderr, flush=True)
         return None

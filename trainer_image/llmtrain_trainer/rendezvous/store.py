@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llmtrain_trainer.rendezvous.store")
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=RDZV_PORT)
+    parser.add_argument("--run-id", default=None, help="the only rendezvous whose leases are accepted (the job's)")
     args = parser.parse_args(argv)
 
     from torch.distributed import TCPStore  # noqa: PLC0415 - a bad flag fails before torch loads
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout=datetime.timedelta(hours=24), use_libuv=True,
     )
     print(f"rendezvous store listening on {args.host}:{store.port}", flush=True)
-    lease_server = leases.serve(args.host, store.port, store)
+    lease_server = leases.serve(args.host, store.port, store, args.run_id)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
