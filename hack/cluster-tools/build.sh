@@ -75,11 +75,22 @@ for tool in $wanted; do
   case "$all" in *" $tool "*) ;; *) echo "cluster-tools: no tool named $tool (known:$all)" >&2; exit 64 ;; esac
 done
 
-ensure() {  # ensure GROUP: build the group's missing binaries, under the group's lock
-  local group=$1 tool missing=() started tmp
+# The pins of these groups are in $stamp (a new version is a new folder); the others'
+# are their wrapper's go.mod and go.sum, recorded beside their binaries (.GROUP.pin): a
+# changed pin rebuilds the group in place.
+stamped=" minio etcd helm k8s node "
+pin_of() { cat "$here/$1/go.mod" "$here/$1/go.sum" 2>/dev/null | sha256sum | cut -c1-16; }
+
+ensure() {  # ensure GROUP: build the group's missing (or outdated) binaries, under the group's lock
+  local group=$1 tool missing=() started tmp pin=""
   exec 9>"$out/.$group.lock"
   flock 9  # waits while another run builds this group
-  for tool in ${bins[$group]}; do [ -x "$out/$tool" ] || missing+=("$tool"); done
+  case "$stamped" in *" $group "*) ;; *) pin=$(pin_of "$group") ;; esac
+  if [ -n "$pin" ] && [ "$(cat "$out/.$group.pin" 2>/dev/null)" != "$pin" ]; then
+    read -r -a missing <<< "${bins[$group]}"
+  else
+    for tool in ${bins[$group]}; do [ -x "$out/$tool" ] || missing+=("$tool"); done
+  fi
   if [ ${#missing[@]} -gt 0 ]; then
     echo "cluster-tools: building ${missing[*]} into $out (a cold build takes several minutes)" >&2
     started=$(date +%s)
@@ -90,6 +101,7 @@ ensure() {  # ensure GROUP: build the group's missing binaries, under the group'
     "build_$group" "$tmp" 9>&-  # the lock stays with this script, not with go's children
     for tool in ${bins[$group]}; do mv -f "$tmp/$tool" "$out/$tool"; done
     rmdir "$tmp"
+    [ -z "$pin" ] || echo "$pin" > "$out/.$group.pin"
     echo "cluster-tools: built ${missing[*]} in $(( $(date +%s) - started ))s" >&2
   fi
   exec 9>&-

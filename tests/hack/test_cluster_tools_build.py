@@ -93,3 +93,19 @@ def test_an_unknown_tool_name_is_refused_naming_it(tmp_path):
     refused = subprocess.run(["bash", str(BUILD), "minio", "kubeadmm"], env=env, capture_output=True, text=True)
     assert refused.returncode == 64 and "no tool named kubeadmm" in refused.stderr, refused.stderr
     assert not (tmp_path / "calls").exists(), "nothing is built for a bad request"
+
+
+def test_a_tool_whose_pin_changed_is_rebuilt_in_place(tmp_path):
+    """kind, CoreDNS, crictl (and the benchmark tools) are not in the folder's name: their
+    wrapper's go.mod and go.sum are recorded beside the binary, and a change rebuilds."""
+    env = _env(tmp_path, seconds=0)
+    subprocess.run(["bash", str(BUILD), "kind"], env=env, check=True, capture_output=True)
+    pin = (tmp_path / "bin" / ".kind.pin").read_text().strip()
+    assert len(pin) == 16
+    (tmp_path / "calls").unlink()
+    subprocess.run(["bash", str(BUILD), "kind"], env=env, check=True, capture_output=True)
+    assert not (tmp_path / "calls").exists(), "same pin: reused"
+    (tmp_path / "bin" / ".kind.pin").write_text("an older pin\n")  # as a bumped go.mod would leave it
+    again = subprocess.run(["bash", str(BUILD), "kind"], env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and "building kind" in again.stderr
+    assert (tmp_path / "bin" / ".kind.pin").read_text().strip() == pin
