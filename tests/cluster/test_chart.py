@@ -124,8 +124,11 @@ def test_replicas_get_a_disruption_budget_and_spread_over_nodes_and_a_single_one
     assert pdb["spec"]["maxUnavailable"] == 1
     spread = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert spread[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate", "replicas elect a leader: a surge is fenced"
     single = render(local_cluster, "replicaCount=1")
     assert not any(d["kind"] == "PodDisruptionBudget" for d in single)
+    # No election with one replica: an upgrade must never run two writers at once.
+    assert next(d for d in single if d["kind"] == "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
     assert "affinity" not in next(d for d in single if d["kind"] == "Deployment")["spec"]["template"]["spec"]
 
 
