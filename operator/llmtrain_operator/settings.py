@@ -94,6 +94,17 @@ class OperatorSettings:
     torch. Default: this operator's own image, which has them; the chart passes the image
     it deploys."""
 
+    allow_privileged_pods: bool = False
+    """``LLMTRAIN_OPERATOR_ALLOW_PRIVILEGED_PODS``: accept a ``podTemplate`` that makes the
+    job's pods privileged, puts them in the host's network, PID or IPC namespace, mounts a
+    ``hostPath`` or adds capabilities beyond ``SYS_PTRACE`` (``planner/podpolicy.py``).
+    Default false: creating an LLMTrainJob must not be a way to create any pod."""
+
+    allowed_service_accounts: str = ""
+    """``LLMTRAIN_OPERATOR_ALLOWED_SERVICE_ACCOUNTS``: comma-separated service accounts a
+    ``podTemplate`` may name (one bound to cloud credentials for S3, say), ``*`` for any.
+    Default "": none; the pods mount no token."""
+
     progress_writes_per_second: float = 20.0
     """``LLMTRAIN_OPERATOR_PROGRESS_WRITES_PER_SECOND``: status writes that would only
     report progress (the step and when it advanced), across all jobs. Default 20. Up to

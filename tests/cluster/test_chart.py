@@ -77,6 +77,11 @@ def test_operator_values_become_settings_the_operator_accepts(local_cluster):
     defaults = next(d for d in render(local_cluster) if d["kind"] == "Deployment")
     names = {e["name"] for e in defaults["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert "LLMTRAIN_OPERATOR_MAX_CONCURRENT_RECONCILES" not in names  # empty values keep the operator's defaults
+    pods = render(local_cluster, "jobPods.allowPrivileged=true", "jobPods.allowedServiceAccounts={s3-irsa,reader}")
+    env = {e["name"]: e.get("value") for e in next(d for d in pods if d["kind"] == "Deployment")
+           ["spec"]["template"]["spec"]["containers"][0]["env"]}
+    settings = from_env({k: v for k, v in env.items() if k.startswith("LLMTRAIN_OPERATOR_") and v is not None})
+    assert (settings.allow_privileged_pods, settings.allowed_service_accounts) == (True, "s3-irsa,reader")
 
 
 VALUES = sorted((ROOT / "tests" / "data" / "chart-values").glob("*.yaml"))

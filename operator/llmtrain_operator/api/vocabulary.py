@@ -114,6 +114,7 @@ class Reason(StrEnum):
     INVALID_SPEC = "InvalidSpec"
     MISSING_DEPENDENCY = "MissingDependency"
     CONTAINER_CONFIG_ERROR = "ContainerConfigError"
+    POD_TEMPLATE_REFUSED = "PodTemplateRefused"
     SPEC_VALID = "SpecValid"
     # condition reasons
     CHILDREN_CREATED = "ChildrenCreated"

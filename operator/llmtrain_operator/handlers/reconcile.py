@@ -31,6 +31,7 @@ from ..api.vocabulary import TERMINAL_PHASES, ConditionType, Phase, PodPhase, Re
 from ..k8s.client import K8s, PermanentApiError, TransientApiError
 from ..k8s.patches import merge_patch
 from ..planner import Plan, plan_received, podgroup, queue
+from ..planner.podpolicy import PodPolicy
 from ..probe import AsyncProber, LauncherReport, combine, trainer_url
 from ..settings import OperatorSettings
 from .executor import Refused, WriteGate, check, describe, write
@@ -358,7 +359,8 @@ async def _decide_and_write(k8s: K8s, body: dict[str, Any], received: Received, 
         observed = replace(observed, pod_group=pod_group)
     if workload is not None:
         observed = replace(observed, workload=workload)
-    result = plan_received(received, observed, now, settings.runtime_image)
+    result = plan_received(received, observed, now, settings.runtime_image,
+                           PodPolicy.from_settings(settings.allow_privileged_pods, settings.allowed_service_accounts))
     old_status = body.get("status") or {}
     changed = status_changed(old_status, result.status, settings.status_flush_seconds, now, progress_pace(settings, jobs))
     check(gate)

@@ -19,6 +19,7 @@ from ..api.job import LLMTrainJob
 from ..api.observed import ROLE_WORKER
 from ..api.vocabulary import TERMINAL_PHASES, Phase
 from ..planner import Event, plan
+from ..planner.podpolicy import ANYTHING
 from .cluster import LocalCluster
 
 TERMINAL = (*TERMINAL_PHASES, Phase.INVALID)
@@ -56,7 +57,7 @@ class LocalRun:
         try:
             while True:
                 observed = self.cluster.observe()
-                result = plan({**self.raw, "status": status}, observed, datetime.now(UTC))
+                result = plan({**self.raw, "status": status}, observed, datetime.now(UTC), pod_policy=ANYTHING)
                 status = result.status
                 self.cluster.apply(result.actions)
                 for event in result.events:

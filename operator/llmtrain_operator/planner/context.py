@@ -20,6 +20,7 @@ from ..api.vocabulary import ConditionType
 from ..settings import DEFAULT_RUNTIME_IMAGE
 from .conditions import set_condition
 from .decisions import Decision, Event, Noted
+from .podpolicy import PodPolicy
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,8 @@ class Pass(Ledger):
     observed: Observed
     runtime_image: str = DEFAULT_RUNTIME_IMAGE
     """Where a user script's pods copy the launcher from (``manifests.runtime_bundle``)."""
+    pod_policy: PodPolicy = field(default_factory=PodPolicy)
+    """What the job's ``podTemplate`` may ask of its pods (``podpolicy.py``)."""
 
     @property
     def spec(self) -> LLMTrainJobSpec:

@@ -40,6 +40,7 @@ from .policies import (
     validity,
     wedge,
 )
+from .podpolicy import STRICT, PodPolicy
 from .timekeeping import account_time
 
 Policy = Callable[[Pass], Verdict]
@@ -86,14 +87,17 @@ def _each(ctx: Pass, policies: tuple[Policy, ...]) -> bool:
     return all(policy(ctx) is Verdict.CONTINUE for policy in policies)
 
 
-def plan(raw: dict[str, Any], observed: Observed, now: datetime, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> Plan:
+def plan(raw: dict[str, Any], observed: Observed, now: datetime, runtime_image: str = DEFAULT_RUNTIME_IMAGE,
+         pod_policy: PodPolicy = STRICT) -> Plan:
     """A raw job object (a file, a test) read with ``receive``, then ``plan_received``."""
-    return plan_received(receive(raw), observed, now, runtime_image)
+    return plan_received(receive(raw), observed, now, runtime_image, pod_policy)
 
 
-def plan_received(received: Received, observed: Observed, now: datetime, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> Plan:
-    """``runtime_image``: the operator's setting of that name (``manifests.runtime_bundle``).
-    ``received`` is left as it is: the new status is built from a copy of its status."""
+def plan_received(received: Received, observed: Observed, now: datetime, runtime_image: str = DEFAULT_RUNTIME_IMAGE,
+                  pod_policy: PodPolicy = STRICT) -> Plan:
+    """``runtime_image``: the operator's setting of that name (``manifests.runtime_bundle``);
+    ``pod_policy``: what a ``podTemplate`` may ask (``podpolicy.py``). ``received`` is left
+    as it is: the new status is built from a copy of its status."""
     status = received.status.model_copy(deep=True)
     if received.deleting:
         return Plan([], [], status.to_wire(), None)
@@ -103,7 +107,7 @@ def plan_received(received: Received, observed: Observed, now: datetime, runtime
         errors = received.invalid.errors if received.invalid is not None else []
         validity.mark_invalid(ledger, Reason.INVALID_SPEC, "; ".join(str(e) for e in errors), received.generation)
         return _done(ledger)
-    ctx = Pass(job=received.job, observed=observed, now=now, status=status, runtime_image=runtime_image)
+    ctx = Pass(job=received.job, observed=observed, now=now, status=status, runtime_image=runtime_image, pod_policy=pod_policy)
     account_time(ctx)
     _policies(ctx)
     return _done(ctx)

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from ...api.observed import PodView
 from ...api.vocabulary import ConditionType, Phase, Reason
-from .. import names
+from .. import names, podpolicy
 from ..manifests import IMAGE_UID
 from ..conditions import is_true, set_condition
 from ..context import Ledger, Pass, Verdict
@@ -29,6 +29,7 @@ _MISSING_KEY = re.compile(rf"\bkey +(\S+) +(?:not found +)?in +(secret|configmap
 
 
 RESOLVED: dict[str, str] = {
+    Reason.POD_TEMPLATE_REFUSED: "the pod template asks for nothing the operator refuses",
     Reason.MISSING_DEPENDENCY: "the objects the job was missing exist now",
     Reason.CONTAINER_CONFIG_ERROR: "the pods no longer wait on a container configuration error",
 }
@@ -80,6 +81,11 @@ def mark_invalid(ctx: Ledger, reason: str, message: str, generation: int | None)
 
 
 def handle(ctx: Pass) -> Verdict:
+    refused = podpolicy.refusals(ctx.spec.pod_template.to_wire() if ctx.spec.pod_template is not None else None,
+                                 ctx.pod_policy)
+    if refused:
+        mark_invalid(ctx, Reason.POD_TEMPLATE_REFUSED, "; ".join(refused), ctx.generation)
+        return Verdict.BLOCKED
     waited_for, blocked = waits_of_pods(ctx.observed.pods, names.config_map(ctx.job.metadata.name), ctx.now)
     missing = sorted(set(ctx.observed.missing) | set(waited_for))
     if missing or blocked:
