@@ -14,9 +14,12 @@ import subprocess
 import sys
 import time
 
+from pathlib import Path
+
 import pytest
 from llmtrain_contract.command import torchrun_args
 from llmtrain_contract.names import RDZV_LEASE_PORT_OFFSET
+from llmtrain_trainer.pod import rdzvstate
 from llmtrain_trainer.rendezvous import leases
 from support.waiting import wait_for
 
@@ -148,10 +151,10 @@ def test_a_forged_state_in_the_store_is_refused_naming_it_and_runs_nothing(store
     backend = C10dRendezvousBackend(store, RUN)
     current = backend.get_state()
     assert backend.set_state(pickle.dumps(_Forged(marker)), current[1] if current else None)[2]
-    with pytest.raises(leases.ForgedState, match="names posix.system"):
+    with pytest.raises(rdzvstate.ForgedState, match="names posix.system"):
         leases.release(store, RUN, HOST, os.getpid(), 1)
-    with pytest.raises(leases.ForgedState, match="does not decode"):
-        leases.load_state(b"not a pickle")
+    with pytest.raises(rdzvstate.ForgedState, match="does not decode"):
+        rdzvstate.load_state(b"not a pickle")
     assert not marker.exists(), "the forged state ran its command"
 
 
@@ -159,7 +162,7 @@ def test_torchruns_real_state_loads_whole_through_the_restricted_reader(store):
     me = _NodeDesc(HOST, os.getpid(), 0)
     state = _state(True, A, me)
     state.last_heartbeats[me] = datetime.datetime.now()
-    loaded = leases.load_state(pickle.dumps(state))
+    loaded = rdzvstate.load_state(pickle.dumps(state))
     assert loaded.participants == state.participants and loaded.last_heartbeats == state.last_heartbeats
     assert loaded.complete == state.complete and loaded.round == state.round
 
@@ -395,3 +398,27 @@ def _closed(conn: socket.socket) -> bool:
         return False
     except OSError:
         return True
+
+
+AGENT = Path(leases.__file__).resolve().parents[1] / "launch" / "torchrun_agent.py"
+
+
+@pytest.mark.parametrize("patched", [True, False], ids=["our-agent", "plain-torchrun"])
+def test_a_torchrun_agent_refuses_a_forged_state_in_the_store_and_runs_nothing(store, tmp_path, patched):
+    """The attack of a pod that reaches the store: a forged state that names os.system.
+    Plain torchrun runs it as it joins (the control: the test can fail); the project's
+    agent refuses it as a corrupt state and runs nothing."""
+    marker = tmp_path / "ran"
+    backend = C10dRendezvousBackend(store, RUN)
+    current = backend.get_state()
+    assert backend.set_state(pickle.dumps(_Forged(marker)), current[1] if current else None)[2]
+    program = [str(AGENT)] if patched else ["-m", "torch.distributed.run"]
+    agent = subprocess.run([sys.executable, *program, "--nnodes=1", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                            f"--rdzv-endpoint=127.0.0.1:{store.port}", f"--rdzv-id={RUN}",
+                            "--rdzv-conf=is_host=false,join_timeout=15", "--max-restarts=0", "-m", "json.tool", os.devnull],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    if patched:
+        assert not marker.exists(), "the forged state ran its command in the agent"
+        assert agent.returncode != 0 and "names posix.system" in agent.stderr, agent.stderr[-2000:]
+    else:
+        assert marker.exists(), "plain torchrun no longer unpickles the state: this test's control is gone"

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 import sys
 from types import ModuleType
 from collections.abc import Callable, Iterable
@@ -211,7 +212,34 @@ def admit_after_first_step(run_dir: str, limit: float = ADMIT_AFTER_SECONDS) -> 
     return gate
 
 
+def read_state_safely() -> bool:
+    """Patch torch so that its agents read the rendezvous state with the restricted
+    unpickler (``pod/rdzvstate.py``): the store is reachable over the network, and a
+    forged state naming a callable would otherwise run in this pod. A refused state is a
+    corrupt one to torchrun (``RendezvousStateError``), the agent fails, and nothing runs.
+    False (nothing patched) when this torch reads its state otherwise."""
+    try:
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous  # noqa: PLC0415 - a torch without it runs unpatched
+        rdzvstate = _by_path("pod", "rdzvstate")
+    except ImportError:
+        return False
+    if getattr(dynamic_rendezvous, "pickle", None) is not pickle:
+        return False
+
+    class _RestrictedPickle:
+        """What dynamic_rendezvous uses of the pickle module, with the restricted loads."""
+
+        dumps = staticmethod(pickle.dumps)
+        loads = staticmethod(rdzvstate.load_state)
+        PickleError = pickle.PickleError
+        UnpicklingError = pickle.UnpicklingError
+
+    dynamic_rendezvous.pickle = _RestrictedPickle  # type: ignore[assignment]  # patching torch's module is the point
+    return True
+
+
 def main() -> None:
+    read_state_safely()
     keep_open_on_failure()
     poll_faster()
     if os.environ.get(ADMIT_AFTER_FIRST_STEP):

@@ -30,7 +30,6 @@ the last call.
 
 from __future__ import annotations
 
-import io
 import ipaddress
 import json
 import pickle
@@ -42,6 +41,8 @@ from typing import Any
 
 from llmtrain_contract.command import torchrun_flag
 from llmtrain_contract.names import RDZV_LEASE_PORT_OFFSET as PORT_OFFSET
+
+from llmtrain_trainer.pod.rdzvstate import load_state
 
 HELLO_LIMIT = 4096
 HELLO_TIMEOUT_SECONDS = 10
@@ -135,35 +136,6 @@ def backend_for(store: Any, run_id: str) -> Any:
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend  # noqa: PLC0415
 
     return C10dRendezvousBackend(store, run_id)
-
-
-RDZV_MODULE = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
-STATE_GLOBALS = {(RDZV_MODULE, "_RendezvousState"), (RDZV_MODULE, "_NodeDesc"),
-                 ("datetime", "datetime"), ("datetime", "timedelta"), ("datetime", "timezone"), ("builtins", "set")}
-"""All that torchrun's rendezvous state is made of. The store is reachable over the
-network, so its bytes are read by an unpickler that builds nothing else: a forged state
-naming any other callable (``os.system``) is refused before anything runs."""
-
-
-class ForgedState(ValueError):
-    """The store held a rendezvous state naming something torchrun's state never holds."""
-
-
-class _StateUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in STATE_GLOBALS:
-            raise ForgedState(f"the rendezvous state names {module}.{name}, which torchrun's state never holds")
-        return super().find_class(module, name)
-
-
-def load_state(bits: bytes) -> Any:
-    """torchrun's rendezvous state from the store's bytes, building only its own types."""
-    try:
-        return _StateUnpickler(io.BytesIO(bits)).load()
-    except ForgedState:
-        raise
-    except Exception as err:  # any malformed payload is the same refusal
-        raise ForgedState(f"the rendezvous state does not decode: {err}") from err
 
 
 def _edit(backend: Any, change: Any, attempts: int = 20) -> Any:
