@@ -84,3 +84,47 @@ def test_a_checkpoint_of_another_model_config_is_not_resumed(tmp_path):
     job2, codes = run_job(tmp_path, other)
     assert codes == [ExitCode.CORRUPT_CHECKPOINT], job2.logs()
     assert "was written by another config" in job2.logs()
+
+
+class _Payload:
+    """What a writer of the tier could plant: unpickling it runs a command."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_forged_deepspeed_file_with_a_matching_manifest_is_refused_with_the_reason_and_runs_nothing(tmp_path):
+    """The manifest's hashes guard corruption, not forgery: whoever writes the tier can
+    rewrite them. DeepSpeed's files are loaded weights-only (engines/safeload.py), so a
+    payload in one is refused by name before it runs, and the trainer exits
+    CORRUPT_CHECKPOINT keeping the files."""
+    import json
+
+    import torch
+    from llmtrain_store import manifest as mf
+    from llmtrain_store.fileio import hash_file
+    from llmtrain_store.tier import digest_bytes
+
+    cfg = base_config(maxSteps=10, strategy={"kind": "deepspeed", "zeroStage": 2}, checkpoint={"intervalSteps": 5})
+    job, codes = run_job(tmp_path, cfg, procs_per_node=2)
+    assert codes == [0], job.logs()
+    marker = tmp_path / "payload-ran"
+    forged = "ds/zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    for folder in sorted((tmp_path / "node0" / "ckpt").glob("step-*")):
+        torch.save({"optimizer_state_dict": _Payload(marker)}, folder / forged)
+        manifest = json.loads((folder / mf.MANIFEST).read_text())
+        assert forged in manifest["files"], sorted(manifest["files"])
+        size, digest = hash_file(folder / forged)
+        manifest["files"][forged] = {"size": size, "hash": digest}
+        text = json.dumps(manifest).encode()
+        (folder / mf.MANIFEST).write_bytes(text)
+        (folder / mf.COMMITTED).write_text(digest_bytes(text))
+    job2, codes = run_job(tmp_path, dict(cfg, maxSteps=12), procs_per_node=2)
+    assert not marker.exists(), "the planted payload ran"
+    assert ExitCode.CORRUPT_CHECKPOINT in codes, (codes, job2.logs()[-3000:])
+    assert "refused: it holds more than tensors and DeepSpeed's own types" in job2.logs()
+    assert "posix.system" in job2.logs(), "the refusal names what the file asked for"

@@ -37,7 +37,7 @@ from llmtrain_contract.config import TrainerConfig
 
 from llmtrain_trainer.checkpoint.restore import Choice
 from llmtrain_trainer.checkpoint.tensorio import HashingFile
-from llmtrain_trainer.engines import build_locks
+from llmtrain_trainer.engines import build_locks, safeload
 from llmtrain_trainer.engines.base import Batch
 from llmtrain_trainer.engines.model import make_model
 from llmtrain_trainer.engines.schedule import lr_at, param_groups
@@ -297,8 +297,8 @@ class DeepSpeedEngine:
         return int(match.group(1)) if match else None
 
     def restore(self, choice: Choice, folder: Path | None, heartbeat: Callable[[], None]) -> None:
-        """DeepSpeed reads its own files (with pickle); they were verified against the
-        manifest, byte for byte, before this is called. At the world size that saved
+        """DeepSpeed reads its own files, weights-only (``safeload.py``: no pickle from a
+        tier); they were verified against the manifest, byte for byte, before this is called. At the world size that saved
         them, each rank loads the model file and its own shard; at another, one rank per
         node converts the complete copy into a universal checkpoint first (the others wait
         for its output) and every rank loads that."""
@@ -310,9 +310,10 @@ class DeepSpeedEngine:
             load_from = folder / UNIVERSAL_DIR
         else:
             load_from = folder
-        path, _ = self.engine.load_checkpoint(
-            str(load_from), tag=DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
-        )
+        with safeload.weights_only():  # no pickle from a tier (safeload.py)
+            path, _ = self.engine.load_checkpoint(
+                str(load_from), tag=DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
+            )
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load the checkpoint in {load_from}")
 
@@ -336,7 +337,7 @@ def convert_to_universal(folder: Path, heartbeat: Callable[[], None] = lambda: N
     tmp = folder / (UNIVERSAL_DIR + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     cmd = [
-        sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+        sys.executable, "-m", "llmtrain_trainer.engines.safeload", "deepspeed.checkpoint.ds_to_universal",
         "--input_folder", str(folder / DS_TAG),
         "--output_folder", str(tmp / DS_TAG),
         "--num_extract_workers", "1", "--num_merge_workers", "1",

@@ -107,6 +107,7 @@ def run(cfg: TrainerConfig, config_dir: Path | None = None) -> int:
     from llmtrain_trainer.train import dist as distmod  # noqa: PLC0415
     from llmtrain_trainer.checkpoint.restore import NoLoadableCheckpoint, TierUnavailable  # noqa: PLC0415
     from llmtrain_trainer.engines.data import DataError  # noqa: PLC0415
+    from llmtrain_trainer.engines.safeload import UnsafeCheckpoint  # noqa: PLC0415
     from llmtrain_trainer.train.metrics import NullMetrics, TrainerMetrics  # noqa: PLC0415
     from llmtrain_trainer.train.loop import Trainer  # noqa: PLC0415
 
@@ -151,7 +152,7 @@ def run(cfg: TrainerConfig, config_dir: Path | None = None) -> int:
         return int(code)
     except DataError as err:
         return _fail(run_dir, ExitCode.DATA_ERROR, str(err))
-    except NoLoadableCheckpoint as err:
+    except (NoLoadableCheckpoint, UnsafeCheckpoint) as err:
         return _fail(run_dir, ExitCode.CORRUPT_CHECKPOINT, str(err))
     except TierUnavailable as err:
         return _fail(run_dir, ExitCode.TRANSIENT, str(err))
