@@ -33,6 +33,15 @@ class Server:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
+                if self.path == "/flood":  # 100 MB, streamed: a pod's answer to a scrape
+                    self.send_response(200)
+                    self.end_headers()
+                    try:
+                        for _ in range(1600):
+                            self.wfile.write(b"# " + b"x" * 65533 + b"\n")
+                    except OSError:
+                        pass  # the prober hung up: as it should
+                    return
                 if self.path == "/slow":
                     time.sleep(5)
                 body = {"/trainer": page, "/slow": page, "/huge": page + b"# padding\n" * 30_000,
@@ -138,4 +147,23 @@ def test_a_page_over_the_size_limit_is_no_answer_and_is_not_read_whole():
     assert asyncio.run(prober.trainer(f"{server.url}/huge", 2)) is None
     assert scrape(f"{server.url}/huge") is None
     assert asyncio.run(prober.trainer(f"{server.url}/trainer", 2)) is not None, "a normal page still reads"
+    server.httpd.shutdown()
+
+
+def test_a_100_mb_page_costs_the_operator_no_more_than_the_limit():
+    """A pod that answers a scrape with 100 MB (no Content-Length, streamed) moves the
+    operator's memory by less than 10 MB: the prober stops reading at MAX_BODY."""
+    import tracemalloc
+
+    server = Server()
+    prober = AsyncProber()
+    tracemalloc.start()
+    try:
+        result = asyncio.run(prober.trainer(f"{server.url}/flood", 10))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result is None
+    assert peak < 10 * 2**20, f"{peak / 2**20:.1f} MB held while probing a 100 MB page"
+    assert scrape(f"{server.url}/flood", timeout=10) is None
     server.httpd.shutdown()
