@@ -86,7 +86,10 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=SETTINGS.api_threads, thread_name_prefix="k8s-api"))
     if SETTINGS.leader_election:
         namespace = SETTINGS.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
-        election = Leadership(LeaseClient(_K8S, namespace, SETTINGS.lease_name), me, SETTINGS.lease_duration_seconds,
+        # Its own client and connections: renewals never wait for a connection that the
+        # passes' API calls hold (and its own thread: Leadership.run).
+        lease_k8s = K8s.from_environment(user_agent=f"llmtrain-operator/{__version__} ({me})", connections=2)
+        election = Leadership(LeaseClient(lease_k8s, namespace, SETTINGS.lease_name), me, SETTINGS.lease_duration_seconds,
                               SETTINGS.renew_deadline_seconds, SETTINGS.retry_period_seconds)
         _GATE = election
         _STOP_ELECTION.clear()

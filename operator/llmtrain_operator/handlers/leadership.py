@@ -21,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, UTC
-from typing import Protocol
-from collections.abc import Callable
+from typing import Any, Protocol
 
 from .. import metrics
 from ..k8s.lease import LeaseConflict, LeaseRecord, micro_time
@@ -135,9 +136,21 @@ class Leadership:
     # ------------------------------------------------------------------ the loop
 
     async def run(self, stopped: asyncio.Event) -> None:
+        """Acquire, then renew every retry period, on a thread of its own: never queued
+        behind the reconcile passes' API calls in the shared pool (a burst of creates or a
+        slow API server there must not cost the leader its Lease). The Lease's client
+        should have connections of its own too (``handlers.configure``)."""
+        loop = asyncio.get_running_loop()
+        own = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leader-election")
+        try:
+            await self._run(stopped, lambda fn: loop.run_in_executor(own, fn))
+        finally:
+            own.shutdown(wait=False)
+
+    async def _run(self, stopped: asyncio.Event, call: Callable[[Callable[[], Any]], Awaitable[Any]]) -> None:
         while not stopped.is_set():
             try:
-                await asyncio.to_thread(self.try_acquire_or_renew)
+                await call(self.try_acquire_or_renew)
             except LeaseConflict as err:
                 log.debug("%s", err)
             except Exception as err:  # noqa: BLE001 - the API server may be away; keep trying
@@ -147,7 +160,7 @@ class Leadership:
                 await asyncio.wait_for(stopped.wait(), timeout=self.retry_period)
             except TimeoutError:
                 pass
-        await asyncio.to_thread(self.release)
+        await call(self.release)
         self._report()
 
     def _report(self) -> None:

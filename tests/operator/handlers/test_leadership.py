@@ -168,3 +168,36 @@ def test_a_short_outage_keeps_the_leader_and_a_long_one_ends_its_term(down_for):
     assert a.holds() == (down_for < RENEW)
     store.down = False
     assert attempt(a) and a.holds()  # nobody else took it: a renews and carries on
+
+
+def test_renewals_are_not_queued_behind_a_saturated_api_pool():
+    """Every thread of the shared pool is blocked (a burst of creates to a slow API
+    server): the leader still renews every retry period, on its own thread."""
+    import asyncio
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = Store()
+    renewals: list[float] = []
+    real_replace, real_create = store.replace, store.create
+    store.replace = lambda record: renewals.append(time.monotonic()) or real_replace(record)  # type: ignore[method-assign]
+    store.create = lambda record: renewals.append(time.monotonic()) or real_create(record)  # type: ignore[method-assign]
+    e = Leadership(store, "leader", DURATION, RENEW, retry_period=0.05)
+    release = threading.Event()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=4))
+        blocked = [loop.run_in_executor(None, release.wait, 5) for _ in range(16)]  # the pool is full for 5 s
+        stopped = asyncio.Event()
+        election = asyncio.create_task(e.run(stopped))
+        await asyncio.sleep(0.6)
+        stopped.set()
+        await election
+        release.set()
+        await asyncio.gather(*blocked)
+
+    asyncio.run(main())
+    assert len(renewals) >= 5, f"{len(renewals)} Lease writes in 0.6 s with the API pool blocked"
+    assert store.record is not None and store.record.holder == "", "released on the graceful stop"
