@@ -136,9 +136,9 @@ class DirTier:
         steps deleted. Staging folders of steps older than the newest commit are swept too."""
         try:
             steps = sorted(c.step for c in self.list())
-        except StepUnreadable as err:  # a listing without that step could doom the steps beside it
-            log.warning("%s: retention deletes nothing until it can be read", err)
-            return []
+        except StepUnreadable as err:  # counted among the readable steps only, never deleted
+            log.warning("%s: retention keeps it and counts the readable steps", err)
+            steps = sorted(c.step for c in err.listed)
         excess = steps[: max(0, len(steps) - (self.keep if keep is None else keep))]
         doomed = [step for step in excess if not self._pinned(step)]
         for step in doomed:
@@ -158,10 +158,10 @@ class DirTier:
         deleted: list[int] = []
         while shutil.disk_usage(self.root).free < need:
             try:
-                older = sorted(c.step for c in self.list())[:-1]
-            except StepUnreadable as err:
-                log.warning("%s: no room is made until it can be read", err)
-                break
+                listed = self.list()
+            except StepUnreadable as err:  # room is made from the readable steps only
+                listed = err.listed
+            older = sorted(c.step for c in listed)[:-1]
             older = [s for s in older if not self._pinned(s)]
             if not older:
                 break
@@ -222,6 +222,7 @@ class DirTier:
         out: list[Committed] = []
         if not self.root.is_dir():
             return out
+        unreadable: list[tuple[int | None, BaseException]] = []
         for folder in self.root.glob(mf.STEP_PREFIX + "*"):
             try:
                 if folder.is_symlink() or (folder / mf.MANIFEST).is_symlink():
@@ -229,9 +230,9 @@ class DirTier:
                 text = (folder / mf.MANIFEST).read_bytes()
                 marker = (folder / mf.COMMITTED).read_bytes()
             except OSError as err:
-                if absent(err):
-                    continue
-                raise StepUnreadable(self.name, mf.step_of(folder.name), err) from err
+                if not absent(err):
+                    unreadable.append((mf.step_of(folder.name), err))
+                continue
             if marker.decode(errors="replace").strip() != digest_bytes(text):
                 continue
             try:
@@ -239,7 +240,10 @@ class DirTier:
                 out.append(Committed(self, int(manifest["step"]), str(folder), manifest))
             except (ValueError, KeyError, TypeError):
                 continue
-        return sorted(out, key=lambda c: c.step, reverse=True)
+        listed = sorted(out, key=lambda c: c.step, reverse=True)
+        if unreadable:
+            raise StepUnreadable(self.name, [s for s, _ in unreadable], unreadable[0][1], listed) from unreadable[0][1]
+        return listed
 
     def verify(self, committed: Committed, names: builtins.list[str] | None, allowed: re.Pattern[str]) -> str | None:
         """None if the named files (default: all) are safe to read and match the manifest

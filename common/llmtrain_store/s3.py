@@ -279,14 +279,15 @@ class S3Tier:
     def retain(self) -> list[int]:
         """Delete committed steps beyond ``keep`` (oldest first), and uncommitted steps
         older than the newest committed one (abandoned uploads)."""
+        untouchable: set[int | None] = set()
         try:
             committed = sorted(c.step for c in self.list())
-        except StepUnreadable as err:  # a listing without that step could doom the steps beside it
-            log.warning("%s: retention deletes nothing until it can be read", err)
-            return []
+        except StepUnreadable as err:  # counted among the readable steps only, never deleted
+            log.warning("%s: retention keeps it and counts the readable steps", err)
+            committed, untouchable = sorted(c.step for c in err.listed), set(err.steps)
         doomed = committed[: max(0, len(committed) - self.keep)]
         if committed:
-            doomed += [s for s in self._steps() if s < committed[-1] and s not in committed]
+            doomed += [s for s in self._steps() if s < committed[-1] and s not in committed and s not in untouchable]
         for step in doomed:
             self.delete(step)
         return sorted(set(doomed))
@@ -302,14 +303,15 @@ class S3Tier:
         committed yet, or being deleted) or whose marker does not match is left out; one
         that cannot be read for another reason raises StepUnreadable (``tier.py``)."""
         out = []
+        unreadable: list[tuple[int, BaseException]] = []
         for step in self._steps():
             try:
                 text = self._get(self.key(step, mf.MANIFEST))
                 marker = self._get(self.key(step, mf.COMMITTED))
-            except Exception as err:  # classified: absent, or unreadable
-                if absent(err):
-                    continue
-                raise StepUnreadable(self.name, step, err) from err
+            except Exception as err:  # noqa: BLE001 - classified: absent, or unreadable (named after the listing)
+                if not absent(err):
+                    unreadable.append((step, err))
+                continue
             if marker.decode(errors="replace").strip() != digest_bytes(text):
                 continue
             try:
@@ -317,7 +319,10 @@ class S3Tier:
                 out.append(Committed(self, int(manifest["step"]), self.key(step), manifest))
             except (ValueError, KeyError, TypeError):  # a manifest that matches its marker but is no manifest
                 continue
-        return sorted(out, key=lambda c: c.step, reverse=True)
+        listed = sorted(out, key=lambda c: c.step, reverse=True)
+        if unreadable:
+            raise StepUnreadable(self.name, [s for s, _ in unreadable], unreadable[0][1], listed) from unreadable[0][1]
+        return listed
 
     def verify(self, committed: Committed, names: builtins.list[str] | None, allowed: re.Pattern[str]) -> str | None:
         """Names and sizes: the bytes themselves are hashed as they are fetched."""

@@ -95,14 +95,18 @@ class CheckpointError(Exception):
 
 
 class StepUnreadable(CheckpointError):
-    """A step the tier lists cannot be read for a reason other than its absence (access
-    refused, an I/O error, a 5xx): ``list()`` raises this instead of leaving the step out,
-    since a listing without it could make a job start over beside committed progress, and
-    retention then delete that progress as older. The cause is chained (``__cause__``)."""
+    """Steps the tier lists but cannot read for a reason other than their absence (access
+    refused, an I/O error, a 5xx): ``list()`` raises this instead of leaving them out,
+    since a listing without them could make a job start over beside committed progress,
+    and retention then delete that progress as older. ``listed`` holds the steps that
+    were read (newest first): a restore and retention may use those, never touching the
+    unreadable ones. The first cause is chained (``__cause__``)."""
 
-    def __init__(self, tier: str, step: int | None, cause: BaseException):
-        super().__init__(f"{tier} tier: step {step} is listed but cannot be read ({type(cause).__name__})")
-        self.tier, self.step = tier, step
+    def __init__(self, tier: str, steps: list[int | None], cause: BaseException, listed: list[Committed] | None = None):
+        shown = ", ".join("?" if s is None else str(s) for s in steps[:5]) + (" ..." if len(steps) > 5 else "")
+        said = f"step {shown} is" if len(steps) == 1 else f"steps {shown} are"
+        super().__init__(f"{tier} tier: {said} listed but cannot be read ({type(cause).__name__})")
+        self.tier, self.steps, self.listed, self.what = tier, steps, listed or [], f"{said} listed but cannot be read"
 
 
 def write_json_durably(path: Path, data: Any) -> bytes:

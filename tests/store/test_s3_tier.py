@@ -105,7 +105,7 @@ def test_a_bucket_that_lists_but_refuses_reads_raises_and_retention_deletes_noth
                            "ResponseMetadata": {"HTTPStatusCode": 403}}, "GetObject")
 
     client.get_object = refused
-    with pytest.raises(StepUnreadable, match="s3 tier: step 1 is listed but cannot be read") as info:
+    with pytest.raises(StepUnreadable, match="s3 tier: steps 1, 2 are listed but cannot be read") as info:
         tier.list()
     assert classify(info.value).reason == "CredentialsRefused", "classified by its cause"
     assert tier.retain() == []

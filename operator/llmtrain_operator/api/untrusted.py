@@ -27,8 +27,11 @@ _SHOWN = 40
 
 
 def shown(value: Any) -> str:
-    """A value as a report quotes it: short, one line."""
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    """A value as a report quotes it: short, one line (never raising, however deep)."""
+    try:
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+    except (RecursionError, ValueError, TypeError):
+        text = f"a {type(value).__name__} nested too deep"
     text = text.replace("\n", "\\n")
     return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
 
@@ -104,6 +107,8 @@ def termination(message: Any) -> tuple[dict[str, Any], list[str]]:
             kept[key] = got
 
     for key, value in parsed.items():
+        if value is None:
+            continue  # the launcher writes null for what it does not know (a step before the first)
         if key == Termination.CODE:
             take(key, value, exit_code)
         elif key in (Termination.RANK, Termination.STEP, Termination.COUNTED_IN_PLACE):

@@ -41,6 +41,16 @@ def test_a_termination_message_keeps_its_good_fields_and_names_its_bad_ones():
     assert kept == {"reason": "Crash", "rank": 1, "message": "m" * untrusted.MAX_MESSAGE}
     assert [b.split(" (")[0] for b in bad] == ["termination message field 'code'", "termination message field 'step'",
                                                "termination message field 'checkpoints'"]
+    # null is the launcher's "unknown" (a step before the first): left out, no complaint
+    assert untrusted.termination('{"code": 82, "step": null, "rank": null}') == ({"code": 82}, [])
+    # a value nested just short of the parser's limit, read deep in a pass's stack: refused,
+    # and the report of it does not raise (quoting it recursed past the limit)
+    def deep(frames, call):
+        return call() if frames == 0 else deep(frames - 1, call)
+
+    for depth in range(700, 1000):
+        kept, bad = deep(150, lambda: untrusted.termination('{"code": ' + "[" * depth + "]" * depth + "}"))  # noqa: B023
+        assert kept == {} and len(bad) <= 1
     # not the launcher's (plain text, a list, JSON nested past the parser's depth): nothing, no complaint
     for message in ("Error: killed", "[1, 2]", "[" * 100_000 + "]" * 100_000, "", None):
         assert untrusted.termination(message) == ({}, []), message[:20] if message else message

@@ -285,6 +285,21 @@ def test_a_listed_step_that_cannot_be_read_never_lets_a_job_start_over(tmp_path,
         _restore([DirTier("local", tmp_path / "local"), shared])
 
 
+def test_steps_that_can_be_read_beside_one_that_cannot_are_used_and_the_other_is_kept(tmp_path, caplog):
+    """One unreadable folder does not hide the tier's other steps from a restore, nor stop
+    retention for good: it is named, never deleted, never counted."""
+    shared = DirTier("shared", tmp_path / "shared", keep=1)
+    for step in (5, 10, 15):
+        save_dir(shared, step, {"state.llmt": bytes([step]) * 10})
+    _unreadable(shared, 5)
+    with caplog.at_level(logging.ERROR, "llmtrain.restore"):
+        choice, _ = _restore([DirTier("local", tmp_path / "local"), shared])
+    assert choice.step == 15
+    assert "shared tier: step 5 is listed but cannot be read" in caplog.text and "restoring from the steps that could" in caplog.text
+    assert shared.retain() == [10], "the readable older step goes; the unreadable one stays"
+    assert (tmp_path / "shared" / mf.step_dir(5)).is_dir()
+
+
 def test_a_step_being_deleted_while_listed_is_left_out_not_an_error(tmp_path):
     tier = DirTier("shared", tmp_path / "shared", keep=5)
     save_dir(tier, 5, {"state.llmt": b"a" * 10})
@@ -303,7 +318,7 @@ def test_reads_refused_on_a_listed_step_are_retryable_though_a_refused_listing_i
 
     denied = ClientError({"Error": {"Code": "AccessDenied"}, "ResponseMetadata": {"HTTPStatusCode": 403}}, "GetObject")
     try:
-        raise StepUnreadable("s3", 40, denied) from denied
+        raise StepUnreadable("s3", [40], denied) from denied
     except StepUnreadable as err:
         unreadable = err
     with pytest.raises(TierUnavailable, match="s3 tier: step 40 is listed but cannot be read: the credentials were refused"):

@@ -347,6 +347,10 @@ def test_a_hello_must_come_from_the_agent_it_names():
     resolves = lambda name, port, type: [(2, 1, 6, "", ("10.244.1.7", 0))] if name == "worker-0.pods" else []  # noqa: E731
     assert leases.impostor(named, "10.244.1.7", resolve=resolves) is None
     assert "does not resolve to 10.244.2.9" in leases.impostor(named, "10.244.2.9", resolve=resolves)
+    # Its own address, and another agent's as an alias: the lease would release both.
+    assert "aliases" in leases.impostor({**_hello("10.244.2.9", 7), "aliases": ["10.244.1.7"]}, "10.244.2.9")
+    both = {**_hello("worker-0.pods", 7), "aliases": ["worker-1.pods"]}
+    assert "'worker-1.pods', which does not resolve to 10.244.1.7" in leases.impostor(both, "10.244.1.7", resolve=resolves)
 
 
 def test_a_forged_or_foreign_hello_removes_nobody_and_the_store_serves_on(store, capsys):
@@ -356,7 +360,7 @@ def test_a_forged_or_foreign_hello_removes_nobody_and_the_store_serves_on(store,
         _write(store, _state(True, agent, A))
         for hello in ({**_hello("10.244.1.7", 101)},          # another pod's agent, from here
                       {**_hello(HOST, 101), "run_id": "some-other-job"}):  # a rendezvous this store does not hold
-            with socket.create_connection(("127.0.0.1", server.port)) as forged:
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as forged:  # a regression fails, not hangs
                 forged.sendall((json.dumps(hello) + "\n").encode())
                 assert forged.recv(1) == b"", "the server hangs up"
         err = capsys.readouterr().err

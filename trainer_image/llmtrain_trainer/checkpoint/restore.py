@@ -119,10 +119,12 @@ def _list(tier: Any, on_error: Callable[[str, BaseException], object],
         except Exception as err:  # noqa: BLE001 - classified; an unreachable tier must not crash a restore
             on_error(tier.name, err)
             found = classify(err)
-            unreadable = isinstance(err, StepUnreadable)
-            if (found.reason in CONFIG_REASONS and not unreadable) or pause is None:
-                where = f"step {err.step} is listed but cannot be read: " if isinstance(err, StepUnreadable) else ""
-                return None, Unlisted(tier.name, found.reason, where + found.message, unreadable)
+            if isinstance(err, StepUnreadable) and pause is None:
+                # The steps that were read are candidates; the others may be newer progress:
+                # named, and with nothing found anywhere the run exits retryable.
+                return err.listed, Unlisted(tier.name, found.reason, f"{err.what}: {found.message}", True)
+            if (found.reason in CONFIG_REASONS and not isinstance(err, StepUnreadable)) or pause is None:
+                return None, Unlisted(tier.name, found.reason, found.message)
             log.warning("%s tier: cannot list checkpoints (%s); trying again in %.0fs", tier.name, found.message, pause)
             sleep(pause)
     return None, None  # unreachable: the loop returns
@@ -141,9 +143,9 @@ def listing_of(tiers: list[Any], config_hash: str, strategy: str, allowed: re.Pa
     unlisted: list[Unlisted] = []
     for index, tier in enumerate(tiers):
         committed, failure = _list(tier, on_error, sleep)
+        if failure is not None:
+            unlisted.append(failure)
         if committed is None:
-            if failure is not None:
-                unlisted.append(failure)
             continue
         for c in committed:
             man = c.manifest
@@ -267,7 +269,10 @@ def find_restore_point(
         for problem in sorted({p for ps in gather(problems) for p in ps}):
             log.warning("checkpoint skipped: %s", problem)
         for u in {(u.tier, u.message): u for u in everyone_unlisted}.values():
-            log.error("%s tier: cannot list checkpoints: %s; restoring without it", u.tier, u.message)
+            if u.unreadable:
+                log.error("%s tier: %s; restoring from the steps that could be read", u.tier, u.message)
+            else:
+                log.error("%s tier: cannot list checkpoints: %s; restoring without it", u.tier, u.message)
     else:
         gather(problems)
     for cand in candidates(listings, world, sharded):

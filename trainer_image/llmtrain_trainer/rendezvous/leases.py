@@ -193,20 +193,26 @@ def impostor(hello: dict[str, Any], peer: str, resolve: Any = socket.getaddrinfo
     own (a pod cannot send from another pod's IP); a host name (no ``--local-addr``, a
     local run) must come from this host or resolve to the connection's address."""
     source = _ip(peer)
-    claimed = _ip(hello["addr"])
     if source is None:
         return f"the connection's address {peer!r} is not an IP address"
-    if claimed is not None:
-        return None if claimed == source else f"it names the agent at {hello['addr']} but comes from {peer}"
-    if source.is_loopback:
-        return None
+    if _ip(hello["addr"]) is not None and hello["aliases"]:
+        # A launcher with --local-addr sends no aliases; the lease releases every name it
+        # lists, so an alias would let a hello from here name an agent elsewhere.
+        return f"it names the agent at {hello['addr']} and aliases {hello['aliases'][:3]}"
     for name in [hello["addr"], *hello["aliases"]]:
-        try:
-            if any(_ip(info[4][0]) == source for info in resolve(name, None, type=socket.SOCK_STREAM)):
-                return None
-        except (OSError, UnicodeError):
+        claimed = _ip(name)
+        if claimed is not None:
+            if claimed != source:
+                return f"it names the agent at {name} but comes from {peer}"
             continue
-    return f"it names the host {hello['addr']!r}, which does not resolve to {peer}"
+        if source.is_loopback:
+            continue  # a host name from this host: a local run, every agent is here
+        try:
+            if not any(_ip(info[4][0]) == source for info in resolve(name, None, type=socket.SOCK_STREAM)):
+                return f"it names the host {name!r}, which does not resolve to {peer}"
+        except (OSError, UnicodeError):
+            return f"it names the host {name!r}, which does not resolve"
+    return None
 
 
 def _keep_alive(conn: socket.socket) -> None:
@@ -249,7 +255,8 @@ class LeaseServer:
             except OSError:
                 if self.stopped.is_set():
                     return  # closed
-                continue  # out of file descriptors for a moment, a connection reset before accept
+                self.stopped.wait(0.1)  # out of file descriptors for a moment: not a busy loop
+                continue
             with self.held_lock:
                 full = self.connections >= self.max_connections
                 if not full:
