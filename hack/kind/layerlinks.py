@@ -59,6 +59,8 @@ def link_layer(src: Path, dst: Path, done: Linked | None = None) -> Linked:
                 done.differing += 1
                 continue
             tmp = here + ".llmtrain-link"
+            if os.path.lexists(tmp):
+                os.unlink(tmp)  # left by an interrupted run
             os.link(there, tmp)
             os.replace(tmp, here)
             done.files += 1

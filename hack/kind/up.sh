@@ -48,11 +48,11 @@ layer_dirs() {  # NODE IMAGE: the host paths of IMAGE's layer snapshots in NODE,
   docker exec "$n" sh -c 'ctr -n k8s.io snapshots rm llmtrain-layers 2>/dev/null
     ctr -n k8s.io snapshots view llmtrain-layers "$1" >/dev/null && ctr -n k8s.io snapshots mounts /x llmtrain-layers
     rc=$?; ctr -n k8s.io snapshots rm llmtrain-layers; exit $rc' _ "$chain" \
-    | grep -o "$SNAPSHOTS/[0-9]*/fs" | sed "s|^/var|$vol|"
+    | { grep -o "$SNAPSHOTS/[0-9]*/fs" || true; } | sed "s|^/var|$vol|"
 }
-link_layers() {  # IMAGE FROM TO: TO's copy of IMAGE's layers made links to FROM's
+link_layers() {  # IMAGE FROM TO: TO's copy of IMAGE's layers made links to FROM's (a saving, never needed)
   local from to
-  from=$(layer_dirs "$2" "$1"); to=$(layer_dirs "$3" "$1")
+  from=$(layer_dirs "$2" "$1") && to=$(layer_dirs "$3" "$1") || { log "cannot list the layers of $1 in $2 or $3: not linked"; return 1; }
   [ -n "$from" ] && [ "$(wc -l <<< "$from")" = "$(wc -l <<< "$to")" ] \
     || { log "$2 and $3 name different layers for $1: not linked"; return 1; }
   log "linking $3's layers of $1 to $2's"
@@ -76,7 +76,7 @@ load() {  # load IMAGE NODE...: into each node that lacks this build of it
     old=$(docker exec "$n" crictl inspecti -o go-template --template '{{.status.id}}' "$image" 2>/dev/null || true)
     if [ "$old" = "$want" ]; then have=${have:-$n}; else need+=("$n"); fi
   done
-  for n in "${need[@]}"; do
+  for n in ${need[@]+"${need[@]}"}; do
     room "$image"
     log "loading $image into $n"
     # the image this tag named before, removed once the tag moves (else it stays, by id)
@@ -87,7 +87,7 @@ load() {  # load IMAGE NODE...: into each node that lacks this build of it
       [ -z "$stale" ] || ctr -n k8s.io images rm --sync $stale >/dev/null'
     new=$(docker exec "$n" crictl inspecti -o go-template --template '{{.status.id}}' "$image")
     if [ -n "$old" ] && [ "$old" != "$new" ]; then docker exec "$n" crictl rmi "$old" >/dev/null || true; fi
-    if [ -n "$have" ]; then link_layers "$image" "$have" "$n"; else have=$n; fi
+    if [ -n "$have" ]; then link_layers "$image" "$have" "$n" || true; else have=$n; fi
   done
 }
 load_project_images() {

@@ -178,7 +178,8 @@ class K8s:
 
     def owner_uids(self, kind: str, namespace: str, name: str) -> list[str] | None:
         """The uids in an existing Pod's, Service's or ConfigMap's ownerReferences; None
-        when it is gone (or of another kind: not checked)."""
+        when it is gone, being deleted (a namesake's leftover on its way out: the create
+        is tried again later), or of another kind (not checked)."""
         reads = {"Pod": self.core.read_namespaced_pod, "Service": self.core.read_namespaced_service,
                  "ConfigMap": self.core.read_namespaced_config_map}
         if kind not in reads:
@@ -198,6 +199,8 @@ class K8s:
             raise _classify(err, what) from err
         except (ValueError, AttributeError) as err:
             raise TransientApiError(f"{what}: unreadable response: {err}") from err
+        if meta.get("deletionTimestamp"):
+            return None
         return [str(ref.get("uid")) for ref in meta.get("ownerReferences") or [] if isinstance(ref, dict)]
 
     def update_spec(self, manifest: dict[str, Any]) -> None:

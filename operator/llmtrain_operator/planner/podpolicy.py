@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-ALLOWED_CAPABILITIES = frozenset({"SYS_PTRACE"})
+ALLOWED_CAPABILITIES = frozenset({"SYS_PTRACE", "IPC_LOCK"})
 """Capabilities a template may add without privilege: py-spy's on older runtimes
-(docs/install.md, "Pod Security of the jobs' pods")."""
+(docs/install.md, "Pod Security of the jobs' pods") and RDMA's (pinned memory for
+InfiniBand and RoCE)."""
 HOST_NAMESPACES = ("hostNetwork", "hostPID", "hostIPC")
 
 
@@ -47,7 +48,7 @@ def refusals(template: dict[str, Any] | None, policy: PodPolicy) -> list[str]:
     out: list[str] = []
     where = "spec.podTemplate.spec"
     account = spec.get("serviceAccountName") or spec.get("serviceAccount")
-    if account and "*" not in policy.service_accounts and account not in policy.service_accounts:
+    if account and account != "default" and "*" not in policy.service_accounts and account not in policy.service_accounts:
         key = "serviceAccountName" if spec.get("serviceAccountName") else "serviceAccount"
         out.append(f"{where}.{key}: service account {account!r} would give the job's pods its API rights; the operator "
                    "allows the service accounts in LLMTRAIN_OPERATOR_ALLOWED_SERVICE_ACCOUNTS (chart: "
@@ -58,6 +59,10 @@ def refusals(template: dict[str, Any] | None, policy: PodPolicy) -> list[str]:
     for key in HOST_NAMESPACES:
         if spec.get(key) is True:
             out.append(f"{where}.{key}: the host's namespace: {why}")
+    raw_context = spec.get("securityContext")
+    pod_context: dict[str, Any] = raw_context if isinstance(raw_context, dict) else {}
+    if (pod_context.get("windowsOptions") or {}).get("hostProcess") is True:
+        out.append(f"{where}.securityContext.windowsOptions.hostProcess: {why}")
     for i, volume in enumerate(spec.get("volumes") or []):
         if isinstance(volume, dict) and "hostPath" in volume:
             out.append(f"{where}.volumes[{i}].hostPath: a node's files ({volume.get('name', '?')}): {why}; a node-local "
@@ -71,9 +76,16 @@ def refusals(template: dict[str, Any] | None, policy: PodPolicy) -> list[str]:
         path = f"{where}.{kind}[{index}].securityContext"
         context = container.get("securityContext") or {}
         if not isinstance(context, dict):
-            continue
+            context = {}
         if context.get("privileged") is True:
             out.append(f"{path}.privileged: {why}")
+        if context.get("procMount") not in (None, "Default"):
+            out.append(f"{path}.procMount: {context.get('procMount')}: {why}")
+        if (context.get("windowsOptions") or {}).get("hostProcess") is True:
+            out.append(f"{path}.windowsOptions.hostProcess: {why}")
+        for j, port in enumerate(container.get("ports") or []):
+            if isinstance(port, dict) and port.get("hostPort"):
+                out.append(f"{where}.{kind}[{index}].ports[{j}].hostPort: a node's port: {why}")
         added = ((context.get("capabilities") or {}).get("add") or []) if isinstance(context.get("capabilities"), dict) else []
         extra = sorted(str(c) for c in added if str(c).upper().removeprefix("CAP_") not in ALLOWED_CAPABILITIES)
         if extra:

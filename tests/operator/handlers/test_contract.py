@@ -417,6 +417,18 @@ async def test_an_object_of_the_jobs_name_that_it_does_not_own_is_refused_by_nam
     assert api.objects["v1/pods", NS, "tiny-elastic-rdzv"].raw["metadata"].get("ownerReferences") in (None, [])
 
 
+async def test_a_namesakes_pod_on_its_way_out_is_waited_for_not_reported(api, k8s):
+    """The job was deleted and created again under its name: the old job's store pod is
+    still terminating. Its create is answered 409 by an object being deleted: no refusal,
+    the next passes create it once it is gone."""
+    leftover = pod("tiny-elastic-rdzv", 0, owners=[{**OWNED[0], "uid": "uid-of-the-deleted-namesake"}])
+    leftover["metadata"]["deletionTimestamp"] = ago(1)
+    api.objects["v1/pods", NS, "tiny-elastic-rdzv"] = leftover
+    put_job(api, job())
+    await one_pass(api, k8s)
+    assert not reconcile_module._REFUSALS.get((NS, NAME)) or not reconcile_module._REFUSALS[NS, NAME].refused
+
+
 async def test_a_refusal_that_lasts_backs_off_to_five_minutes():
     from llmtrain_operator.handlers.reconcile import Refusal
 

@@ -26,6 +26,14 @@ def test_each_privileged_field_is_named():
         "spec.podTemplate.spec.containers[1].securityContext.capabilities.add",
         "spec.podTemplate.spec.initContainers[0].securityContext.privileged"]
     assert "SYS_ADMIN" in said[4] and "SYS_PTRACE" not in said[4], "py-spy's capability is allowed"
+    more = refusals({"spec": {"securityContext": {"windowsOptions": {"hostProcess": True}}, "containers": [
+        {"name": "trainer", "ports": [{"containerPort": 80, "hostPort": 80}],
+         "securityContext": {"procMount": "Unmasked", "capabilities": {"add": ["IPC_LOCK", "cap_sys_ptrace"]}}}]}}, STRICT)
+    assert [s.split(":")[0] for s in more] == [
+        "spec.podTemplate.spec.securityContext.windowsOptions.hostProcess",
+        "spec.podTemplate.spec.containers[0].securityContext.procMount",
+        "spec.podTemplate.spec.containers[0].ports[0].hostPort"], "RDMA's IPC_LOCK and py-spy's SYS_PTRACE pass"
+    assert refusals({"spec": {"serviceAccountName": "default"}}, STRICT) == [], "the namespace's default account"
     assert refusals(PRIVILEGED, PodPolicy(allow_privileged=True)) == []
 
 

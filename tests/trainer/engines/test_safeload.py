@@ -48,6 +48,6 @@ def test_the_converter_wrapper_runs_a_module_under_the_rule(tmp_path):
     out = subprocess.run([sys.executable, "-m", "llmtrain_trainer.engines.safeload", "runpy_target"],
                          cwd=tmp_path, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])})
-    assert out.returncode == 2 and "refused" in out.stderr and "posix.system" in out.stderr, out.stderr[-2000:]
+    assert out.returncode == safeload.REFUSED and "refused" in out.stderr and "posix.system" in out.stderr, out.stderr[-2000:]
     assert not marker.exists()
     assert subprocess.run([sys.executable, "-m", "llmtrain_trainer.engines.safeload"], capture_output=True).returncode == 64

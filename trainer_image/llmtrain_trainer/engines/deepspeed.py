@@ -347,6 +347,8 @@ def convert_to_universal(folder: Path, heartbeat: Callable[[], None] = lambda: N
         heartbeat()
         time.sleep(0.2)
     output = proc.stdout.read() if proc.stdout else ""
+    if proc.returncode == safeload.REFUSED:
+        raise safeload.UnsafeCheckpoint(f"converting {folder} to a universal checkpoint: {output.strip()[-2000:]}")
     if proc.returncode != 0:
         raise RuntimeError(f"ds_to_universal failed for {folder}: {output[-2000:]}")
     (tmp / "latest_universal").write_text(DS_TAG)

@@ -29,6 +29,10 @@ ALLOWED = (
 tensors and containers; every other global is refused."""
 
 
+REFUSED = 3
+"""``main``'s exit code when a file was refused (not 1, a crash; not 2, a usage error)."""
+
+
 class UnsafeCheckpoint(RuntimeError):
     """A checkpoint file names something a weights-only load does not build."""
 
@@ -87,7 +91,7 @@ def main(argv: list[str]) -> int:
             runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
         except UnsafeCheckpoint as err:
             print(f"llmtrain: {err}", file=sys.stderr)
-            return 2
+            return REFUSED
     return 0
 
 

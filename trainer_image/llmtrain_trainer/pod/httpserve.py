@@ -18,8 +18,9 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-MAX_CONNECTIONS = 64
-"""Connections handled at once (each holds a thread while it lasts)."""
+MAX_CONNECTIONS = 256
+"""Connections handled at once (each holds a thread while it lasts): 32 pods at the
+per-peer cap before the kubelet's probe could find no slot."""
 MAX_PER_PEER = 8
 """Of those, from one address."""
 CONNECTION_TIMEOUT_SECONDS = 5.0
