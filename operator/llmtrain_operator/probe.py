@@ -11,6 +11,7 @@ progress a user's script reported (docs/custom-scripts.md).
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -59,8 +60,7 @@ def parse(text: str) -> TrainerProbe:
     stragglers: dict[int, float] = {}
     rejected: list[str] = []
 
-    def bad(sample: Any, what: str = "value") -> None:
-        rejected.append(f"metric {sample.name} {what} ({untrusted.shown(sample.value if what == 'value' else sample.labels)})")
+    bad = partial(_reject, rejected)
 
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -78,7 +78,7 @@ def parse(text: str) -> TrainerProbe:
             elif sample.name == FAILED_ATTEMPTS:
                 _failed(sample, failed, bad)
             elif sample.name == Metric.STRAGGLER:
-                rank, value = untrusted.count(sample.labels.get("rank", "")), untrusted.ratio(sample.value)
+                rank, value = untrusted.count(sample.labels.get("rank", "")), untrusted.seconds(sample.value)
                 if rank is None or value is None:
                     bad(sample, "value" if rank is not None else "labels")
                 else:
@@ -116,6 +116,11 @@ def parse(text: str) -> TrainerProbe:
     )
 
 
+def _reject(rejected: list[str], sample: Any, what: str = "value") -> None:
+    """Name a sample's unusable value (or labels) in ``rejected``."""
+    rejected.append(f"metric {sample.name} {what} ({untrusted.shown(sample.value if what == 'value' else sample.labels)})")
+
+
 def _failed(sample: Any, failed: dict[str, int], bad: Any) -> None:
     cause, n = sample.labels.get("cause", "crash"), untrusted.count(sample.value)
     if cause not in FAILED_ATTEMPT_CAUSES or n is None:
@@ -149,8 +154,7 @@ def parse_launcher(text: str) -> LauncherReport:
     values: dict[str, float] = {}
     rejected: list[str] = []
 
-    def bad(sample: Any, what: str = "value") -> None:
-        rejected.append(f"metric {sample.name} {what} ({untrusted.shown(sample.value if what == 'value' else sample.labels)})")
+    bad = partial(_reject, rejected)
 
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -51,16 +51,11 @@ def count(value: Any) -> int | None:
 
 
 def seconds(value: Any) -> float | None:
-    """A finite, non-negative number of seconds (or a Unix time)."""
+    """A finite, non-negative number: seconds, a Unix time, a ratio."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     value = float(value)
     return value if math.isfinite(value) and 0 <= value <= MAX_COUNT else None
-
-
-def ratio(value: Any) -> float | None:
-    """A finite, non-negative ratio (a straggler's step time over the median)."""
-    return seconds(value)
 
 
 def exit_code(value: Any) -> int | None:

@@ -1,6 +1,6 @@
 """DeepSpeed's checkpoint files read with ``torch.load(weights_only=True)``.
 
-DeepSpeed reads its own files with ``weights_only=False``: full pickle, which runs
+DeepSpeed asks ``torch.load`` for its own files with weights-only turned off: full pickle, which runs
 whatever a file names. Those files come from the checkpoint tiers, which whoever can write
 the shared PVC or the S3 prefix can also write (the manifest's hashes are unkeyed: a
 forged file comes with a matching manifest). While DeepSpeed restores, ``torch.load`` is
