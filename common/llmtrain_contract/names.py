@@ -47,6 +47,9 @@ class Env:
     FORKED_FOR = "LLMTRAIN_FORKED_FOR"
     """In a rank forked by the zygote: the pid torchrun started (the rank's stand-in), whose
     parent is the torchrun agent."""
+    DIST_BACKEND = "LLMTRAIN_DIST_BACKEND"
+    """``gloo`` or ``nccl``; default NCCL on a GPU, gloo on CPU. gloo lets several ranks
+    share one GPU (NCCL refuses two ranks on one device)."""
     FAULT_INJECT = "LLMTRAIN_FAULT_INJECT"
     """TEST ONLY: faults to inject (``llmtrain_trainer.train.faults``)."""
     FAULT_STATE_DIR = "LLMTRAIN_FAULT_STATE_DIR"
@@ -68,6 +71,9 @@ class Metric:
     STEP = f"{PREFIX}_step"
     SAMPLES = f"{PREFIX}_samples_consumed"
     LOSS = f"{PREFIX}_loss"
+    MFU = f"{PREFIX}_mfu"
+    """Model FLOPs utilisation of the newest step (``llmtrain_contract.flops``): absent on
+    a CPU or a GPU missing from the peak table."""
     TOKENS = f"{PREFIX}_tokens"
     """Counter: tokens the node's ranks trained on, exported by its local rank 0 only, so
     that ``sum(rate(llmtrain_trainer_tokens_total[5m]))`` over a job's pods is its

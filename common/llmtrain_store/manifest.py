@@ -37,10 +37,13 @@ RNG_NAME = re.compile(r"rng/rank-\d{5}\.llmt")
 _SLICED = r"(\.part-\d{3}-of-\d{3})?"
 ENGINE_FILES = {
     "ddp": re.compile(rf"(state\.llmt{_SLICED}|rng/rank-\d{{5}}\.llmt)"),
-    "deepspeed": re.compile(rf"(ds/(mp_rank_00_model_states\.pt|zero_pp_rank_\d+_mp_rank_00_optim_states\.pt){_SLICED}"
+    "deepspeed": re.compile(r"(ds/((zero_pp_rank_\d+_)?mp_rank_00_model_states\.pt"
+                            rf"|(bf16_)?zero_pp_rank_\d+_mp_rank_00_optim_states\.pt){_SLICED}"
                             r"|rng/rank-\d{5}\.llmt)"),
 }
-"""Every file name each engine writes, by the manifest's ``strategy``: a manifest naming
+"""Every file name each engine writes, by the manifest's ``strategy`` (DeepSpeed prefixes
+its optimizer shards with ``bf16_`` when it trains in bf16, and at ZeRO-3 every rank writes
+its own ``zero_pp_rank_<r>_mp_rank_00_model_states.pt``): a manifest naming
 anything else is rejected. The trainer's engines answer with these; ``llmtrain
 checkpoints`` checks with them, without the trainer."""
 PIECE = 64 << 20

@@ -9,6 +9,7 @@ import struct
 import pytest
 from llmtrain_store import archive
 from llmtrain_store import manifest as mf
+from llmtrain_store.manifest import ENGINE_FILES
 from llmtrain_store.fileio import FileWriter, PieceHasher, allocate, hash_file
 from llmtrain_store.directory import DirTier
 
@@ -126,3 +127,23 @@ def test_a_file_is_hashed_in_pieces_as_it_is_written_direct_or_buffered(tmp_path
     for start in range(0, len(data), 1000):  # fed in odd chunks: the same pieces
         hasher.update(data[start:start + 1000])
     assert hasher.finish() == pieces
+
+
+@pytest.mark.parametrize("name", [
+    "ds/mp_rank_00_model_states.pt",                          # ZeRO 0-2: rank 0's model states
+    "ds/zero_pp_rank_1_mp_rank_00_model_states.pt",           # ZeRO-3: every rank's own (seen on an H200)
+    "ds/zero_pp_rank_0_mp_rank_00_optim_states.pt",           # fp32
+    "ds/bf16_zero_pp_rank_7_mp_rank_00_optim_states.pt",      # bf16 (seen on an H200)
+    "ds/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt.part-001-of-004",
+    "rng/rank-00003.llmt",
+])
+def test_every_file_deepspeed_writes_at_each_stage_and_precision_is_allowed(name):
+    assert ENGINE_FILES["deepspeed"].fullmatch(name)
+
+
+@pytest.mark.parametrize("name", [
+    "ds/../../etc/passwd", "ds/evil.py", "ds/fp16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+    "ds/zero_pp_rank_x_mp_rank_00_model_states.pt", "state.llmt", "ds/mp_rank_01_model_states.pt",
+])
+def test_a_name_deepspeed_never_writes_is_refused(name):
+    assert not ENGINE_FILES["deepspeed"].fullmatch(name)

@@ -24,6 +24,10 @@ CASES = {
     "deepspeed-zero2": dict(
         config=base_config(maxSteps=24, strategy={"kind": "deepspeed", "zeroStage": 2}), nodes=1, procs_per_node=2
     ),
+    # ZeRO-3: every rank writes its own model-states file beside its optimizer shard.
+    "deepspeed-zero3": dict(
+        config=base_config(maxSteps=24, strategy={"kind": "deepspeed", "zeroStage": 3}), nodes=1, procs_per_node=2
+    ),
 }
 
 

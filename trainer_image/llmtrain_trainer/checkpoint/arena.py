@@ -42,9 +42,22 @@ class Arena:
         """The whole payload as one uint8 tensor (to broadcast it in one collective)."""
         return torch.frombuffer(self.buffer, dtype=torch.uint8, count=self.size)
 
+    pinned = False
+
     def pin(self) -> None:
-        """Page-lock the memory for fast, non-blocking device-to-host copies (GPU)."""
+        """Page-lock the memory for fast, non-blocking device-to-host copies (GPU).
+
+        A process that drops a pinned arena and goes on using CUDA must ``unpin`` it first:
+        CUDA keeps the registration of the address range after the memory is unmapped, and
+        the next mapping at those addresses cannot be registered (``cudaErrorHostMemoryAlreadyRegistered``,
+        seen on an H200 when a second trainer was built in one process)."""
         torch.cuda.cudart().cudaHostRegister(self.as_bytes_tensor().data_ptr(), self.size, 0)
+        self.pinned = True
+
+    def unpin(self) -> None:
+        if self.pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.as_bytes_tensor().data_ptr())
+            self.pinned = False
 
     def prefault(self) -> threading.Thread:
         """Touch every page now, in the background, so the first checkpoint does not pay

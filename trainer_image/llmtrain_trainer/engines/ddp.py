@@ -141,7 +141,7 @@ class DDPEngine:
         else:
             self.live = DeviceState({f"param/{n}": p.data for n, p in self.named}
                                     | {f"{s}/{n}": torch.zeros_like(p) for s in self.optimizer.state_names() for n, p in self.named})
-            self.staging = Arena.for_tensors([(name, t.cpu()) for name, t in self.live.views.items()]) if self.info.is_node_leader else None
+            self.staging = Arena.for_tensors(list(self.live.views.items())) if self.info.is_node_leader else None
             if self.staging is not None:
                 self.staging.pin()
         self.model = DistributedDataParallel(model) if info.world_size > 1 else model
@@ -191,7 +191,10 @@ class DDPEngine:
             self._updating = True
         if target is None:
             try:
-                self.optimizer.step(self.live)
+                if self.dev.type == "cuda" and self.cfg.optimizer.name == "adamw":
+                    self.optimizer.step_fused(self.live.views)
+                else:
+                    self.optimizer.step(self.live)
             finally:
                 with self._lock:
                     self._updating = False
@@ -298,6 +301,10 @@ class DDPEngine:
     def load(self, folder: Path, files: dict[str, FileEntry]) -> None:
         entry = files[DDP_STATE_FILE]
         target = self.staging if self.staging is not None else self.live
+        if not isinstance(target, Arena):
+            # A GPU rank that is not its node's leader has no staging arena: a host buffer
+            # for this read only (every rank restores; only the leader snapshots).
+            target = Arena.for_tensors(list(self.live.views.items()))
         meta = read_arena(folder / DDP_STATE_FILE, target, [(p.offset, p.size, p.hash) for p in entry.pieces])
         self.optimizer.restore(meta)
         if target is not self.live:
@@ -309,7 +316,7 @@ class DDPEngine:
         arena's bytes in a few large broadcasts, and the optimizer's counters as JSON."""
         arena = self.staging if self.staging is not None else self.live
         if not isinstance(arena, Arena):
-            arena = Arena.for_tensors([(name, t.cpu()) for name, t in self.live.views.items()])
+            arena = Arena.for_tensors(list(self.live.views.items()))  # the layout only: no copy
             for name, tensor in self.live.views.items():
                 arena.views[name].copy_(tensor)
         data = arena.as_bytes_tensor()

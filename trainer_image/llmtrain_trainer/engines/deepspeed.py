@@ -78,10 +78,16 @@ def deepspeed_config(cfg: TrainerConfig, world_size: int, load_universal: bool) 
             else {"lr": opt.lr, "momentum": opt.beta1},
         },
     }
-    if not torch.cuda.is_available():
-        # DeepSpeed's fused/CPU Adam need compiled ops; torch's AdamW is exact and portable.
+    if opt.name == "adamw":
+        # DeepSpeed's FusedAdam and CPU Adam are ops compiled on first use (nvcc, minutes,
+        # in every new pod); torch's AdamW is built in, and its fused CUDA kernel does the
+        # same work in one launch. So no op is ever compiled on a job's path.
         defaults["optimizer"]["params"]["torch_adam"] = True
-    if cfg.model.dtype == "bfloat16":
+        if torch.cuda.is_available():
+            defaults["optimizer"]["params"]["fused"] = True
+    if cfg.model.dtype == "bfloat16" or (
+        cfg.model.dtype == "auto" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    ):
         defaults["bf16"] = {"enabled": True}
     merged = _merge(defaults, cfg.strategy.deepspeed_config or {})
     accum = cfg.grad_accum_steps(world_size)

@@ -13,6 +13,7 @@ import socket
 
 import torch
 import torch.distributed as dist
+from llmtrain_contract.names import Env
 
 from llmtrain_trainer.world import DistInfo
 
@@ -44,7 +45,11 @@ def init(collective_timeout_seconds: float) -> DistInfo:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     _set_error_handling_env()
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    # NCCL wants one GPU per rank; gloo (LLMTRAIN_DIST_BACKEND=gloo) lets several ranks
+    # share one GPU, for tests of the multi-rank paths on a single device.
+    backend = os.environ.get(Env.DIST_BACKEND) or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend not in ("nccl", "gloo"):
+        raise ValueError(f"{Env.DIST_BACKEND}={backend!r}: the trainer runs on 'nccl' or 'gloo'")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
