@@ -22,7 +22,7 @@ from .rules import Rule, Ruled, cel_get, cel_literal, default_of
 
 # --------------------------------------------------------------------------- model
 
-ModelPresetName = Literal["tiny", "small", "gpt2-124m", "gpt2-350m"]
+ModelPresetName = Literal["tiny", "small", "gpt2-124m", "gpt2-350m", "gpt-1.3b"]
 
 
 class ModelShape(BaseModel):
@@ -48,17 +48,21 @@ class ModelShape(BaseModel):
 MODEL_PRESETS: dict[str, ModelShape] = {
     # ~3.4 M parameters: fast enough for multi-process CPU tests.
     "tiny": ModelShape(n_layer=4, n_head=4, n_embd=192, vocab_size=8192, block_size=256),
-    # ~20 M parameters: for benchmarks that need a non-trivial step time on CPU.
+    # ~17 M parameters: for benchmarks that need a non-trivial step time on CPU.
     "small": ModelShape(n_layer=6, n_head=8, n_embd=384, vocab_size=16384, block_size=512),
     "gpt2-124m": ModelShape(n_layer=12, n_head=12, n_embd=768, vocab_size=50304, block_size=1024),
     "gpt2-350m": ModelShape(n_layer=24, n_head=16, n_embd=1024, vocab_size=50304, block_size=1024),
+    # GPT-3 XL's depth and width (1.3 B parameters): its AdamW state (about 21 GB with the
+    # fp32 weights and gradients) is the size where a checkpoint's stall starts to matter.
+    "gpt-1.3b": ModelShape(n_layer=24, n_head=16, n_embd=2048, vocab_size=50304, block_size=2048),
 }
 
 
 class ModelConfig(CamelModel):
     preset: ModelPresetName = "tiny"
     """Named model size. Default ``tiny`` (~3 M parameters, for CPU tests).
-    ``gpt2-124m`` and ``gpt2-350m`` match GPT-2's shapes (vocabulary padded to 50304)."""
+    ``gpt2-124m`` and ``gpt2-350m`` match GPT-2's shapes (vocabulary padded to 50304);
+    ``gpt-1.3b`` is GPT-3 XL's (24 layers of width 2048, 2048 positions)."""
 
     activation_checkpointing: bool = False
     """Recompute each block's activations in the backward pass. Default off. Trades

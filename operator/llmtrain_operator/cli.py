@@ -1,7 +1,8 @@
 """``llmtrain``: the command line.
 
 Subcommands:
-  validate FILE...   check LLMTrainJob manifests offline, with field-named errors
+  validate FILE...   check LLMTrainJob manifests offline, with field-named errors, and
+                     print a built-in job's memory plan (--gpu-memory GIB: check it fits)
   crd [--write]      print (or write into crds/ and the chart) the generated CRD
   exit-codes         print the trainer/operator exit-code table
   run FILE           run a job locally with torchrun, no cluster (see localrun/)
@@ -18,9 +19,13 @@ from pathlib import Path
 import yaml
 from llmtrain_contract.exitcodes import table
 
+from llmtrain_contract import memplan
+
 from .api import SpecInvalid, parse_job
+from .api.job import LLMTrainJob
 from .api.crd import CRD_FILENAME, render_crd_yaml
 from .localrun.args import add_run_parser
+from .planner.render import trainer_config
 from .storecli import add_parser as add_checkpoints_parser
 
 
@@ -64,7 +69,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for doc in jobs:
             label = f"{name} ({(doc.get('metadata') or {}).get('name', '?')})"
             try:
-                parse_job(doc)
+                job = parse_job(doc)
             except SpecInvalid as err:
                 bad += 1
                 print(f"{label}: INVALID", file=sys.stderr)
@@ -72,7 +77,35 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     print(f"  {field_error}", file=sys.stderr)
             else:
                 print(f"{label}: ok")
+                bad += _memory_plan(job, args.gpu_memory)
     return 1 if bad else 0
+
+
+def _wants_gpu(job: LLMTrainJob) -> bool:
+    res = job.spec.resources
+    return bool(res and any("gpu" in name for name in {**(res.requests or {}), **(res.limits or {})}))
+
+
+def _memory_plan(job: LLMTrainJob, gpu_memory_gib: float | None) -> int:
+    """Print a built-in GPU job's memory plan at its smallest world (the largest share per
+    rank); with ``--gpu-memory``, 1 when it does not fit such a GPU, with a change that does."""
+    if job.spec.trainer.builtin is None or not _wants_gpu(job):
+        return 0  # the plan is for GPU memory; a CPU job's ranks share the pod's memory limit
+    spec = job.spec
+    world = spec.replicas.min * spec.procs_per_node
+    planned = memplan.from_config(trainer_config(job), world)
+    print(f"  GPU memory per rank at world size {world}: {memplan.plan(planned).describe()}")
+    if gpu_memory_gib is None:
+        return 0
+    room = gpu_memory_gib * memplan.GIB
+    if memplan.fits(planned, room):
+        print(f"  fits a GPU of {gpu_memory_gib:g} GiB")
+        return 0
+    hint = memplan.suggestion(planned, room)
+    print(f"  does NOT fit a GPU of {gpu_memory_gib:g} GiB (the plan may fill {memplan.HEADROOM:.0%} of it, less CUDA's context); "
+          + (f"try {hint}" if hint else "no single change of micro-batch, activation checkpointing or ZeRO stage makes it fit"),
+          file=sys.stderr)
+    return 1
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
@@ -101,8 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("validate", help="validate LLMTrainJob manifests offline")
+    p = sub.add_parser("validate", help="validate LLMTrainJob manifests offline; print a built-in job's memory plan")
     p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--gpu-memory", type=float, metavar="GIB",
+                   help="also check that the plan fits a GPU of this many GiB (80 for an H100), naming a change that does")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("crd", help="print or write the generated CRD")

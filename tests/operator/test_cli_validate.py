@@ -54,3 +54,20 @@ def test_crd_command_prints_the_committed_crd():
     result = run("crd")
     assert result.returncode == 0
     assert result.stdout == (ROOT / "crds" / "llmtrain.io_llmtrainjobs.yaml").read_text()
+
+
+def test_a_gpu_job_gets_its_memory_plan_and_a_cpu_job_none():
+    result = run("validate", "examples/01-tiny-elastic-cpu.yaml", "examples/04-gpu-zero2.yaml")
+    assert result.returncode == 0, result.stderr
+    gpu_part = result.stdout.split("04-gpu-zero2.yaml")[1]
+    assert "GPU memory per rank at world size 16: peak" in gpu_part
+    assert "activations" in gpu_part and "logits" in gpu_part
+    assert "memory per rank" not in result.stdout.split("04-gpu-zero2.yaml")[0]
+
+
+def test_a_plan_that_does_not_fit_the_named_gpu_fails_with_a_change_that_fits():
+    small = run("validate", "examples/04-gpu-zero2.yaml", "--gpu-memory", "4")
+    assert small.returncode == 1
+    assert "does NOT fit a GPU of 4 GiB" in small.stderr and "try microBatchSize: 2" in small.stderr
+    large = run("validate", "examples/04-gpu-zero2.yaml", "--gpu-memory", "80")
+    assert large.returncode == 0 and "fits a GPU of 80 GiB" in large.stdout

@@ -24,6 +24,7 @@ from types import FrameType
 from typing import Any
 
 import torch
+from llmtrain_contract import flops
 from llmtrain_contract.config import TrainerConfig
 from llmtrain_contract.exitcodes import ExitCode
 from llmtrain_contract.names import Env
@@ -35,7 +36,7 @@ from llmtrain_trainer.checkpoint.manager import CheckpointManager
 from llmtrain_trainer.checkpoint.off import NoCheckpoints
 from llmtrain_trainer.checkpoint.protocol import Checkpoints
 from llmtrain_trainer.engines import rng
-from llmtrain_trainer.engines.base import Engine, EngineClass
+from llmtrain_trainer.engines.base import Engine, EngineClass, device
 from llmtrain_trainer.engines.data import build_source, micro_batch_indices
 from llmtrain_trainer.engines.select import engine_class
 from llmtrain_trainer.pod import exitrecord
@@ -103,6 +104,14 @@ class Trainer:
         self.exit_message: str | None = None
         """Why the run ends with its exit code, when there is more to say than its name."""
         self._first_step = True
+        # Asked once, here: a torch.cuda query in the middle of a CPU run (the first step's
+        # log line once asked one) made the next steps' losses differ from an identical
+        # run's by 1e-7 and more on this machine's CUDA build of torch.
+        self.device = device()
+        self.flops_per_token = flops.flops_per_token(cfg.model.shape(cfg.data.seq_len), cfg.data.seq_len)
+        self.peak_flops = flops.peak_flops(torch.cuda.get_device_name(self.device)) if self.device.type == "cuda" else None
+        """This rank's GPU's dense bf16 peak, when the table knows it (every rank of a job
+        is assumed to run on the same product)."""
 
     # ------------------------------------------------------------------ the run
 
@@ -216,12 +225,15 @@ class Trainer:
         # The global batch splits evenly over the ranks (the world size divides it).
         node_tokens = tokens * info.local_world_size // info.world_size if info.is_node_leader else 0
         self.metrics.step(self.step, self.step * cfg.global_batch_size, loss, seconds, node_tokens)
+        if self.peak_flops:
+            self.metrics.mfu(tokens / seconds * self.flops_per_token / (self.peak_flops * info.world_size))
         if self.steplog is not None:
             self.steplog.record(self.step, loss, seconds, self.position, self.ckpt.newest_local())
         if self._first_step and info.rank == 0:
             self._first_step = False
             self.startup["first_step"] = seconds
-            log.warning("first step done; start-up phases: %s", ", ".join(f"{k} {v:.2f}s" for k, v in self.startup.items()))
+            log.warning("first step done on %s (%s); start-up phases: %s", self.device, info.backend,
+                        ", ".join(f"{k} {v:.2f}s" for k, v in self.startup.items()))
 
     def _checkpoint_if_due(self, agreed: Agreed) -> None:
         """Save the step when the cadence says so. A rank still writing the previous one

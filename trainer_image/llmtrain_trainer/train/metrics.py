@@ -31,6 +31,8 @@ class TrainerMetrics:
         self._step = Gauge(Metric.STEP, "Newest completed optimizer step", registry=r)
         self._samples = Gauge(Metric.SAMPLES, "Global samples consumed so far", registry=r)
         self._loss = Gauge(Metric.LOSS, "Training loss of the last step (mean over the global batch)", registry=r)
+        self._mfu = Gauge(Metric.MFU, "Model FLOPs utilisation of the last step: the job's tokens/s times FLOPs per token "
+                          "over its GPUs' dense bf16 peak", registry=r)
         self._tokens = Counter(Metric.TOKENS, "Tokens this node's ranks trained on (counted by its local rank 0 only)", registry=r)
         self._step_seconds = Histogram(Metric.STEP_SECONDS, "Wall time of one optimizer step", buckets=STEP_BUCKETS, registry=r)
         self._world = Gauge(Metric.WORLD_SIZE, "Ranks in the current rendezvous round", registry=r)
@@ -103,6 +105,9 @@ class TrainerMetrics:
         self._step_seconds.observe(seconds)
         self._tokens.inc(node_tokens)
         self._last_step_ts.set(time.time())
+
+    def mfu(self, value: float) -> None:
+        self._mfu.set(value)
 
     def checkpoint_stall(self, seconds: float) -> None:
         self._stall.observe(seconds)
