@@ -2,8 +2,8 @@
 #   bash hack/images/build.sh            # make images: operator and trainer-cpu, here
 #   docker build --target trainer-cuda -t ghcr.io/llmtrain/trainer:0.1.0-cuda .
 # operator: kopf and the Kubernetes client, no torch. trainer-cpu: torch and gloo (kind,
-# CI, the examples' default tag). trainer-cuda: a CUDA devel base with nvcc, so that
-# DeepSpeed's JIT ops build on the GPU nodes. Every image runs as uid 65532.
+# CI, the examples' default tag). trainer-cuda: the same base, PyPI's CUDA torch, no op
+# compiled anywhere. Every image runs as uid 65532.
 # Dependencies are installed before the project (a wheel built in its own stage) comes
 # in: a code edit rebuilds the wheel and the last layer, never the torch layer.
 # No `# syntax=` line: that would pull the Dockerfile frontend from a registry, and the
@@ -14,7 +14,6 @@
 # reachable, pass a digest-pinned one instead (`--build-arg BASE=debian:bookworm-slim@sha256:...`,
 # resolved by hack/images/pin-bases.sh). Python is Debian's python3 (3.11) in a venv.
 ARG BASE=llmtrain/debian:bookworm
-ARG CUDA_BASE=nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04@sha256:e071e85c52ad91fc9ea24158ff5330876b2d1a5c4ac83ccc6066976835873c01
 # The torch wheel index for trainer-cpu: empty means PyPI (on Linux its torch is the CUDA
 # build, several GB, and it runs on CPU); PyTorch's CPU index is far smaller where it is
 # reachable (`--build-arg TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu`).
@@ -47,7 +46,7 @@ COPY pyproject.toml constraints.txt hack/images/requirements.py /src/
 RUN python /src/requirements.py /req
 
 # ---------------------------------------------------------------- the project, as a wheel
-# Pure Python: one wheel for every image (the CUDA base's Python is another version).
+# Pure Python: one wheel for every image.
 FROM python AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -93,21 +92,25 @@ USER 65532:65532
 ENTRYPOINT ["python", "-m", "llmtrain_trainer.launch.launcher"]
 
 # ---------------------------------------------------------------- trainer, CUDA
-FROM ${CUDA_BASE} AS trainer-cuda
-# The base's Python (3.12 on Ubuntu 24.04) in a venv: the system one is externally managed.
-# hadolint ignore=DL3008
-RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-dev \
- && rm -rf /var/lib/apt/lists/* && python3 -m venv /opt/venv \
- && groupadd --gid 65532 llmtrain && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /home/llmtrain \
-      --shell /usr/sbin/nologin llmtrain
-ENV PATH=/opt/venv/bin:$PATH \
-    PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
-    HOME=/home/llmtrain TORCH_EXTENSIONS_DIR=/home/llmtrain/.cache/torch_extensions MPLCONFIGDIR=/tmp/matplotlib
-# PyPI's default torch: the CUDA 13.0 build, as the base.
+# The same Debian base: PyPI's torch carries its CUDA runtime (the nvidia-* wheels), and
+# the node's driver comes in through the NVIDIA container toolkit. No nvcc and no CUDA
+# base image: the trainer compiles no op (torch's fused AdamW, also under DeepSpeed;
+# bench/gpu.py checks that a fresh process builds nothing), and no registry is needed.
+# PyPI's torch 2.13 is the CUDA 13.0 build: it needs an R580 or newer driver. For older
+# drivers, build from a CUDA 12 index of PyTorch's where it is reachable
+# (`--build-arg TORCH_CUDA_INDEX=https://download.pytorch.org/whl/cu128`: CUDA 12 runs on R525
+# and newer through minor-version compatibility; docs/install.md, "Images").
+FROM python AS trainer-cuda
+ARG TORCH_CUDA_INDEX=""
+ENV HOME=/home/llmtrain MPLCONFIGDIR=/tmp/matplotlib
 COPY --from=requirements /req/torch.txt /req/
-RUN pip install -r /req/torch.txt
+RUN --mount=type=secret,id=ca,target=/run/secrets/ca \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
+    pip install ${TORCH_CUDA_INDEX:+--index-url "$TORCH_CUDA_INDEX"} -r /req/torch.txt
 COPY --from=requirements /req/constraints.txt /req/trainer.txt /req/deepspeed.txt /req/
-RUN pip install -c /req/constraints.txt -r /req/trainer.txt \
+RUN --mount=type=secret,id=ca,target=/run/secrets/ca \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
+    pip install -c /req/constraints.txt -r /req/trainer.txt \
  && DS_BUILD_OPS=0 pip install -c /req/constraints.txt --no-build-isolation -r /req/deepspeed.txt
 COPY --from=wheel /wheels /wheels
 RUN pip install --no-deps /wheels/*.whl && rm -rf /wheels /req \
