@@ -55,6 +55,8 @@ def persist_and_restore(trainer: Any, folder: Path, rounds: int) -> dict[str, fl
     the step's ``COMMITTED`` appears (what a reader can see; polled every 5 ms), training
     waiting. *Restore*: reading the state back into memory as a restore does (direct I/O,
     every byte hashed and checked), cold cache."""
+    from llmtrain_trainer.engines import rng  # noqa: PLC0415
+
     t = trainer.trainer
     persist, restore, writes, reads = [], [], [], []
     size = 0
@@ -62,7 +64,7 @@ def persist_and_restore(trainer: Any, folder: Path, rounds: int) -> dict[str, fl
         t.step_once()
         t.ckpt.wait()  # a checkpoint the loop itself took at this step is not the one timed
         began = time.perf_counter()
-        t.ckpt.save(t.step, t.step * trainer.batch)
+        t.ckpt.save(t.step, t.step * trainer.batch, rng.capture())
         marker = t.ckpt.local.final(t.step) / "COMMITTED"
         while not marker.exists():
             time.sleep(0.005)

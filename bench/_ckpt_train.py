@@ -43,13 +43,14 @@ class Stall:
         return max(self.pairs)
 
 
-def trainer_config(preset: str, batch: int, seq: int, tier: Path, run: Path, strategy: dict[str, Any] | None = None) -> Any:
+def trainer_config(preset: str, batch: int, seq: int, tier: Path, run: Path, strategy: dict[str, Any] | None = None,
+                   dtype: str = "float32") -> Any:
     from llmtrain_contract.config import TrainerConfig  # noqa: PLC0415
 
     return TrainerConfig.model_validate({
         "strategy": strategy or {"kind": "ddp"},
         "maxSteps": 10**6, "globalBatchSize": batch, "microBatchSize": batch, "runDir": str(run),
-        "data": {"seqLen": seq}, "model": {"preset": preset, "dtype": "float32"},
+        "data": {"seqLen": seq}, "model": {"preset": preset, "dtype": dtype},
         "checkpoint": {"intervalSteps": 10**6, "tiers": [{"name": "local", "uri": str(tier), "keep": 2}]},
         "faultTolerance": {"hangTimeoutSeconds": 3600, "collectiveTimeoutSeconds": 3600},
         "metrics": {"enabled": False}, "logIntervalSteps": 10**9,
@@ -59,12 +60,13 @@ def trainer_config(preset: str, batch: int, seq: int, tier: Path, run: Path, str
 class OurTrainer:
     """The real trainer (DDP engine, world size 1) with tier 1 at ``tier``."""
 
-    def __init__(self, preset: str, batch: int, seq: int, tier: Path, run: Path, strategy: dict[str, Any] | None = None):
+    def __init__(self, preset: str, batch: int, seq: int, tier: Path, run: Path, strategy: dict[str, Any] | None = None,
+                 dtype: str = "float32"):
         from llmtrain_trainer.train import dist as distmod  # noqa: PLC0415
         from llmtrain_trainer.train.metrics import NullMetrics  # noqa: PLC0415
         from llmtrain_trainer.train.loop import Trainer  # noqa: PLC0415
 
-        cfg = trainer_config(preset, batch, seq, tier, run, strategy)
+        cfg = trainer_config(preset, batch, seq, tier, run, strategy, dtype)
         run.mkdir(parents=True, exist_ok=True)
         self.trainer = Trainer(cfg, distmod.init(3600), NullMetrics(), run)
         self.trainer.start()
@@ -75,12 +77,16 @@ class OurTrainer:
 
     def checkpoint(self) -> tuple[Callable[[], bool], Callable[[], None]]:
         """Start one; (is it persisted?, wait until it is)."""
+        from llmtrain_trainer.engines import rng  # noqa: PLC0415
+
         t = self.trainer
-        t.ckpt.save(t.step, t.step * self.batch)
+        t.ckpt.save(t.step, t.step * self.batch, rng.capture())
         return (lambda: not t.ckpt.busy()), t.ckpt.wait
 
     def state_bytes(self) -> int:
         engine = self.trainer.engine
+        if getattr(engine, "staging", None) is not None:
+            return engine.staging.size  # GPU: the pinned copy of the device state
         if hasattr(engine, "live"):
             return engine.live.size
         return sum(p.numel() for p in engine.engine.module.parameters()) * 4 * 3  # fp32 weights and AdamW moments
@@ -90,24 +96,29 @@ class OurTrainer:
 
     def close(self) -> None:
         self.trainer.close()
+        staging = getattr(self.trainer.engine, "staging", None)
+        if staging is not None:
+            staging.unpin()  # a later trainer in this process may be given the same addresses
 
 
 class DcpTrainer:
     """The peer: the same model and batches with torch's AdamW, checkpointed by
     ``torch.distributed.checkpoint.async_save`` (its default stager and thread)."""
 
-    def __init__(self, preset: str, batch: int, seq: int, folder: Path):
+    def __init__(self, preset: str, batch: int, seq: int, folder: Path, dtype: str = "float32"):
         import torch  # noqa: PLC0415
 
         from llmtrain_trainer.engines.data import build_source, micro_batch_indices  # noqa: PLC0415
         from llmtrain_trainer.engines.model import make_model  # noqa: PLC0415
         from llmtrain_trainer.engines.schedule import param_groups  # noqa: PLC0415
 
-        cfg = trainer_config(preset, batch, seq, folder, folder)
+        cfg = trainer_config(preset, batch, seq, folder, folder, dtype=dtype)
         self.torch, self.cfg, self.folder = torch, cfg, folder
-        self.model = make_model(cfg)
+        self.cuda = torch.cuda.is_available()
+        self.model = make_model(cfg).to("cuda" if self.cuda else "cpu")
+        # On a GPU: bf16 autocast and the fused AdamW, as a user of DCP would run it.
         self.opt = torch.optim.AdamW(param_groups(self.model, cfg.optimizer.weight_decay), lr=cfg.optimizer.lr,
-                                     betas=(cfg.optimizer.beta1, cfg.optimizer.beta2))
+                                     betas=(cfg.optimizer.beta1, cfg.optimizer.beta2), fused=self.cuda or None)
         self.source = build_source(cfg.data, cfg.seed, self.model.shape.vocab_size)
         self.indices = micro_batch_indices
         self.steps = self.saves = 0
@@ -115,11 +126,18 @@ class DcpTrainer:
             self.step()
 
     def step(self) -> None:
+        torch = self.torch
         x, y = self.source.batch(self.indices(self.steps, 0, 0, 1, self.cfg.global_batch_size, self.cfg.micro_batch_size))
-        self.model(x, y).backward()
-        self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optimizer.grad_clip)
+        if self.cuda:
+            x, y = x.cuda(), y.cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.cuda and self.cfg.model.dtype != "float32"):
+            loss = self.model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optimizer.grad_clip)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        if self.cuda:
+            torch.cuda.synchronize()  # a step ends when the GPU is done (our trainer reads the loss each step)
         self.steps += 1
 
     def state(self) -> dict[str, Any]:
