@@ -76,6 +76,9 @@ class PodView:
     disruption: bool = False
     """A ``DisruptionTarget`` condition or an eviction: the pod was taken away."""
     unschedulable: bool = False
+    schedule_message: str | None = None
+    """The scheduler's words when it cannot place the pod (the ``PodScheduled`` condition's
+    message: ``0/4 nodes are available: 3 Insufficient nvidia.com/gpu ...``), bounded."""
     ip: str | None = None
     waiting_reason: str | None = None
     """Why the trainer container has not started (``state.waiting.reason``), e.g.
@@ -141,6 +144,17 @@ def _zone(node: dict[str, Any]) -> str | None:
     return ((node.get("metadata") or {}).get("labels") or {}).get(ZONE_LABEL)
 
 
+MESSAGE_LIMIT = 600
+"""Characters of a component's message the status repeats (the scheduler's lists every
+node's reason and grows with the cluster)."""
+
+
+def _bounded(message: Any) -> str | None:
+    if not isinstance(message, str) or not message:
+        return None
+    return message if len(message) <= MESSAGE_LIMIT else message[:MESSAGE_LIMIT] + "..."
+
+
 def pod_view(pod: dict[str, Any]) -> PodView:
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
@@ -167,6 +181,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
     if LABEL_SLOT in labels and slot is None:
         rejected.append(f"label {LABEL_SLOT} ({untrusted.shown(labels[LABEL_SLOT])})")
     waiting = (cstatus.get("state") or {}).get("waiting") or {}
+    unschedulable = sched.get("status") == "False" and sched.get("reason") == "Unschedulable"
     return PodView(
         name=meta.get("name", ""),
         role=labels.get(LABEL_ROLE, ""),
@@ -186,7 +201,8 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         termination=termination,
         rejected=tuple(rejected),
         disruption=(conditions.get("DisruptionTarget") or {}).get("status") == "True" or status.get("reason") == "Evicted",
-        unschedulable=sched.get("status") == "False" and sched.get("reason") == "Unschedulable",
+        unschedulable=unschedulable,
+        schedule_message=_bounded(sched.get("message")) if unschedulable else None,
         ip=status.get("podIP"),
         waiting_reason=waiting.get("reason"),
         waiting_message=waiting.get("message"),

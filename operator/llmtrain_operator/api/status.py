@@ -159,6 +159,8 @@ class Internal(CamelModel):
     stragglers_seen: list[str] = Field(default_factory=list)
     """``pod:<uid>/<rank>`` of stragglers already announced (and, with ``Replace``,
     replaced): each is acted on once."""
+    unschedulable_seen: list[str] = Field(default_factory=list)
+    """``pod:<uid>`` of pods announced as unschedulable (an Event once each, bounded)."""
     values_rejected: list[str] = Field(default_factory=list)
     """``pod:<uid>/<field>`` of unusable values from pods already reported (bounded)."""
     not_ready_since: str | None = None

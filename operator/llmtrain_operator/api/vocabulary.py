@@ -55,6 +55,9 @@ class ConditionType(StrEnum):
     """A gang job's PodGroup exists and its scheduler lets the worker pods be created."""
     ADMITTED = "Admitted"
     """A queued job's Kueue Workload is admitted (label ``kueue.x-k8s.io/queue-name``)."""
+    UNSCHEDULABLE = "Unschedulable"
+    """The scheduler cannot place some of the job's pods; its words and the resources it
+    finds short are the message. Not a failure: nothing is charged."""
     NODES_DISRUPTED = "NodesDisrupted"
     """Most nodes of a zone went NotReady at once (a control-plane or network outage, not
     node failures): the pods on them are kept, as the node lifecycle controller stops
@@ -108,6 +111,8 @@ class Reason(StrEnum):
     UNUSABLE_POD_VALUE = "UnusablePodValue"
     """A label, termination message field or metric from a pod that was ignored."""
     NODES_REACHABLE = "NodesReachable"
+    UNSCHEDULABLE = "Unschedulable"
+    SCHEDULED = "Scheduled"
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     # validity

@@ -33,6 +33,7 @@ from .policies import (
     pod_values,
     progress,
     queueing,
+    scheduling,
     stragglers,
     summary,
     suspension,
@@ -61,6 +62,7 @@ FAILURES: tuple[Policy, ...] = (
     node_failures.handle,
     in_place.handle,
     stragglers.handle,     # report (or replace) a rank that stays slower than the others
+    scheduling.handle,     # pods the scheduler cannot place: its words on the job, not charged
 )
 LAST: tuple[Policy, ...] = (
     summary.handle,        # counts, phase, conditions
