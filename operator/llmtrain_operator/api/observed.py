@@ -7,6 +7,8 @@ its table tests need no cluster and no client library.
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, UTC
@@ -18,6 +20,12 @@ from . import untrusted
 from .vocabulary import PodPhase
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+"""A GPU's memory in MiB, as NVIDIA's GPU feature discovery labels its nodes."""
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+"""The GPU's product name with dashes for spaces (``NVIDIA-H100-80GB-HBM3``), likewise."""
+GPU_LABELS = (GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL)
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 LABEL_JOB = "llmtrain.io/job"
 LABEL_ROLE = "llmtrain.io/role"
 LABEL_SLOT = "llmtrain.io/slot"
@@ -131,11 +139,12 @@ def owned_by(obj: dict[str, Any], uid: str) -> bool:
 
 
 def slim_node(node: dict[str, Any]) -> dict[str, Any]:
-    """What ``node_view`` reads of a Node: its name, zone, taints and conditions (not its
-    images, addresses or capacity)."""
+    """What ``node_view`` reads of a Node: its name, zone and GPU labels, taints and
+    conditions (not its other labels, images, addresses or capacity)."""
     meta = node.get("metadata") or {}
-    zone = _zone(node)
-    return {"metadata": {"name": meta.get("name", ""), **({"labels": {ZONE_LABEL: zone}} if zone is not None else {})},
+    labels = meta.get("labels") or {}
+    kept = {key: labels[key] for key in (ZONE_LABEL, *GPU_LABELS) if key in labels}
+    return {"metadata": {"name": meta.get("name", ""), **({"labels": kept} if kept else {})},
             "spec": {"taints": (node.get("spec") or {}).get("taints") or []},
             "status": {"conditions": (node.get("status") or {}).get("conditions") or []}}
 
@@ -221,6 +230,10 @@ class NodeView:
     zone: str = ""
     """``topology.kubernetes.io/zone`` ("" without one): nodes that fail together in a zone
     are a disruption, not failures (policies/node_failures.py)."""
+    gpu_memory_mib: int | None = None
+    """``nvidia.com/gpu.memory``, when the node has it and it is a number."""
+    gpu_product: str = ""
+    """``nvidia.com/gpu.product`` ("" without one)."""
 
     @property
     def failed(self) -> bool:
@@ -234,12 +247,15 @@ def node_view(node: dict[str, Any]) -> NodeView:
     ready = conds.get("Ready") or {}
     taints = (node.get("spec") or {}).get("taints") or []
     bad = {"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"}
+    labels = (node.get("metadata") or {}).get("labels") or {}
     return NodeView(
         name=(node.get("metadata") or {}).get("name", ""),
         ready=ready.get("status", "Unknown"),
         since=parse_time(ready.get("lastTransitionTime")),
         unreachable=any(t.get("key") in bad and t.get("effect") in ("NoExecute", "NoSchedule") for t in taints),
         zone=_zone(node) or "",
+        gpu_memory_mib=untrusted.count(labels.get(GPU_MEMORY_LABEL)) if isinstance(labels.get(GPU_MEMORY_LABEL), str) else None,
+        gpu_product=product if isinstance(product := labels.get(GPU_PRODUCT_LABEL), str) and _LABEL_VALUE.fullmatch(product) else "",
     )
 
 

@@ -58,6 +58,9 @@ class ConditionType(StrEnum):
     UNSCHEDULABLE = "Unschedulable"
     """The scheduler cannot place some of the job's pods; its words and the resources it
     finds short are the message. Not a failure: nothing is charged."""
+    GPU_MEMORY_FITS = "GPUMemoryFits"
+    """A built-in GPU job's memory plan against the largest GPU it can land on (nodes
+    labelled by NVIDIA's GPU feature discovery); False names a change that fits."""
     NODES_DISRUPTED = "NodesDisrupted"
     """Most nodes of a zone went NotReady at once (a control-plane or network outage, not
     node failures): the pods on them are kept, as the node lifecycle controller stops
@@ -113,6 +116,8 @@ class Reason(StrEnum):
     NODES_REACHABLE = "NodesReachable"
     UNSCHEDULABLE = "Unschedulable"
     SCHEDULED = "Scheduled"
+    FITS_GPU_MEMORY = "FitsGPUMemory"
+    EXCEEDS_GPU_MEMORY = "ExceedsGPUMemory"
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     # validity

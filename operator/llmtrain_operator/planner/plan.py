@@ -27,6 +27,7 @@ from .policies import (
     deadline,
     gang,
     in_place,
+    memory,
     node_failures,
     numerics,
     pod_failures,
@@ -63,6 +64,7 @@ FAILURES: tuple[Policy, ...] = (
     in_place.handle,
     stragglers.handle,     # report (or replace) a rank that stays slower than the others
     scheduling.handle,     # pods the scheduler cannot place: its words on the job, not charged
+    memory.handle,         # the memory plan against the largest GPU the job can land on (advice)
 )
 LAST: tuple[Policy, ...] = (
     summary.handle,        # counts, phase, conditions
