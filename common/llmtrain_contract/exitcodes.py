@@ -50,6 +50,11 @@ class ExitCode(enum.IntEnum):
     """A non-finite or spiking loss after ``maxRollbacks`` rollbacks: the run diverges
     whatever data it skips. Permanent: needs a human (a lower learning rate, a fix)."""
 
+    STORAGE_FULL = 86
+    """Training finished but no tier has room for the final checkpoint (every tier that
+    failed it is full or over its quota). Permanent: a retry would redo the steps since the
+    newest committed checkpoint and fail the same way; the newest committed one is kept."""
+
 
 class FailureClass(enum.StrEnum):
     SUCCEEDED = "Succeeded"
@@ -79,6 +84,7 @@ _BY_CODE: dict[int, Classification] = {
     ExitCode.COLLECTIVE_TIMEOUT: Classification(FailureClass.RETRYABLE, "CollectiveTimeout"),
     ExitCode.WORLD_SIZE_INVALID: Classification(FailureClass.PERMANENT, "WorldSizeInvalid"),
     ExitCode.BAD_NUMERICS: Classification(FailureClass.PERMANENT, "BadNumerics"),
+    ExitCode.STORAGE_FULL: Classification(FailureClass.PERMANENT, "StorageFull"),
 }
 
 

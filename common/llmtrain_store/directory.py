@@ -76,9 +76,14 @@ class DirTier:
     # ------------------------------------------------------------------ writing
 
     def staging(self, step: int) -> Path:
-        folder = self.root / mf.staging_dir(step)
+        folder = self.staging_path(step)
         (folder / "parts").mkdir(parents=True, exist_ok=True)
         return folder
+
+    def staging_path(self, step: int) -> Path:
+        """Where ``step`` is staged, without creating it (a cleanup on a read-only or full
+        filesystem must not fail the way the write did)."""
+        return self.root / mf.staging_dir(step)
 
     def final(self, step: int) -> Path:
         return self.root / mf.step_dir(step)

@@ -16,13 +16,16 @@ from llmtrain_contract.names import TIER_REASONS
 REASONS = TIER_REASONS
 """Reason -> what it means, for messages (the contract's table)."""
 
-_ERRNO = {errno.ENOSPC: "NoSpace", errno.EDQUOT: "NoSpace", errno.EACCES: "PermissionDenied", errno.EPERM: "PermissionDenied",
+NO_SPACE = "NoSpace"
+"""A tier out of space or over its quota: the one reason a retry cannot outlast by itself."""
+
+_ERRNO = {errno.ENOSPC: NO_SPACE, errno.EDQUOT: NO_SPACE, errno.EACCES: "PermissionDenied", errno.EPERM: "PermissionDenied",
           errno.EROFS: "ReadOnly", errno.EIO: "IOError", errno.ETIMEDOUT: "Timeout", errno.ECONNREFUSED: "Unreachable",
           errno.EHOSTUNREACH: "Unreachable", errno.ENETUNREACH: "Unreachable"}
 _S3_CODES = {
     "AccessDenied": "CredentialsRefused", "InvalidAccessKeyId": "CredentialsRefused", "SignatureDoesNotMatch": "CredentialsRefused",
     "InvalidToken": "CredentialsRefused", "ExpiredToken": "CredentialsRefused", "NoSuchBucket": "NoSuchBucket",
-    "SlowDown": "Throttled", "RequestTimeout": "Timeout", "XMinioStorageFull": "NoSpace", "XMinioAdminBucketQuotaExceeded": "NoSpace",
+    "SlowDown": "Throttled", "RequestTimeout": "Timeout", "XMinioStorageFull": NO_SPACE, "XMinioAdminBucketQuotaExceeded": NO_SPACE,
 }
 
 

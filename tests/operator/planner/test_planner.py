@@ -66,6 +66,8 @@ EXIT_TABLE = [
     (64, "Error", {"code": 64, "reason": "ConfigError", "message": "bad config"}, "fail", "ConfigError", False),
     (65, "Error", {"code": 65, "reason": "DataError"}, "fail", "DataError", False),
     (82, "Error", {"code": 82, "reason": "CorruptCheckpoint"}, "fail", "CorruptCheckpoint", False),
+    (86, "Error", {"code": 86, "reason": "StorageFull", "message": "no tier has room for the final checkpoint"}, "fail",
+     "StorageFull", False),
     (81, "Error", {"code": 81, "reason": "Preempted"}, "disruption", "Preempted", False),
 ]
 

@@ -147,16 +147,32 @@ def test_a_tampered_rng_file_on_a_rank_that_receives_the_state_by_broadcast_is_n
     assert "no usable saved RNG state of step 15; deriving one" in node1
 
 
-def test_the_final_checkpoint_that_no_tier_can_hold_is_a_retryable_failure_saying_why(tmp_path):
+def test_a_final_checkpoint_no_tier_has_room_for_is_a_permanent_storage_full_failure_saying_why(tmp_path):
     small = tmp_path / "tiny-disk"
     _mount_tmpfs(small, 64 * 1024)
     try:
-        job, codes = run_job(tmp_path, dict(CFG, maxSteps=6), local_dirs={0: small})
+        job, codes = run_job(tmp_path, dict(CFG, maxSteps=6), local_dirs={0: small}, max_restarts=3)
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
-    assert codes == [ExitCode.TRANSIENT], job.logs()
+    assert codes == [ExitCode.STORAGE_FULL], job.logs()
     record = json.loads((tmp_path / "node0" / "run" / "exit" / "attempt-0" / "local-0.json").read_text())
     assert "no tier holds the final checkpoint (local: the filesystem is full" in record["message"], record
+    assert "out of space: give it room" in record["message"], record
+    # Permanent: torchrun did not start the group again to redo the steps (max_restarts 3).
+    assert max(r["attempt"] for r in job.steps()) == 0 and len(job.steps()) == 6
+
+
+def test_a_final_checkpoint_a_tier_fails_for_another_reason_stays_retryable(tmp_path):
+    readonly = tmp_path / "ro-disk"
+    _mount_tmpfs(readonly, 1 << 20)
+    subprocess.run(["mount", "-o", "remount,ro", str(readonly)], check=True)
+    try:
+        job, codes = run_job(tmp_path, dict(CFG, maxSteps=6), local_dirs={0: readonly})
+    finally:
+        subprocess.run(["umount", "-l", str(readonly)], check=False)
+    assert codes == [ExitCode.TRANSIENT], job.logs()
+    record = json.loads((tmp_path / "node0" / "run" / "exit" / "attempt-0" / "local-0.json").read_text())
+    assert "no tier holds the final checkpoint (local: " in record["message"] and "out of space" not in record["message"]
 
 
 def test_a_deepspeed_job_wide_copy_restores_at_another_world_size_through_tier_1(tmp_path):

@@ -320,7 +320,7 @@ class CheckpointManager:
         except (OSError, CheckpointError, RuntimeError) as err:
             degraded = self.health.failed(local.name, err)
             if self.info.is_node_leader:  # free what the failed write left, for the next try
-                shutil.rmtree(local.staging(step), ignore_errors=True)
+                shutil.rmtree(local.staging_path(step), ignore_errors=True)
             if not targets:
                 if snap is not None:
                     snap.release()

@@ -29,6 +29,7 @@ from llmtrain_contract.config import TrainerConfig
 from llmtrain_contract.exitcodes import ExitCode
 from llmtrain_contract.names import Env
 from llmtrain_store.build import build_tiers
+from llmtrain_store.health import NO_SPACE
 from llmtrain_store.tier import CheckpointError
 
 from llmtrain_trainer.checkpoint.cadence import Cadence
@@ -330,8 +331,13 @@ class Trainer:
     def _final_save(self) -> int:
         """The last checkpoint, synchronous, into every tier. Training is done; if no tier
         holds it afterwards (every rank's tier 1, or a job-wide tier that rank 0
-        committed), the exit code says so: retryable, since a restart resumes from the
-        newest committed checkpoint and saves again once a tier works."""
+        committed), the exit code says so. Retryable when a tier failed for a reason that
+        may pass (a restart resumes from the newest committed checkpoint and saves again
+        once a tier works); ``STORAGE_FULL``, permanent, when every failed tier is out of
+        space: tier 1 already deleted every older step it could for room (``make_room``), a
+        restart would redo the steps since the newest one and fail the same way, and that
+        newest one is never deleted for room, since it is the job's only way back should
+        the final write fail."""
         step = self.step
         try:
             self.ckpt.save(step, step * self.cfg.global_batch_size, rng.capture(), sync=True)
@@ -342,8 +348,16 @@ class Trainer:
         somewhere_shared = agreement.any_true(self.info, shared_ok)
         if everywhere_local or somewhere_shared:
             return ExitCode.SUCCESS
-        problems = "; ".join(f"{tier}: {d.message}" for tier, d in self.ckpt.degraded().items()) or "no tier committed it"
+        degraded = self.ckpt.degraded()
+        problems = "; ".join(f"{tier}: {d.message}" for tier, d in degraded.items()) or "no tier committed it"
         self.exit_message = f"training finished at step {step} but no tier holds the final checkpoint ({problems})"
+        full = bool(degraded) and all(d.reason == NO_SPACE for d in degraded.values())
+        if agreement.all_true(self.info, full):
+            newest = self.ckpt.newest_local()
+            self.exit_message += ("; every tier that failed is out of space: give it room, then run the job again"
+                                  + (f" (it resumes from step {newest}, which is kept)" if newest is not None else ""))
+            log.error("%s", self.exit_message)
+            return ExitCode.STORAGE_FULL
         log.error("%s", self.exit_message)
         return ExitCode.TRANSIENT
 
