@@ -138,6 +138,14 @@ def owned_by(obj: dict[str, Any], uid: str) -> bool:
                              for ref in (obj.get("metadata") or {}).get("ownerReferences") or ())
 
 
+def job_owner_uid(obj: dict[str, Any]) -> str | None:
+    """The uid of the LLMTrainJob ``obj`` belongs to (its ownerReferences), if any."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if isinstance(ref, dict) and ref.get("kind") == "LLMTrainJob" and isinstance(ref.get("uid"), str):
+            return str(ref["uid"])
+    return None
+
+
 def slim_node(node: dict[str, Any]) -> dict[str, Any]:
     """What ``node_view`` reads of a Node: its name, zone and GPU labels, taints and
     conditions (not its other labels, images, addresses or capacity)."""

@@ -24,6 +24,7 @@ import logging
 import os
 import socket
 import uuid
+from datetime import UTC, datetime
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
 from typing import Any
@@ -32,7 +33,7 @@ import kopf
 
 from .. import __version__, metrics
 from ..api.job import GROUP, PLURAL, VERSION
-from ..api.observed import LABEL_JOB, NodeView, node_view, slim_child, slim_node, slim_pod
+from ..api.observed import LABEL_JOB, NodeView, job_owner_uid, node_view, pod_view, slim_child, slim_node, slim_pod
 from ..k8s.client import K8s, PermanentApiError, TransientApiError
 from ..k8s.lease import LeaseClient
 from ..settings import OperatorSettings, from_env
@@ -43,6 +44,7 @@ from .reconcile import PROBER, Children, job_uid, reconcile
 from .reconcile import forget as forget_refusals
 from .slots import Slots
 from .wakes import jobs_of_node
+from ..planner.stranded import stranded
 
 log = logging.getLogger("llmtrain.operator")
 
@@ -55,6 +57,9 @@ _SLOTS: Slots | None = None
 _GATE: Gate = AlwaysLeader()
 _ELECTION: asyncio.Task[None] | None = None
 _STOP_ELECTION = asyncio.Event()
+_SWEEPER: asyncio.Task[None] | None = None
+SWEEP_SECONDS = 5.0
+"""How often the leader looks for a deleted job's pods stuck on a dead node."""
 _INDEXES: dict[str, Any] = {}
 """kopf's live index views, captured from the first job event (they are the same objects
 for the operator's whole life)."""
@@ -98,10 +103,53 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     else:
         _GATE = AlwaysLeader()
         metrics.set_leader(True)
+    global _SWEEPER
+    _SWEEPER = asyncio.create_task(_sweep_stranded(), name="stranded-pods")
+
+
+async def _sweep_stranded() -> None:
+    """Force-delete what deleted jobs leave Terminating on dead nodes (planner/stranded.py),
+    every ``SWEEP_SECONDS`` while this replica leads."""
+    while True:
+        await asyncio.sleep(SWEEP_SECONDS)
+        try:
+            if _K8S is not None and _GATE.holds():
+                await _sweep_once(_K8S)
+        except Exception:  # the sweep is a backstop; the next tick tries again
+            log.exception("sweeping a deleted job's stranded pods failed")
+
+
+def _gone_jobs_pods() -> list[tuple[str, dict[str, Any]]]:
+    """(namespace, pod) of every indexed pod whose LLMTrainJob is gone, being deleted, or
+    is another job of the same name (its uid differs)."""
+    out = []
+    for key, store in list((_INDEXES.get("pods_by_job") or {}).items()):
+        body = LOOPS.body(key)
+        alive = body is not None and not (body.get("metadata") or {}).get("deletionTimestamp")
+        for pod in list(store):
+            owner = job_owner_uid(pod)
+            if owner is not None and not (alive and body is not None and job_uid(body) == owner):
+                out.append((key[0], pod))
+    return out
+
+
+async def _sweep_once(k8s: K8s) -> None:
+    candidates = [(ns, pod_view(pod)) for ns, pod in _gone_jobs_pods()]
+    if not candidates:
+        return
+    nodes = {n.name: n for n in map(node_view, (n for store in (_INDEXES.get("nodes_by_name") or {}).values() for n in store))}
+    doomed = stranded([view for _, view in candidates], nodes, datetime.now(UTC))
+    for ns, view in candidates:
+        if view in doomed:
+            log.info("pod %s/%s of a deleted job is stuck Terminating on node %s, which is not Ready: force-deleting it",
+                     ns, view.name, view.node)
+            await asyncio.to_thread(k8s.delete_pod, ns, view.name, None, True)
 
 
 @kopf.on.cleanup()
 async def shutdown(**_: Any) -> None:
+    if _SWEEPER is not None:
+        _SWEEPER.cancel()
     await LOOPS.stop()
     await PROBER.close()
     if _ELECTION is not None:
