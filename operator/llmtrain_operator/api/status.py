@@ -159,6 +159,9 @@ class Internal(CamelModel):
     stragglers_seen: list[str] = Field(default_factory=list)
     """``pod:<uid>/<rank>`` of stragglers already announced (and, with ``Replace``,
     replaced): each is acted on once."""
+    node_failures: dict[str, list[str]] = Field(default_factory=dict)
+    """Node -> when this job's pods failed there in ways that point at the node (RFC 3339,
+    within ``nodeFailureWindowSeconds``; ``planner/node_history.py``)."""
     unschedulable_seen: list[str] = Field(default_factory=list)
     """``pod:<uid>`` of pods announced as unschedulable (an Event once each, bounded)."""
     values_rejected: list[str] = Field(default_factory=list)

@@ -116,6 +116,7 @@ class Reason(StrEnum):
     NODES_REACHABLE = "NodesReachable"
     UNSCHEDULABLE = "Unschedulable"
     SCHEDULED = "Scheduled"
+    NODE_QUARANTINED = "NodeQuarantined"
     FITS_GPU_MEMORY = "FitsGPUMemory"
     EXCEEDS_GPU_MEMORY = "ExceedsGPUMemory"
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"

@@ -23,6 +23,7 @@ from ..accounting import charged, forget_healed_nodes, node_key, pod_key, record
 from ..budget import count_restart
 from ..context import DeletePod, Pass, Verdict
 from ..quarantine import quarantine
+from .. import node_history
 
 
 UNHEALTHY_ZONE_THRESHOLD = 0.55
@@ -91,6 +92,12 @@ def handle(ctx: Pass) -> Verdict:
         record_failure(ctx, FailureKind.NODE_FAILURE, Reason.NODE_NOT_READY, pods[0], node=node_name,
                        message=f"node {node_name} is {what}",
                        since=node_view.since if node_view is not None else None)
+        merged, _ = node_history.note(ctx, node_name)
+        if merged:  # a flapping node: this episode merges with the one charged before (node_history.py)
+            ctx.event(Reason.NODE_FAILURE, f"node {node_name} is {what} again within "
+                      f"{ctx.spec.fault_tolerance.node_failure_window_seconds}s: force-deleting {names}, the same episode, "
+                      "not charged again", warning=True)
+            continue
         ctx.event(Reason.NODE_FAILURE, f"node {node_name} is {what}: force-deleting {names} "
                   "and keeping this job off the node", warning=True)
         if not count_restart(ctx, Reason.NODE_FAILURE):

@@ -25,6 +25,7 @@ from ..budget import count_restart, restart_all
 from ..context import DeletePod, Pass, Verdict
 from ..decisions import DisruptionCounted
 from ..outcome import finish
+from .. import node_history
 
 
 def _charged_in_place(ctx: Pass, pod: PodView, key: str) -> bool:
@@ -89,6 +90,17 @@ def handle(ctx: Pass) -> Verdict:
             ctx.actions.append(DeletePod(pod.name))
             continue
         record_failure(ctx, kind, verdict.reason, pod, exit_code=code, message=detail)
+        if pod.node and node_history.points_at_node(pod):
+            merged, count = node_history.note(ctx, pod.node)
+            window = ctx.spec.fault_tolerance.node_failure_window_seconds
+            if count >= ctx.spec.fault_tolerance.node_failure_threshold:
+                ctx.event(Reason.NODE_QUARANTINED, f"node {pod.node}: {count} of this job's pods killed there within {window}s "
+                          "with no report from their launcher; keeping this job off the node", warning=True)
+            if merged:
+                ctx.event(Reason.POD_FAILED, f"{where} failed (exit {code}, {verdict.reason}), the node's failure {count} within "
+                          f"{window}s: the same episode, replacing it without another charge", warning=True)
+                ctx.actions.append(DeletePod(pod.name))
+                continue
         ctx.event(Reason.POD_FAILED, f"{where} failed (exit {code}, {verdict.reason}); replacing it", warning=True)
         if not count_restart(ctx, verdict.reason):
             return Verdict.FINISHED

@@ -1,0 +1,71 @@
+"""A node that keeps killing the job's pods (planner/node_history.py): one charge per
+episode, quarantined at the threshold, replacements elsewhere; a crash the launcher
+reports stays the program's."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+
+from llmtrain_operator.planner import plan
+from support.planning import NOW, job, observed, running_status, summary, worker
+
+W0 = "tiny-elastic-worker-0"
+
+
+def killed(uid: str, node: str = "node-0", report: dict | None = None, code: int = 137, reason: str = "Error"):
+    pod = worker(0, phase="Failed", node=node, exit_code=code, reason=reason, termination=report or {})
+    return dataclasses.replace(pod, uid=uid)
+
+
+def fail_repeatedly(pods, spacing: float = 30.0, changes=None):
+    """One pass per failure, each pod failed ``spacing`` seconds after the last; the status carried."""
+    # No progress is reported in these passes: the wedge backstop is off, to see only the charges.
+    raw = job({"spec.faultTolerance.progressTimeoutSeconds": 0, **(changes or {})}, status=running_status())
+    results = []
+    for i, pod in enumerate(pods):
+        result = plan(raw, observed(raw, [pod, worker(1)]), NOW + timedelta(seconds=i * spacing))
+        raw = {**raw, "status": result.status}
+        results.append(result)
+    return results
+
+
+def test_a_node_that_keeps_killing_the_jobs_pods_is_charged_once_and_quarantined():
+    results = fail_repeatedly([killed(f"u{i}") for i in range(5)])
+    final = results[-1].status
+    assert final["restarts"] == 1, final["restartsByReason"]  # five kills in two minutes: one episode
+    assert [q["node"] for q in final["quarantinedNodes"]] == ["node-0"]
+    quarantined = [r for r in results if "NodeQuarantined" in [e.reason for e in r.events]]
+    assert quarantined and quarantined[0] is results[1]  # at the second kill (threshold 2)
+    for r in results:
+        assert f"delete {W0}" in summary(r.actions)  # every failed pod is replaced
+    assert any("the same episode" in e.message for e in results[2].events)
+
+
+def test_the_replacement_avoids_the_quarantined_node():
+    results = fail_repeatedly([killed("u0"), killed("u1")])
+    raw = job({"spec.faultTolerance.progressTimeoutSeconds": 0}, status=results[-1].status)
+    created = plan(raw, observed(raw, [worker(1)]), NOW + timedelta(seconds=120))
+    pod = next(a.manifest for a in created.actions if getattr(a, "manifest", {}).get("kind") == "Pod")
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert any(e["operator"] == "NotIn" and "node-0" in e["values"] for t in terms for e in t["matchExpressions"])
+
+
+def test_kills_further_apart_than_the_window_are_separate_episodes():
+    results = fail_repeatedly([killed("u0"), killed("u1")], spacing=700)
+    assert results[-1].status["restarts"] == 2
+    assert not results[-1].status.get("quarantinedNodes")
+
+
+def test_crashes_the_launcher_reports_are_the_programs_and_never_count_against_the_node():
+    report = {"code": 1, "reason": "Crash", "message": "ValueError: boom"}
+    results = fail_repeatedly([killed(f"u{i}", code=1, report=report) for i in range(3)])
+    assert results[-1].status["restarts"] == 3
+    assert not results[-1].status.get("quarantinedNodes")
+    oom = fail_repeatedly([killed(f"u{i}", reason="OOMKilled") for i in range(3)])
+    assert oom[-1].status["restarts"] == 3 and not oom[-1].status.get("quarantinedNodes")
+
+
+def test_kills_on_different_nodes_are_each_charged():
+    results = fail_repeatedly([killed("u0", node="node-0"), killed("u1", node="node-2"), killed("u2", node="node-3")])
+    assert results[-1].status["restarts"] == 3
