@@ -160,8 +160,9 @@ class Internal(CamelModel):
     """``pod:<uid>/<rank>`` of stragglers already announced (and, with ``Replace``,
     replaced): each is acted on once."""
     node_failures: dict[str, list[str]] = Field(default_factory=dict)
-    """Node -> when this job's pods failed there in ways that point at the node (RFC 3339,
-    within ``nodeFailureWindowSeconds``; ``planner/node_history.py``)."""
+    """Node (or ``notready:<node>``) -> when this job's pods were killed there in ways that
+    point at the node (or the node's NotReady episodes began to count), RFC 3339, within
+    ``nodeFailureWindowSeconds`` (``planner/node_history.py``)."""
     unschedulable_seen: list[str] = Field(default_factory=list)
     """``pod:<uid>`` of pods announced as unschedulable (an Event once each, bounded)."""
     values_rejected: list[str] = Field(default_factory=list)

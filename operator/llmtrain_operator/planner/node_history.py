@@ -17,6 +17,8 @@ The rule (documented in docs/operator.md):
   *episode*: the first is charged as a restart, the rest replace their pod uncharged.
 - The ``nodeFailureThreshold``-th within the window quarantines the node for the job for
   ``nodeQuarantineSeconds`` (replacements avoid it), with an Event.
+- A node's NotReady episodes (``node_failures.py``) less than the window apart merge the
+  same way (a node that flaps past the grace); they are kept apart from its kills.
 """
 
 from __future__ import annotations
@@ -36,20 +38,27 @@ def points_at_node(pod: PodView) -> bool:
     return code is None or code > 128 or code < 0
 
 
-def note(ctx: Pass, node: str) -> tuple[bool, int]:
-    """Record a failure that points at ``node``: (it belongs to an episode already charged,
-    the failures on the node within the window, this one included). Quarantines the node
-    at the threshold."""
+NOT_READY = "notready:"
+"""The book's key prefix for a node's NotReady episodes (kept apart from its kills: a node
+that kills a pod and later goes NotReady has two episodes, charged once each)."""
+
+
+def note(ctx: Pass, node: str, not_ready: bool = False) -> tuple[bool, int]:
+    """Record a kill that points at ``node`` (or, ``not_ready``, one of its NotReady
+    episodes): (it belongs to an episode already charged, the failures of that kind on
+    the node within the window, this one included). Kills quarantine the node at the
+    threshold (a NotReady episode quarantines it anyway)."""
     spec = ctx.spec.fault_tolerance
     book = ctx.status.internal.node_failures
     window = spec.node_failure_window_seconds
-    recent = [t for t in book.get(node, []) if (ctx.seconds_since(t) or 0) < window]
+    key = f"{NOT_READY}{node}" if not_ready else node
+    recent = [t for t in book.get(key, []) if (ctx.seconds_since(t) or 0) < window]
     merged = bool(recent)
     recent = (recent + [ctx.stamp])[-MAX_KEPT:]
-    book[node] = recent
-    # Nodes with nothing recent are dropped: the bookkeeping stays bounded by the nodes in use.
-    for other in [n for n, stamps in book.items() if n != node and not any((ctx.seconds_since(t) or 0) < window for t in stamps)]:
+    book[key] = recent
+    # Keys with nothing recent are dropped: the bookkeeping stays bounded by the nodes in use.
+    for other in [k for k, stamps in book.items() if k != key and not any((ctx.seconds_since(t) or 0) < window for t in stamps)]:
         del book[other]
-    if len(recent) >= spec.node_failure_threshold:
+    if not not_ready and len(recent) >= spec.node_failure_threshold:
         quarantine(ctx, node)
     return merged, len(recent)

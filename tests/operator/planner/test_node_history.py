@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from datetime import timedelta
 
+from llmtrain_operator.api.observed import NodeView
 from llmtrain_operator.planner import plan
 from support.planning import NOW, job, observed, running_status, summary, worker
 
@@ -69,3 +70,28 @@ def test_crashes_the_launcher_reports_are_the_programs_and_never_count_against_t
 def test_kills_on_different_nodes_are_each_charged():
     results = fail_repeatedly([killed("u0", node="node-0"), killed("u1", node="node-2"), killed("u2", node="node-3")])
     assert results[-1].status["restarts"] == 3
+
+
+def test_a_node_flapping_past_the_grace_is_charged_once_per_window():
+    raw = job({"spec.faultTolerance.progressTimeoutSeconds": 0, "spec.faultTolerance.nodeFailureGraceSeconds": 10},
+              status=running_status())
+    restarts = []
+    for i in range(3):
+        now = NOW + timedelta(seconds=i * 120)
+        pod = dataclasses.replace(worker(0, node="node-0"), uid=f"u{i}")
+        nodes = [NodeView("node-0", "Unknown", now - timedelta(seconds=30))] + [NodeView(f"node-{j}", "True", NOW) for j in (1, 2, 3)]
+        result = plan(raw, observed(raw, [pod, worker(1)], nodes=nodes), now)
+        raw = {**raw, "status": result.status}
+        restarts.append(result.status["restartsByReason"].get("NodeFailure", 0))
+    assert restarts == [1, 1, 1]
+
+
+def test_a_kill_and_a_later_notready_episode_on_one_node_are_two_charges():
+    results = fail_repeatedly([killed("u0")])
+    raw = job({"spec.faultTolerance.progressTimeoutSeconds": 0, "spec.faultTolerance.nodeFailureGraceSeconds": 10},
+              status=results[-1].status)
+    later = NOW + timedelta(seconds=120)
+    nodes = [NodeView("node-0", "Unknown", later - timedelta(seconds=30))] + [NodeView(f"node-{j}", "True", NOW) for j in (1, 2, 3)]
+    pod = dataclasses.replace(worker(0, node="node-0"), uid="u9")
+    result = plan(raw, observed(raw, [pod, worker(1)], nodes=nodes), later)
+    assert result.status["restartsByReason"] == {"Signal9": 1, "NodeFailure": 1}
