@@ -14,6 +14,8 @@ from . import __version__
 
 PREFIX = "LLMTRAIN_OPERATOR_"
 DEFAULT_RUNTIME_IMAGE = f"ghcr.io/llmtrain/operator:{__version__}"
+DEFAULT_NODE_FAILURE_CONDITIONS = frozenset({"KernelDeadlock", "ReadonlyFilesystem"})
+"""node-problem-detector's two permanent node problems."""
 
 
 class ConfigError(ValueError):
@@ -104,6 +106,18 @@ class OperatorSettings:
     """``LLMTRAIN_OPERATOR_ALLOWED_SERVICE_ACCOUNTS``: comma-separated service accounts a
     ``podTemplate`` may name (one bound to cloud credentials for S3, say), ``*`` for any.
     Default "": none; the pods mount no token."""
+
+    node_failure_conditions: str = ",".join(sorted(DEFAULT_NODE_FAILURE_CONDITIONS))
+    """``LLMTRAIN_OPERATOR_NODE_FAILURE_CONDITIONS``: comma-separated node condition types
+    that, True on a node, make the operator drain the job's pods from it (SIGTERM: each
+    rank's emergency checkpoint) and quarantine it for the job before any rank fails
+    (``planner/policies/node_health.py``). Default node-problem-detector's two permanent
+    problems; add a GPU health agent's condition types. A node whose ``nvidia.com/gpu``
+    allocatable falls below its capacity (NVIDIA's device plugin takes a GPU with an XID
+    error out) is drained the same way, whatever this lists."""
+
+    def failure_conditions(self) -> frozenset[str]:
+        return frozenset(t.strip() for t in self.node_failure_conditions.split(",") if t.strip())
 
     progress_writes_per_second: float = 20.0
     """``LLMTRAIN_OPERATOR_PROGRESS_WRITES_PER_SECOND``: status writes that would only

@@ -82,6 +82,12 @@ def test_operator_values_become_settings_the_operator_accepts(local_cluster):
            ["spec"]["template"]["spec"]["containers"][0]["env"]}
     settings = from_env({k: v for k, v in env.items() if k.startswith("LLMTRAIN_OPERATOR_") and v is not None})
     assert (settings.allow_privileged_pods, settings.allowed_service_accounts) == (True, "s3-irsa,reader")
+    assert from_env({k: v for k, v in env.items() if k == "LLMTRAIN_OPERATOR_NODE_FAILURE_CONDITIONS"}).failure_conditions() == \
+        frozenset({"KernelDeadlock", "ReadonlyFilesystem"})
+    health = render(local_cluster, "nodeHealth.failureConditions={KernelDeadlock,GPUXidError}")
+    env = {e["name"]: e.get("value") for e in next(d for d in health if d["kind"] == "Deployment")
+           ["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["LLMTRAIN_OPERATOR_NODE_FAILURE_CONDITIONS"] == "KernelDeadlock,GPUXidError"
 
 
 VALUES = sorted((ROOT / "tests" / "data" / "chart-values").glob("*.yaml"))

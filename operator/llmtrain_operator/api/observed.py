@@ -25,6 +25,7 @@ GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 """The GPU's product name with dashes for spaces (``NVIDIA-H100-80GB-HBM3``), likewise."""
 GPU_LABELS = (GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL)
+GPU_RESOURCE = "nvidia.com/gpu"
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 LABEL_JOB = "llmtrain.io/job"
 LABEL_ROLE = "llmtrain.io/role"
@@ -147,14 +148,16 @@ def job_owner_uid(obj: dict[str, Any]) -> str | None:
 
 
 def slim_node(node: dict[str, Any]) -> dict[str, Any]:
-    """What ``node_view`` reads of a Node: its name, zone and GPU labels, taints and
-    conditions (not its other labels, images, addresses or capacity)."""
+    """What ``node_view`` reads of a Node: its name, zone and GPU labels, taints,
+    conditions and GPU count (not its other labels, images, addresses or resources)."""
     meta = node.get("metadata") or {}
     labels = meta.get("labels") or {}
     kept = {key: labels[key] for key in (ZONE_LABEL, *GPU_LABELS) if key in labels}
     return {"metadata": {"name": meta.get("name", ""), **({"labels": kept} if kept else {})},
             "spec": {"taints": (node.get("spec") or {}).get("taints") or []},
-            "status": {"conditions": (node.get("status") or {}).get("conditions") or []}}
+            "status": {"conditions": (node.get("status") or {}).get("conditions") or [],
+                       **{part: {GPU_RESOURCE: amounts[GPU_RESOURCE]} for part in ("capacity", "allocatable")
+                          if isinstance(amounts := (node.get("status") or {}).get(part), dict) and GPU_RESOURCE in amounts}}}
 
 
 def _zone(node: dict[str, Any]) -> str | None:
@@ -242,6 +245,14 @@ class NodeView:
     """``nvidia.com/gpu.memory``, when the node has it and it is a number."""
     gpu_product: str = ""
     """``nvidia.com/gpu.product`` ("" without one)."""
+    problems: tuple[str, ...] = ()
+    """The node's conditions other than Ready that are True (a node-problem-detector's or a
+    GPU health agent's ``KernelDeadlock``, say), each a valid condition type; which of them
+    count as a failure is the operator's setting (``policies/node_health.py``)."""
+    gpu_capacity: int | None = None
+    gpu_allocatable: int | None = None
+    """``nvidia.com/gpu`` in the node's capacity and allocatable: NVIDIA's device plugin
+    takes a GPU it finds unhealthy (an XID error) out of allocatable."""
 
     @property
     def failed(self) -> bool:
@@ -251,7 +262,8 @@ class NodeView:
 
 
 def node_view(node: dict[str, Any]) -> NodeView:
-    conds = {c.get("type"): c for c in (node.get("status") or {}).get("conditions") or []}
+    status = node.get("status") or {}
+    conds = {c.get("type"): c for c in status.get("conditions") or [] if isinstance(c, dict)}
     ready = conds.get("Ready") or {}
     taints = (node.get("spec") or {}).get("taints") or []
     bad = {"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"}
@@ -264,7 +276,16 @@ def node_view(node: dict[str, Any]) -> NodeView:
         zone=_zone(node) or "",
         gpu_memory_mib=untrusted.count(labels.get(GPU_MEMORY_LABEL)) if isinstance(labels.get(GPU_MEMORY_LABEL), str) else None,
         gpu_product=product if isinstance(product := labels.get(GPU_PRODUCT_LABEL), str) and _LABEL_VALUE.fullmatch(product) else "",
+        problems=tuple(sorted(t for t, c in conds.items() if isinstance(t, str) and t != "Ready" and untrusted.token(t)
+                              and isinstance(c, dict) and c.get("status") == "True")),
+        gpu_capacity=_gpus(status.get("capacity")),
+        gpu_allocatable=_gpus(status.get("allocatable")),
     )
+
+
+def _gpus(resources: Any) -> int | None:
+    value = resources.get(GPU_RESOURCE) if isinstance(resources, dict) else None
+    return untrusted.count(value) if isinstance(value, str) else None
 
 
 @dataclass(frozen=True)

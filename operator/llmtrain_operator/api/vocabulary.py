@@ -117,6 +117,9 @@ class Reason(StrEnum):
     UNSCHEDULABLE = "Unschedulable"
     SCHEDULED = "Scheduled"
     NODE_QUARANTINED = "NodeQuarantined"
+    NODE_UNHEALTHY = "NodeUnhealthy"
+    """A health agent reports the node sick (a condition, a GPU out of allocatable): the
+    job's pods there are drained before a rank fails."""
     FITS_GPU_MEMORY = "FitsGPUMemory"
     EXCEEDS_GPU_MEMORY = "ExceedsGPUMemory"
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"

@@ -360,7 +360,8 @@ async def _decide_and_write(k8s: K8s, body: dict[str, Any], received: Received, 
     if workload is not None:
         observed = replace(observed, workload=workload)
     result = plan_received(received, observed, now, settings.runtime_image,
-                           PodPolicy.from_settings(settings.allow_privileged_pods, settings.allowed_service_accounts))
+                           PodPolicy.from_settings(settings.allow_privileged_pods, settings.allowed_service_accounts),
+                           settings.failure_conditions())
     old_status = body.get("status") or {}
     changed = status_changed(old_status, result.status, settings.status_flush_seconds, now, progress_pace(settings, jobs))
     check(gate)

@@ -169,6 +169,8 @@ class Pass(Ledger):
     """Where a user script's pods copy the launcher from (``manifests.runtime_bundle``)."""
     pod_policy: PodPolicy = field(default_factory=PodPolicy)
     """What the job's ``podTemplate`` may ask of its pods (``podpolicy.py``)."""
+    node_failure_conditions: frozenset[str] = frozenset()
+    """Node condition types that, True, mean the node is failing (``policies/node_health.py``)."""
 
     @property
     def spec(self) -> LLMTrainJobSpec:

@@ -19,7 +19,7 @@ from ..api.job import Received, receive
 from ..api.observed import Observed
 from ..api.vocabulary import Reason
 from .context import Action, DeletePod, Ledger, Pass, Plan, Verdict
-from ..settings import DEFAULT_RUNTIME_IMAGE
+from ..settings import DEFAULT_NODE_FAILURE_CONDITIONS, DEFAULT_RUNTIME_IMAGE
 from .policies import (
     checkpoints,
     children,
@@ -28,6 +28,7 @@ from .policies import (
     gang,
     in_place,
     memory,
+    node_health,
     node_failures,
     numerics,
     pod_failures,
@@ -60,6 +61,7 @@ FAILURES: tuple[Policy, ...] = (
                            # (before completion: a finished job's final commits count too)
     completion.handle,
     pod_failures.handle,
+    node_health.handle,    # a node a health agent reports sick: drained before a rank fails there
     node_failures.handle,
     in_place.handle,
     stragglers.handle,     # report (or replace) a rank that stays slower than the others
@@ -92,16 +94,19 @@ def _each(ctx: Pass, policies: tuple[Policy, ...]) -> bool:
 
 
 def plan(raw: dict[str, Any], observed: Observed, now: datetime, runtime_image: str = DEFAULT_RUNTIME_IMAGE,
-         pod_policy: PodPolicy = STRICT) -> Plan:
+         pod_policy: PodPolicy = STRICT, node_failure_conditions: frozenset[str] = DEFAULT_NODE_FAILURE_CONDITIONS) -> Plan:
     """A raw job object (a file, a test) read with ``receive``, then ``plan_received``."""
-    return plan_received(receive(raw), observed, now, runtime_image, pod_policy)
+    return plan_received(receive(raw), observed, now, runtime_image, pod_policy, node_failure_conditions)
 
 
 def plan_received(received: Received, observed: Observed, now: datetime, runtime_image: str = DEFAULT_RUNTIME_IMAGE,
-                  pod_policy: PodPolicy = STRICT) -> Plan:
+                  pod_policy: PodPolicy = STRICT,
+                  node_failure_conditions: frozenset[str] = DEFAULT_NODE_FAILURE_CONDITIONS) -> Plan:
     """``runtime_image``: the operator's setting of that name (``manifests.runtime_bundle``);
-    ``pod_policy``: what a ``podTemplate`` may ask (``podpolicy.py``). ``received`` is left
-    as it is: the new status is built from a copy of its status."""
+    ``pod_policy``: what a ``podTemplate`` may ask (``podpolicy.py``);
+    ``node_failure_conditions``: node condition types that mean a failure
+    (``policies/node_health.py``). ``received`` is left as it is: the new status is built
+    from a copy of its status."""
     status = received.status.model_copy(deep=True)
     if received.deleting:
         return Plan([], [], status.to_wire(), None)
@@ -111,7 +116,8 @@ def plan_received(received: Received, observed: Observed, now: datetime, runtime
         errors = received.invalid.errors if received.invalid is not None else []
         validity.mark_invalid(ledger, Reason.INVALID_SPEC, "; ".join(str(e) for e in errors), received.generation)
         return _done(ledger)
-    ctx = Pass(job=received.job, observed=observed, now=now, status=status, runtime_image=runtime_image, pod_policy=pod_policy)
+    ctx = Pass(job=received.job, observed=observed, now=now, status=status, runtime_image=runtime_image, pod_policy=pod_policy,
+               node_failure_conditions=node_failure_conditions)
     account_time(ctx)
     _policies(ctx)
     return _done(ctx)
