@@ -180,6 +180,8 @@ HEALTH_PORT = 9399
 """The launcher's ``/healthz`` (the worker pod's liveness probe) and ``/metrics``
 (``LauncherMetric``)."""
 CONFIG_HASH_ANNOTATION = "llmtrain.io/config-hash"
+GANG_MIN_AVAILABLE_ANNOTATION = "llmtrain.io/gang-min-available"
+"""On a gang job's pods: the gang's minimum (a hint beside the scheduler's own PodGroup)."""
 """On the rendered-config ConfigMap: the hash of its content."""
 TERMINATION_LOG = "/dev/termination-log"
 """Kubernetes' default termination-message path."""

@@ -117,6 +117,9 @@ class Reason(StrEnum):
     UNSCHEDULABLE = "Unschedulable"
     SCHEDULED = "Scheduled"
     NODE_QUARANTINED = "NodeQuarantined"
+    # local runs (llmtrain run)
+    LOCAL_TIMEOUT = "LocalTimeout"
+    INJECTED_NODE_LOSS = "InjectedNodeLoss"
     NODE_UNHEALTHY = "NodeUnhealthy"
     """A health agent reports the node sick (a condition, a GPU out of allocatable): the
     job's pods there are drained before a rank fails."""

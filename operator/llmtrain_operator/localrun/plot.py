@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-MARKED = {"InjectedNodeLoss": "tab:red", "PodFailed": "tab:red", "RestartedInPlace": "tab:orange",
-          "PodDisrupted": "tab:purple", "NodeFailure": "tab:red", "Running": "tab:green"}
+from ..api.vocabulary import ConditionType, Reason
+
+MARKED = {Reason.INJECTED_NODE_LOSS: "tab:red", Reason.POD_FAILED: "tab:red", Reason.RESTARTED_IN_PLACE: "tab:orange",
+          Reason.POD_DISRUPTED: "tab:purple", Reason.NODE_FAILURE: "tab:red", ConditionType.RUNNING: "tab:green"}
 
 
 def plot_run(steps: list[dict[str, Any]], events: list[tuple[float, int, Any]], path: Path, title: str) -> Path:

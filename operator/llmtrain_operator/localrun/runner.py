@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from ..api.job import LLMTrainJob
 from ..api.observed import ROLE_WORKER
-from ..api.vocabulary import TERMINAL_PHASES, Phase
+from ..api.vocabulary import TERMINAL_PHASES, Phase, Reason
 from ..planner import Event, plan
 from ..planner.podpolicy import ANYTHING
 from .cluster import LocalCluster
@@ -71,7 +71,7 @@ class LocalRun:
                     return status
                 if timeout is not None and time.monotonic() - started > timeout:
                     status["phase"] = Phase.FAILED
-                    self.on_event(time.time(), Event("Warning", "LocalTimeout", f"no result within {timeout:.0f}s"))
+                    self.on_event(time.time(), Event("Warning", Reason.LOCAL_TIMEOUT, f"no result within {timeout:.0f}s"))
                     return status
                 time.sleep(self.interval)
         finally:
@@ -83,7 +83,7 @@ class LocalRun:
                 pod = self.cluster.kill_node(kill.slot)
                 if pod is not None:
                     kill.fired = True
-                    event = Event("Warning", "InjectedNodeLoss",
+                    event = Event("Warning", Reason.INJECTED_NODE_LOSS,
                                   f"fault injection: killed every process of node local-{kill.slot} ({pod}) at step {status.get('step')}")
                     self.events.append((time.time(), status.get("step", 0), event))
                     self.on_event(time.time(), event)

@@ -9,7 +9,8 @@ from typing import Any
 
 from llmtrain_contract.command import LAUNCHER, STORE, script_program, store_command, torchrun_args, trainer_program, worker_command
 from llmtrain_contract.cadence import CADENCE_FILE
-from llmtrain_contract.names import CONFIG_HASH_ANNOTATION, HEALTH_PORT, RDZV_LEASE_PORT_OFFSET, RDZV_PORT, TERMINATION_LOG
+from llmtrain_contract.names import (CONFIG_HASH_ANNOTATION, GANG_MIN_AVAILABLE_ANNOTATION, HEALTH_PORT, RDZV_LEASE_PORT_OFFSET,
+                                     RDZV_PORT, TERMINATION_LOG)
 
 from ..api.job import API_VERSION, KIND, LLMTrainJob
 from ..api.observed import CADENCE_ANNOTATION, LABEL_ROLE, ROLE_WORKER
@@ -392,7 +393,7 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: Sequen
             # Hints understood by Volcano and by scheduler-plugins' coscheduling.
             annotations["scheduling.k8s.io/group-name"] = job_name
             labels["scheduling.x-k8s.io/pod-group"] = job_name
-            annotations["llmtrain.io/gang-min-available"] = str(sched.gang.min_available)
+            annotations[GANG_MIN_AVAILABLE_ANNOTATION] = str(sched.gang.min_available)
     if avoid_nodes:
         term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": sorted(avoid_nodes)}]}
         required = affinity.setdefault("nodeAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
