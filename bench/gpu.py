@@ -105,7 +105,11 @@ class Run:
         figures["seconds"] = round(time.monotonic() - began, 1)
         self.figures[name] = figures
         self.save()
-        free_gpu()
+        try:
+            free_gpu()
+        except Exception as err:  # noqa: BLE001 - a sticky CUDA error: recorded, the next section still tries
+            figures["free_gpu_error"] = f"{type(err).__name__}: {err}"
+            self.save()
 
 
 def free_gpu() -> None:
@@ -483,7 +487,7 @@ def memory_row(preset: str, micro: int, seq_len: int, strategy: dict[str, Any]) 
         shutil.rmtree(run_dir, ignore_errors=True)
     planned = memplan.plan(memplan.from_config(cfg, 1))
     return {"measured_peak": peak, "measured_static": static, "planned_peak": planned.peak, "planned_static": planned.static,
-            "error": planned.peak / peak - 1, "terms": planned.terms, "base": base}
+            "relative_error": planned.peak / peak - 1, "terms": planned.terms, "base": base}
 
 
 def memory_section(run: Run) -> dict[str, Any]:
@@ -506,13 +510,13 @@ def memory_section(run: Run) -> dict[str, Any]:
                     row = {"row": name, **memory_row(preset, micro, SEQ, strategy)}
                     say(f"  {name}: measured {row['measured_peak'] / 2**30:.2f} GiB (static {row['measured_static'] / 2**30:.2f}), "
                         f"planned {row['planned_peak'] / 2**30:.2f} (static {row['planned_static'] / 2**30:.2f}), "
-                        f"error {row['error'] * 100:+.1f}%")
+                        f"error {row['relative_error'] * 100:+.1f}%")
                 except Exception as err:  # noqa: BLE001 - recorded, the next row runs
                     row = {"row": name, "failed": f"{type(err).__name__}: {err}"[:500]}
                     say(f"  {name}: failed {row['failed']}")
                 rows.append(row)
                 run.save()
-    errors = [abs(r["error"]) for r in rows if "error" in r]
+    errors = [abs(r["relative_error"]) for r in rows if "relative_error" in r]
     out["worst_abs_error"] = max(errors) if errors else None
     return out
 
@@ -618,9 +622,21 @@ def summary(figures: dict[str, Any]) -> dict[str, Any]:
         if isinstance(row, dict) and "stall_reduction" in row:
             out[f"stall_reduction_{preset}"] = round(row["stall_reduction"], 1)
             out[f"stall_vs_dcp_{preset}"] = round(row["stall_vs_dcp"], 3)
-    failed = [name for name, v in figures.items() if isinstance(v, dict) and "error" in v]
+    failed = [name for name, v in figures.items() if isinstance(v, dict) and _failed(v)]
     out["failed_sections"] = ",".join(failed) or "none"
     return out
+
+
+def _failed(figures: Any) -> bool:
+    """Whether a section's figures hold a failure anywhere: an error, a failed row, a case
+    that is not ok (a checkpoint row's error, a memory row's failure, a resume case)."""
+    if isinstance(figures, dict):
+        if "error" in figures or "failed" in figures or figures.get("ok") is False:
+            return True
+        return any(_failed(v) for v in figures.values())
+    if isinstance(figures, list):
+        return any(_failed(v) for v in figures)
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,7 @@ from .api import SpecInvalid, parse_job
 from .api.job import LLMTrainJob
 from .api.crd import CRD_FILENAME, render_crd_yaml
 from .localrun.args import add_run_parser
+from .planner.manifests import asks_for_gpus
 from .planner.render import trainer_config
 from .storecli import add_parser as add_checkpoints_parser
 
@@ -81,15 +82,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def _wants_gpu(job: LLMTrainJob) -> bool:
-    res = job.spec.resources
-    return bool(res and any("gpu" in name for name in {**(res.requests or {}), **(res.limits or {})}))
-
-
 def _memory_plan(job: LLMTrainJob, gpu_memory_gib: float | None) -> int:
     """Print a built-in GPU job's memory plan at its smallest world (the largest share per
     rank); with ``--gpu-memory``, 1 when it does not fit such a GPU, with a change that does."""
-    if job.spec.trainer.builtin is None or not _wants_gpu(job):
+    if job.spec.trainer.builtin is None or not asks_for_gpus(job.spec):
         return 0  # the plan is for GPU memory; a CPU job's ranks share the pod's memory limit
     spec = job.spec
     world = spec.replicas.min * spec.procs_per_node

@@ -50,6 +50,14 @@ def test_the_summary_carries_each_sections_headline():
                    "failed_sections": "none"}
 
 
+def test_a_failure_deep_in_a_section_marks_the_section_failed():
+    figures = {"checkpoint": {"disk": "/var/tmp", "gpt2-124m": {"error": "AcceleratorError: ..."}},
+               "memory": {"rows": [{"row": "a", "relative_error": 0.01}, {"row": "b", "failed": "OOM"}]},
+               "resume": {"ddp-nccl": {"ok": True}, "zero3": {"ok": False}, "all_ok": False}, "mfu": {"worst_ratio": 0.95}}
+    assert gpu.summary(figures)["failed_sections"] == "checkpoint,memory,resume"
+    assert gpu.summary({"memory": {"rows": [{"row": "a", "relative_error": 0.01}]}})["failed_sections"] == "none"
+
+
 def test_an_unknown_section_is_refused():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--only", "mfu,warp"], capture_output=True, text=True,
                          timeout=60)

@@ -373,17 +373,18 @@ class FaultToleranceSpec(Ruled):
     """After a node failure, keep this job's replacements off that node for this long.
     Seconds. Default 600."""
 
-    node_failure_threshold: int = Field(2, ge=1, le=100)
+    node_failure_threshold: int = Field(2, ge=1, le=20)
     """Failures of this job's pods that point at one node (killed with no report from
     the pod's launcher, or lost without an exit) within ``nodeFailureWindowSeconds`` after
-    which the node is quarantined for the job, as after a NotReady episode. 1..100.
+    which the node is quarantined for the job, as after a NotReady episode. 1..20.
     Default 2. A crash the launcher reports (an exception, a hang, an OOM) is the
     program's and never counts against the node."""
 
     node_failure_window_seconds: int = Field(600, ge=10, le=86400)
-    """The window of ``nodeFailureThreshold``. Such failures on one node less than this
-    apart are one episode of that node: charged once as a restart, however often the
-    node kills the job's pods. Seconds, 10..86400. Default 600."""
+    """The window of ``nodeFailureThreshold``. Such failures on one node within this of
+    the episode's first, charged one are that episode: charged once as a restart however
+    often the node kills the job's pods, and once more per window after. Seconds,
+    10..86400. Default 600."""
 
     progress_timeout_seconds: int = Field(900, ge=0, le=604800)
     """Operator-side backstop: if ``status.step`` does not advance for this long while

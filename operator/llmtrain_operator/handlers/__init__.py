@@ -119,10 +119,15 @@ async def _sweep_stranded() -> None:
             log.exception("sweeping a deleted job's stranded pods failed")
 
 
+_LABELLED_JOB: dict[tuple[str, str], str] = {}
+"""(namespace, pod) -> the job its label names, for the candidates of the last sweep."""
+
+
 def _gone_jobs_pods() -> list[tuple[str, dict[str, Any]]]:
     """(namespace, pod) of every indexed pod whose LLMTrainJob is gone, being deleted, or
-    is another job of the same name (its uid differs)."""
+    is another job of the same name (its uid differs), as far as the watches know."""
     out = []
+    _LABELLED_JOB.clear()
     for key, store in list((_INDEXES.get("pods_by_job") or {}).items()):
         body = LOOPS.body(key)
         alive = body is not None and not (body.get("metadata") or {}).get("deletionTimestamp")
@@ -130,20 +135,28 @@ def _gone_jobs_pods() -> list[tuple[str, dict[str, Any]]]:
             owner = job_owner_uid(pod)
             if owner is not None and not (alive and body is not None and job_uid(body) == owner):
                 out.append((key[0], pod))
+                _LABELLED_JOB[(key[0], (pod.get("metadata") or {}).get("name", ""))] = key[1]
     return out
 
 
 async def _sweep_once(k8s: K8s) -> None:
-    candidates = [(ns, pod_view(pod)) for ns, pod in _gone_jobs_pods()]
+    candidates = [(ns, pod_view(pod), job_owner_uid(pod)) for ns, pod in _gone_jobs_pods()]
     if not candidates:
         return
     nodes = {n.name: n for n in map(node_view, (n for store in (_INDEXES.get("nodes_by_name") or {}).values() for n in store))}
-    doomed = stranded([view for _, view in candidates], nodes, datetime.now(UTC))
-    for ns, view in candidates:
-        if view in doomed:
-            log.info("pod %s/%s of a deleted job is stuck Terminating on node %s, which is not Ready: force-deleting it",
-                     ns, view.name, view.node)
-            await asyncio.to_thread(k8s.delete_pod, ns, view.name, None, True)
+    doomed = stranded([view for _, view, _ in candidates], nodes, datetime.now(UTC))
+    for ns, view, owner in candidates:
+        if view not in doomed:
+            continue
+        # The watch may not have delivered a live job yet (an operator just started): the
+        # API server says whether the pod's job is really gone before anything is forced.
+        job = _LABELLED_JOB.get((ns, view.name), "")
+        _, body = await asyncio.to_thread(k8s.read_object, f"{GROUP}/{VERSION}", PLURAL, ns, job)
+        if body is not None and job_uid(body) == owner and not (body.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        log.info("pod %s/%s of a deleted job is stuck Terminating on node %s, which is not Ready: force-deleting it",
+                 ns, view.name, view.node)
+        await asyncio.to_thread(k8s.delete_pod, ns, view.name, None, True)
 
 
 @kopf.on.cleanup()
@@ -279,8 +292,16 @@ async def job_changed(type: str | None, namespace: str | None, name: str, body: 
             _SLOTS.forget(key)
 
 
+def _keep_indexes(kwargs: dict[str, Any]) -> None:
+    """kopf hands every handler the indexes: keep them from whichever event comes first
+    (an operator started after the last job was deleted sees pod and node events only)."""
+    _INDEXES.update({k: kwargs[k] for k in ("pods_by_job", "nodes_by_name", "services_by_job", "configmaps_by_job")
+                     if k in kwargs})
+
+
 @kopf.on.event("pods", labels=JOB_SELECTOR)
-async def pod_changed(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+async def pod_changed(namespace: str | None, labels: Mapping[str, str], **kwargs: Any) -> None:
+    _keep_indexes(kwargs)
     # Any pod with the job's label wakes it, owned or not: the pass keeps only its own, but
     # a namesake's leftover going away is what lets it create its own pod of that name.
     LOOPS.wake((namespace or "default", labels.get(LABEL_JOB, "")))  # as job_changed keys it
@@ -292,7 +313,8 @@ kubelet's heartbeat) wakes no job."""
 
 
 @kopf.on.event("nodes")
-async def node_changed(type: str | None, name: str, body: kopf.Body, **_: Any) -> None:
+async def node_changed(type: str | None, name: str, body: kopf.Body, **kwargs: Any) -> None:
+    _keep_indexes(kwargs)
     if type == "DELETED":
         _NODE_VIEWS.pop(name, None)
     else:

@@ -13,6 +13,7 @@ from llmtrain_contract.names import (CONFIG_HASH_ANNOTATION, GANG_MIN_AVAILABLE_
                                      RDZV_PORT, TERMINATION_LOG)
 
 from ..api.job import API_VERSION, KIND, LLMTrainJob
+from ..api.spec import LLMTrainJobSpec
 from ..api.observed import CADENCE_ANNOTATION, LABEL_ROLE, ROLE_WORKER
 from ..api.status import CadenceHistory
 from ..settings import DEFAULT_RUNTIME_IMAGE
@@ -21,6 +22,12 @@ from .environment import worker_env
 from .render import config_text, content_hash, tier_paths, trainer_config
 
 GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def asks_for_gpus(spec: LLMTrainJobSpec) -> bool:
+    """Whether the job's pods request or limit ``nvidia.com/gpu``."""
+    res = spec.resources
+    return bool(res and GPU_RESOURCE in {**(res.requests or {}), **(res.limits or {})})
 TORCHRUN_MAX_RESTARTS = 1_000_000
 """torchrun restarts its worker group on every membership change and after a survivor's
 collective fails; the *job-wide* budget is enforced by the operator, not by torchrun."""

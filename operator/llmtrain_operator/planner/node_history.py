@@ -13,8 +13,10 @@ The rule (documented in docs/operator.md):
   termination message (the launcher writes one for every exit it sees: an exception, a
   hang, a permanent error). The kubelet's ``OOMKilled`` is the job's memory, not the
   node's, and does not count.
-- Such failures on one node less than ``nodeFailureWindowSeconds`` apart are one
-  *episode*: the first is charged as a restart, the rest replace their pod uncharged.
+- Such failures on one node within ``nodeFailureWindowSeconds`` of the episode's first,
+  charged one are that *episode*: they replace their pod uncharged (all pods, with
+  ``restartPolicy: RestartAll``). The first one after the window is charged again: a node
+  that never stops costs one restart per window until the budget ends the job.
 - The ``nodeFailureThreshold``-th within the window quarantines the node for the job for
   ``nodeQuarantineSeconds`` (replacements avoid it), with an Event.
 - A node's NotReady episodes (``node_failures.py``) less than the window apart merge the
@@ -23,12 +25,15 @@ The rule (documented in docs/operator.md):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..api.observed import PodView
 from .context import Pass
-from .quarantine import quarantine
+from .quarantine import active_quarantine, quarantine
 
 MAX_KEPT = 20
-"""Stamps kept per node (only those within the window matter)."""
+"""Stamps kept per node (only those within the window matter); ``nodeFailureThreshold``
+is at most this."""
 
 
 def points_at_node(pod: PodView) -> bool:
@@ -41,24 +46,44 @@ def points_at_node(pod: PodView) -> bool:
 NOT_READY = "notready:"
 """The book's key prefix for a node's NotReady episodes (kept apart from its kills: a node
 that kills a pod and later goes NotReady has two episodes, charged once each)."""
+CHARGED = "charged:"
+"""The book's key prefix for when a node's current episode was charged."""
 
 
-def note(ctx: Pass, node: str, not_ready: bool = False) -> tuple[bool, int]:
+@dataclass(frozen=True)
+class Noted:
+    merged: bool
+    """Within the window of the episode's charged failure: not charged again."""
+    count: int
+    """Failures of this kind on the node within the window, this one included."""
+    quarantined: bool
+    """This failure put the node in quarantine (it was not already)."""
+
+
+def _recent(ctx: Pass, stamps: list[str], window: float) -> list[str]:
+    return [t for t in stamps if (ctx.seconds_since(t) or 0) < window]
+
+
+def note(ctx: Pass, node: str, not_ready: bool = False) -> Noted:
     """Record a kill that points at ``node`` (or, ``not_ready``, one of its NotReady
-    episodes): (it belongs to an episode already charged, the failures of that kind on
-    the node within the window, this one included). Kills quarantine the node at the
-    threshold (a NotReady episode quarantines it anyway)."""
+    episodes). An episode is counted from its charged failure: failures within the window
+    after it merge; the first one after the window is charged again, so a node that kills
+    pods forever still costs one restart per window (the budget ends it). Kills quarantine
+    the node at the threshold (a NotReady episode quarantines it anyway)."""
     spec = ctx.spec.fault_tolerance
     book = ctx.status.internal.node_failures
     window = spec.node_failure_window_seconds
     key = f"{NOT_READY}{node}" if not_ready else node
-    recent = [t for t in book.get(key, []) if (ctx.seconds_since(t) or 0) < window]
-    merged = bool(recent)
-    recent = (recent + [ctx.stamp])[-MAX_KEPT:]
+    recent = (_recent(ctx, book.get(key, []), window) + [ctx.stamp])[-MAX_KEPT:]
     book[key] = recent
+    merged = bool(_recent(ctx, book.get(CHARGED + key, []), window))
+    if not merged:
+        book[CHARGED + key] = [ctx.stamp]
     # Keys with nothing recent are dropped: the bookkeeping stays bounded by the nodes in use.
-    for other in [k for k, stamps in book.items() if k != key and not any((ctx.seconds_since(t) or 0) < window for t in stamps)]:
+    for other in [k for k, stamps in book.items() if k not in (key, CHARGED + key) and not _recent(ctx, stamps, window)]:
         del book[other]
-    if not not_ready and len(recent) >= spec.node_failure_threshold:
+    quarantined = False
+    if not not_ready and len(recent) >= spec.node_failure_threshold and spec.node_quarantine_seconds > 0:
+        quarantined = node not in active_quarantine(ctx)
         quarantine(ctx, node)
-    return merged, len(recent)
+    return Noted(merged, len(recent), quarantined)

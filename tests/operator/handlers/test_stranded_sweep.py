@@ -34,8 +34,14 @@ class Loops:
 
 
 class K8s:
-    def __init__(self):
+    def __init__(self, jobs=None):
         self.deleted = []
+        self.jobs = jobs or {}
+        self.reads = []
+
+    def read_object(self, api_version, plural, namespace, name):
+        self.reads.append((namespace, name))
+        return True, self.jobs.get((namespace, name))
 
     def delete_pod(self, namespace, name, grace_seconds=None, force=False):
         self.deleted.append((namespace, name, force))
@@ -65,6 +71,23 @@ def test_a_job_being_deleted_counts_as_gone(monkeypatch):
     monkeypatch.setattr(handlers, "_INDEXES", {"pods_by_job": {("ns", "j"): [pod("p", "u", "dead")]},
                                                "nodes_by_name": {"dead": [node("dead", "False", 60)]}})
     monkeypatch.setattr(handlers, "LOOPS", Loops({("ns", "j"): body}))
-    k8s = K8s()
+    k8s = K8s({("ns", "j"): body})
     asyncio.run(handlers._sweep_once(k8s))
     assert k8s.deleted == [("ns", "p", True)]
+
+
+def test_a_live_job_the_watch_has_not_delivered_yet_keeps_its_pods(monkeypatch):
+    """An operator just started: its loops have not seen the job, the API server has."""
+    body = {"metadata": {"name": "j", "uid": "u"}}
+    monkeypatch.setattr(handlers, "_INDEXES", {"pods_by_job": {("ns", "j"): [pod("p", "u", "dead")]},
+                                               "nodes_by_name": {"dead": [node("dead", "False", 60)]}})
+    monkeypatch.setattr(handlers, "LOOPS", Loops({}))
+    k8s = K8s({("ns", "j"): body})
+    asyncio.run(handlers._sweep_once(k8s))
+    assert k8s.reads == [("ns", "j")] and k8s.deleted == []
+
+
+def test_indexes_are_kept_from_pod_and_node_events_too(monkeypatch):
+    monkeypatch.setattr(handlers, "_INDEXES", {})
+    handlers._keep_indexes({"pods_by_job": {"x": 1}, "nodes_by_name": {"y": 2}, "logger": object()})
+    assert handlers._INDEXES == {"pods_by_job": {"x": 1}, "nodes_by_name": {"y": 2}}

@@ -63,3 +63,11 @@ def test_the_node_view_keeps_the_gpu_labels_and_refuses_bad_values():
     node["metadata"]["labels"].update({"nvidia.com/gpu.memory": "80GB", "nvidia.com/gpu.product": "bad product!"})
     view = node_view(node)
     assert (view.gpu_memory_mib, view.gpu_product) == (None, "")
+
+
+def test_the_condition_goes_when_no_labelled_node_is_left():
+    raw = job(GPU_JOB, status=running_status())
+    cond, result = fits(raw, [gpu_node("b", 40960)])
+    assert cond["status"] == "False"
+    later, _ = fits({**raw, "status": result.status}, [gpu_node("b", None)])
+    assert later is None

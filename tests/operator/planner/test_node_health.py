@@ -36,10 +36,20 @@ def test_a_configured_condition_drains_the_pod_gracefully_and_quarantines_the_no
     assert "NodeUnhealthy" not in [e.reason for e in again.events] and again.status["disruptions"] == 1  # once per pod
 
 
-def test_a_gpu_taken_out_of_allocatable_drains_too():
+GPU_JOB = {"spec.resources": {"limits": {"nvidia.com/gpu": 1}}}
+
+
+def test_a_gpu_taken_out_of_allocatable_drains_a_gpu_job():
     sick = NodeView("node-0", "True", NOW - timedelta(hours=1), gpu_capacity=8, gpu_allocatable=7)
-    result = run(sick)
+    result = run(sick, raw=job(GPU_JOB, status=running_status()))
     assert "7 of its 8 nvidia.com/gpu allocatable" in result.status["lastFailure"]["message"]
+
+
+def test_no_gpu_allocatable_at_all_or_a_cpu_job_is_not_a_gpu_fault():
+    restarting = NodeView("node-0", "True", NOW - timedelta(hours=1), gpu_capacity=8, gpu_allocatable=0)
+    assert summary(run(restarting, raw=job(GPU_JOB, status=running_status())).actions) == []  # the plugin restarting
+    sick = NodeView("node-0", "True", NOW - timedelta(hours=1), gpu_capacity=8, gpu_allocatable=7)
+    assert summary(run(sick).actions) == []  # a CPU job does not care
 
 
 def test_conditions_not_configured_and_healthy_nodes_are_left_alone():

@@ -95,3 +95,17 @@ def test_a_kill_and_a_later_notready_episode_on_one_node_are_two_charges():
     pod = dataclasses.replace(worker(0, node="node-0"), uid="u9")
     result = plan(raw, observed(raw, [pod, worker(1)], nodes=nodes), later)
     assert result.status["restartsByReason"] == {"Signal9": 1, "NodeFailure": 1}
+
+
+def test_a_node_that_never_stops_is_charged_again_each_window_so_the_budget_ends_it():
+    # A kill every 300 s for 25 minutes, window 600 s: charged at 0, 600 (new episode), 1200.
+    results = fail_repeatedly([killed(f"u{i}") for i in range(6)], spacing=300,
+                              changes={"spec.faultTolerance.nodeQuarantineSeconds": 0})
+    assert [r.status.get("restarts", 0) for r in results] == [1, 1, 2, 2, 3, 3]
+    # No quarantine configured: no Event claims one.
+    assert not any("NodeQuarantined" in [e.reason for e in r.events] for r in results)
+
+
+def test_the_quarantine_event_comes_once():
+    results = fail_repeatedly([killed(f"u{i}") for i in range(4)])
+    assert sum("NodeQuarantined" in [e.reason for e in r.events] for r in results) == 1

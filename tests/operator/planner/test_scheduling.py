@@ -8,6 +8,7 @@ from datetime import timedelta
 
 from llmtrain_operator.api.observed import MESSAGE_LIMIT, pod_view
 from llmtrain_operator.planner import plan
+from llmtrain_operator.planner.policies.scheduling import short_resources
 from support.planning import NOW, job, observed, running_status, worker
 
 WORDS = ("0/4 nodes are available: 3 Insufficient nvidia.com/gpu, 1 node(s) had untolerated taint "
@@ -50,6 +51,11 @@ def test_a_job_that_never_waited_gets_no_condition():
     raw = job(status=running_status())
     result = plan(raw, observed(raw, [worker(0), worker(1)]), NOW)
     assert "Unschedulable" not in conditions(result.status)
+
+
+def test_the_resources_named_short_end_where_the_name_does():
+    assert short_resources("0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes") == ["nvidia.com/gpu"]
+    assert short_resources("3 Insufficient cpu, 2 Insufficient memory, 1 Insufficient cpu.") == ["cpu", "memory"]
 
 
 def test_the_pod_view_reads_the_schedulers_message_and_bounds_it():

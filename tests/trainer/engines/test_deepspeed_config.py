@@ -37,4 +37,9 @@ def test_a_users_optimizer_section_still_wins(monkeypatch):
                            "deepspeedConfig": {"optimizer": {"type": "AdamW", "params": {"torch_adam": False}}}})
     ds = deepspeed_config(cfg, world_size=1, load_universal=False)
     assert ds["optimizer"]["params"]["torch_adam"] is False  # the user's choice (FusedAdam, compiled on first use)
+    assert "fused" not in ds["optimizer"]["params"]  # FusedAdam would refuse the keyword
     assert "bf16" not in ds  # auto on a GPU without bf16
+    lamb = config(strategy={"kind": "deepspeed", "zeroStage": 1,
+                            "deepspeedConfig": {"optimizer": {"type": "Lamb", "params": {"lr": 0.001}}}})
+    params = deepspeed_config(lamb, world_size=1, load_universal=False)["optimizer"]["params"]
+    assert "fused" not in params and "torch_adam" not in params

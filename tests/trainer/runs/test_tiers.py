@@ -162,6 +162,18 @@ def test_a_final_checkpoint_no_tier_has_room_for_is_a_permanent_storage_full_fai
     assert max(r["attempt"] for r in job.steps()) == 0 and len(job.steps()) == 6
 
 
+def test_storage_full_holds_with_two_ranks_on_the_node(tmp_path):
+    """The non-leader rank writes only its small part and sees no failure of its own: the
+    ranks still agree that the tier that failed is full."""
+    small = tmp_path / "tiny-disk"
+    _mount_tmpfs(small, 64 * 1024)
+    try:
+        job, codes = run_job(tmp_path, dict(CFG, maxSteps=6), local_dirs={0: small}, procs_per_node=2, max_restarts=3)
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+    assert codes == [ExitCode.STORAGE_FULL], job.logs()
+
+
 def test_a_final_checkpoint_a_tier_fails_for_another_reason_stays_retryable(tmp_path):
     readonly = tmp_path / "ro-disk"
     _mount_tmpfs(readonly, 1 << 20)

@@ -78,10 +78,13 @@ def deepspeed_config(cfg: TrainerConfig, world_size: int, load_universal: bool) 
             else {"lr": opt.lr, "momentum": opt.beta1},
         },
     }
-    if opt.name == "adamw":
+    user_optimizer = "optimizer" in (cfg.strategy.deepspeed_config or {})
+    if opt.name == "adamw" and not user_optimizer:
         # DeepSpeed's FusedAdam and CPU Adam are ops compiled on first use (nvcc, minutes,
         # in every new pod); torch's AdamW is built in, and its fused CUDA kernel does the
-        # same work in one launch. So no op is ever compiled on a job's path.
+        # same work in one launch. So no op is ever compiled on a job's path. Only when the
+        # user names no optimizer: a merge cannot take keys out of theirs, and FusedAdam or
+        # Lamb given "fused" or "torch_adam" would refuse them.
         defaults["optimizer"]["params"]["torch_adam"] = True
         if torch.cuda.is_available():
             defaults["optimizer"]["params"]["fused"] = True

@@ -55,7 +55,7 @@ def init(collective_timeout_seconds: float) -> DistInfo:
         torch.cuda.set_device(local_rank)
     timeout = datetime.timedelta(seconds=collective_timeout_seconds)
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=timeout)
+        dist.init_process_group(backend=backend_spec(backend), timeout=timeout)
     world = dist.get_world_size()
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     return DistInfo(
@@ -67,6 +67,14 @@ def init(collective_timeout_seconds: float) -> DistInfo:
         restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
         backend=backend,
     )
+
+
+def backend_spec(backend: str) -> str:
+    """What ``init_process_group`` is given. Under NCCL, gloo beside it for CPU tensors:
+    the per-step agreement, the restore's choice and broadcasts of host state are
+    collectives on CPU tensors, which NCCL alone refuses ("No backend type associated with
+    device type cpu") once the world has two ranks."""
+    return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
 
 
 def shutdown() -> None:

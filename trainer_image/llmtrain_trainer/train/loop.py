@@ -351,8 +351,11 @@ class Trainer:
         degraded = self.ckpt.degraded()
         problems = "; ".join(f"{tier}: {d.message}" for tier, d in degraded.items()) or "no tier committed it"
         self.exit_message = f"training finished at step {step} but no tier holds the final checkpoint ({problems})"
-        full = bool(degraded) and all(d.reason == NO_SPACE for d in degraded.values())
-        if agreement.all_true(self.info, full):
+        # Out of space everywhere it failed: every rank's failed tiers are all full (a rank
+        # with none failed, a non-leader whose small part went in, agrees), and some failed.
+        failed_somewhere = agreement.any_true(self.info, bool(degraded))
+        only_full = agreement.all_true(self.info, all(d.reason == NO_SPACE for d in degraded.values()))
+        if failed_somewhere and only_full:
             newest = self.ckpt.newest_local()
             self.exit_message += ("; every tier that failed is out of space: give it room, then run the job again"
                                   + (f" (it resumes from step {newest}, which is kept)" if newest is not None else ""))

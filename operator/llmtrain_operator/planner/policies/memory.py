@@ -15,7 +15,7 @@ from llmtrain_contract import memplan
 from ...api.observed import GPU_PRODUCT_LABEL, NodeView
 from ...api.vocabulary import ConditionType, Reason
 from ..context import Pass, Verdict
-from ..manifests import GPU_RESOURCE
+from ..manifests import asks_for_gpus
 from ..render import trainer_config
 
 MIB = 1 << 20
@@ -28,16 +28,13 @@ def candidates(ctx: Pass) -> list[NodeView]:
     return [n for n in nodes if n.gpu_product == wanted] if wanted else nodes
 
 
-def asks_for_gpus(ctx: Pass) -> bool:
-    res = ctx.spec.resources
-    return bool(res and GPU_RESOURCE in {**(res.requests or {}), **(res.limits or {})})
-
-
 def handle(ctx: Pass) -> Verdict:
-    if ctx.spec.trainer.builtin is None or not asks_for_gpus(ctx):
+    if ctx.spec.trainer.builtin is None or not asks_for_gpus(ctx.spec):
         return Verdict.CONTINUE
     nodes = candidates(ctx)
     if not nodes:
+        # No labelled node (any more): no condition, rather than a verdict on nodes gone.
+        ctx.status.conditions = [c for c in ctx.status.conditions if c.type != ConditionType.GPU_MEMORY_FITS]
         return Verdict.CONTINUE
     largest = max(nodes, key=lambda n: n.gpu_memory_mib or 0)
     room = (largest.gpu_memory_mib or 0) * MIB

@@ -92,8 +92,8 @@ def handle(ctx: Pass) -> Verdict:
         record_failure(ctx, FailureKind.NODE_FAILURE, Reason.NODE_NOT_READY, pods[0], node=node_name,
                        message=f"node {node_name} is {what}",
                        since=node_view.since if node_view is not None else None)
-        merged, _ = node_history.note(ctx, node_name, not_ready=True)
-        if merged:  # a flapping node: this episode merges with the one charged before (node_history.py)
+        # A flapping node: this episode merges with the one charged before (node_history.py).
+        if node_history.note(ctx, node_name, not_ready=True).merged:
             ctx.event(Reason.NODE_FAILURE, f"node {node_name} is {what} again within "
                       f"{ctx.spec.fault_tolerance.node_failure_window_seconds}s: force-deleting {names}, the same episode, "
                       "not charged again", warning=True)

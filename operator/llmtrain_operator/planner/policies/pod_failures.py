@@ -91,15 +91,18 @@ def handle(ctx: Pass) -> Verdict:
             continue
         record_failure(ctx, kind, verdict.reason, pod, exit_code=code, message=detail)
         if pod.node and node_history.points_at_node(pod):
-            merged, count = node_history.note(ctx, pod.node)
+            noted = node_history.note(ctx, pod.node)
             window = ctx.spec.fault_tolerance.node_failure_window_seconds
-            if count >= ctx.spec.fault_tolerance.node_failure_threshold:
-                ctx.event(Reason.NODE_QUARANTINED, f"node {pod.node}: {count} of this job's pods killed there within {window}s "
-                          "with no report from their launcher; keeping this job off the node", warning=True)
-            if merged:
-                ctx.event(Reason.POD_FAILED, f"{where} failed (exit {code}, {verdict.reason}), the node's failure {count} within "
-                          f"{window}s: the same episode, replacing it without another charge", warning=True)
-                ctx.actions.append(DeletePod(pod.name))
+            if noted.quarantined:
+                ctx.event(Reason.NODE_QUARANTINED, f"node {pod.node}: {noted.count} of this job's pods killed there within "
+                          f"{window}s with no report from their launcher; keeping this job off the node", warning=True)
+            if noted.merged:
+                ctx.event(Reason.POD_FAILED, f"{where} failed (exit {code}, {verdict.reason}), the node's failure {noted.count} "
+                          f"within {window}s: the same episode, replacing it without another charge", warning=True)
+                if ctx.spec.fault_tolerance.restart_policy == "RestartAll":
+                    restart_all(ctx, f"{where} failed")
+                else:
+                    ctx.actions.append(DeletePod(pod.name))
                 continue
         ctx.event(Reason.POD_FAILED, f"{where} failed (exit {code}, {verdict.reason}); replacing it", warning=True)
         if not count_restart(ctx, verdict.reason):

@@ -16,7 +16,8 @@ from ..context import Pass, Verdict
 
 MAX_SEEN = 200
 SHOWN_PODS = 3
-_SHORT = re.compile(r"Insufficient ([A-Za-z0-9][A-Za-z0-9./_-]{0,62})")
+_SHORT = re.compile(r"Insufficient ([A-Za-z0-9](?:[A-Za-z0-9./_-]{0,61}[A-Za-z0-9])?)")
+"""A resource name; it ends with a letter or digit (``... nvidia.com/gpu. preemption: ...``)."""
 
 
 def short_resources(message: str) -> list[str]:
