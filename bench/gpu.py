@@ -11,9 +11,9 @@ figure lands in ``DIR/gpu.json`` as soon as its section ends:
 
 - ``env``: torch, CUDA, the GPU, the driver; whether torch is in the supported range.
 - ``resume``: the real launcher -> torchrun -> trainer stack (``tests/support/elastic.py``)
-  on the GPU: DDP over NCCL (one rank), DDP with two ranks sharing the GPU over gloo, and
-  DeepSpeed ZeRO-3; each SIGKILLed at step 13 and resumed, its losses compared with an
-  uninterrupted run's.
+  on the GPU: DDP over NCCL (one rank; two ranks on a machine with two GPUs), DDP with two
+  ranks sharing the GPU over gloo, and DeepSpeed ZeRO-3; each SIGKILLed at step 13 and
+  resumed, its losses compared with an uninterrupted run's.
 - ``first_step``: a fresh trainer process (DDP, ZeRO-1, 2, 3) from its start to its first
   step, timed by this script's clock, with an empty torch extensions folder (an op
   compiled on the way would land there).
@@ -225,6 +225,11 @@ def resume_section(run: Run) -> dict[str, Any]:
         "ddp-2ranks-gloo": (base_config(**common), 2, {"LLMTRAIN_DIST_BACKEND": "gloo"}, 1),
         "zero3": (base_config(**common, strategy={"kind": "deepspeed", "zeroStage": 3}), 1, {}, 0),
     }
+    import torch  # noqa: PLC0415
+
+    if not run.cpu and torch.cuda.device_count() >= 2:
+        # Two NCCL ranks need two GPUs: the CPU collectives then go through the gloo beside NCCL.
+        cases["ddp-nccl-2gpus"] = (base_config(**common), 2, {}, 1)
     if run.cpu:
         cases = {"ddp-nccl": cases["ddp-nccl"]}
     out: dict[str, Any] = {}
