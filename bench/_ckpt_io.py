@@ -86,8 +86,8 @@ def restore_bandwidth(tier: Path) -> float:
     from llmtrain_store import manifest as mf  # noqa: PLC0415
     from llmtrain_store.archive import decode_header, header_block_size  # noqa: PLC0415
     from llmtrain_store.directory import DirTier  # noqa: PLC0415
-    from llmtrain_trainer.checkpoint.arena import Arena  # noqa: PLC0415
-    from llmtrain_trainer.checkpoint.tensorio import read_arena  # noqa: PLC0415
+    from llmtrain_trainer.state.arena import Arena  # noqa: PLC0415
+    from llmtrain_trainer.state.tensorio import read_arena  # noqa: PLC0415
     from llmtrain_trainer.engines.ddp import DDPEngine  # noqa: PLC0415
 
     newest = DirTier("local", tier).list()[0]

@@ -47,7 +47,7 @@ from llmtrain_trainer.checkpoint.protocol import Checkpointable, FileNaming, Gat
 from llmtrain_trainer.checkpoint.pull import Puller
 from llmtrain_trainer.checkpoint.restore import Choice, find_restore_point
 from llmtrain_trainer.checkpoint.rngfiles import RngReader, encode_tensor_archive, rng_file
-from llmtrain_trainer.checkpoint.tensorio import write_small
+from llmtrain_trainer.state.tensorio import write_small
 from llmtrain_trainer.world import DistInfo
 
 log = logging.getLogger("llmtrain.checkpoint")

@@ -15,7 +15,7 @@ from llmtrain_contract.cadence import SaveCost
 from llmtrain_store.health import Degraded
 
 from llmtrain_trainer.checkpoint.protocol import Checkpointable, Gather, RngState
-from llmtrain_trainer.checkpoint.restore import Choice
+from llmtrain_trainer.checkpoint.protocol import Choice
 
 
 class NoCheckpoints:

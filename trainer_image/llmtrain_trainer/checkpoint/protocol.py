@@ -3,6 +3,8 @@
 - ``Checkpointable``: what checkpointing needs of an engine (a snapshot of its state,
   taken without a copy on the training path, and the names of the files it writes). The
   engines implement it (``engines/``); checkpointing never imports an engine.
+- ``Choice`` and ``manifest_files``: what an engine is told when it restores (the step,
+  the mode, the files this rank loads) and how it reads a committed step's file list.
 - ``Checkpoints``: what the training loop needs of checkpointing. ``CheckpointManager``
   (the tiers) and ``NoCheckpoints`` (``checkpoint.enabled: false``) both implement all of
   it, so the loop chooses once and checks nothing per step.
@@ -10,22 +12,54 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from llmtrain_contract.cadence import SaveCost
+from llmtrain_store import manifest as mf
 from llmtrain_store.health import Degraded
 from llmtrain_store.sources import Source
 
-from llmtrain_trainer.checkpoint.restore import Choice
 
 RngState = tuple[dict[str, torch.Tensor], dict[str, Any]]
 """Every generator's state as tensors and JSON-able numbers (``engines/rng.py``)."""
 Gather = Callable[[Any], list[Any]]
 """An all-gather of Python objects across the ranks."""
+
+Mode = Literal["local", "broadcast", "universal"]
+"""How a restore reaches a rank: its own copy, a broadcast from another rank, or the
+universal form of a sharded state."""
+
+
+@dataclass
+class Choice:
+    step: int
+    mode: Mode
+    samples: int
+    saved_world: int
+    copy: Any | None
+    """This rank's committed copy to read (None when it receives the state by broadcast)."""
+    tier: str | None
+    """The tier of that copy."""
+    source_rank: int = 0
+    source_tier: str | None = None
+    """The tier the state came from: the source rank's tier for a broadcast, this rank's
+    own tier otherwise. Logged and exported, so the message is the same whichever node
+    rank 0 lands on."""
+    saved_max_steps: int | None = None
+    names: list[str] = field(default_factory=list)
+    data: dict | None = None
+    """The files this rank loads (verified during the agreement)."""
+
+
+def manifest_files(folder: Path, allowed: re.Pattern[str]) -> dict[str, mf.FileEntry]:
+    """The files of the committed step in ``folder``, as its manifest (checked) lists them."""
+    return mf.entries(json.loads((folder / mf.MANIFEST).read_text()), allowed)
 
 
 class Snapshot(Protocol):

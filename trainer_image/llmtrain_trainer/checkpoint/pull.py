@@ -23,7 +23,7 @@ from llmtrain_store.health import classify
 from llmtrain_store.tier import CheckpointError
 
 from llmtrain_trainer.checkpoint.health import Health
-from llmtrain_trainer.checkpoint.restore import Choice
+from llmtrain_trainer.checkpoint.protocol import Choice
 from llmtrain_trainer.world import DistInfo
 
 log = logging.getLogger("llmtrain.checkpoint")

@@ -27,25 +27,24 @@ The decision functions here are pure, so they are unit-tested without processes.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from collections.abc import Callable
 
 from llmtrain_store import manifest as mf
 from llmtrain_store.health import classify
 from llmtrain_store.tier import StepUnreadable
 
+from llmtrain_trainer.checkpoint.protocol import Choice, Mode
+
 log = logging.getLogger("llmtrain.restore")
 
 Listing = dict[int, list[dict[str, Any]]]
 """step -> copies, fastest tier first: {tier, index, location, world, ranks, samples, max_steps}."""
 
-Mode = Literal["local", "broadcast", "universal"]
 
 
 @dataclass(frozen=True)
@@ -62,27 +61,6 @@ class Candidate:
     """``maxSteps`` of the run that saved it (None: not recorded)."""
     data: dict | None = field(default=None, hash=False, compare=False)
     """The data position it recorded: skipped windows, rollbacks (None: none)."""
-
-
-@dataclass
-class Choice:
-    step: int
-    mode: Mode
-    samples: int
-    saved_world: int
-    copy: Any | None
-    """This rank's committed copy to read (None when it receives the state by broadcast)."""
-    tier: str | None
-    """The tier of that copy."""
-    source_rank: int = 0
-    source_tier: str | None = None
-    """The tier the state came from: the source rank's tier for a broadcast, this rank's
-    own tier otherwise. Logged and exported, so the message is the same whichever node
-    rank 0 lands on."""
-    saved_max_steps: int | None = None
-    names: list[str] = field(default_factory=list)
-    data: dict | None = None
-    """The files this rank loads (verified during the agreement)."""
 
 
 class TierUnavailable(Exception):
@@ -331,8 +309,3 @@ def _check(cand: Candidate, copies: list[dict[str, Any]], committed: dict[tuple[
         # Said by the rank that saw it, even when a slower tier serves the step after all.
         log.warning("step %d: not using the %s tier's copy: %s", cand.step, found.tier.name, why)
     return False, None, None, "; ".join(reasons) or f"rank {rank} has no copy", []
-
-
-def manifest_files(folder: Path, allowed: re.Pattern[str]) -> dict[str, mf.FileEntry]:
-    """The files of the committed step in ``folder``, as its manifest (checked) lists them."""
-    return mf.entries(json.loads((folder / mf.MANIFEST).read_text()), allowed)

@@ -20,9 +20,9 @@ from llmtrain_store.archive import ArchiveError, encode_header
 from llmtrain_store.directory import DirTier
 from llmtrain_store.tier import Tier
 
-from llmtrain_trainer.checkpoint.arena import Arena
+from llmtrain_trainer.state.arena import Arena
 from llmtrain_trainer.checkpoint.protocol import RngState
-from llmtrain_trainer.checkpoint.tensorio import ChecksumMismatch, read_tensors
+from llmtrain_trainer.state.tensorio import ChecksumMismatch, read_tensors
 
 log = logging.getLogger("llmtrain.checkpoint")
 

@@ -15,8 +15,7 @@ from typing import Protocol
 import torch
 from llmtrain_contract.config import TrainerConfig
 
-from llmtrain_trainer.checkpoint.protocol import Checkpointable
-from llmtrain_trainer.checkpoint.restore import Choice
+from llmtrain_trainer.checkpoint.protocol import Checkpointable, Choice
 from llmtrain_trainer.world import DistInfo
 
 Batch = tuple[torch.Tensor, torch.Tensor]

@@ -2,7 +2,7 @@
 every rank, so that any one rank's copy restores any world size.
 
 **Zero-copy snapshots (DDP on CPU).** Parameters and optimizer state live in an *arena*
-(``checkpoint/arena.py``): page-aligned memory laid out exactly as the checkpoint file's
+(``state/arena.py``): page-aligned memory laid out exactly as the checkpoint file's
 payload. A checkpoint of step N freezes that arena where it is: it is written to disk by
 direct I/O straight from this memory, while training goes on. The state changes only in
 the next optimizer step, and that step computes its results into a second, spare arena
@@ -34,9 +34,9 @@ from llmtrain_store.manifest import ENGINE_FILES, FileEntry
 from llmtrain_store.sources import MemorySource
 from torch.nn.parallel import DistributedDataParallel
 
-from llmtrain_trainer.checkpoint.arena import Arena
-from llmtrain_trainer.checkpoint.restore import Choice, manifest_files
-from llmtrain_trainer.checkpoint.tensorio import read_arena, write_arena
+from llmtrain_trainer.state.arena import Arena
+from llmtrain_trainer.checkpoint.protocol import Choice, manifest_files
+from llmtrain_trainer.state.tensorio import read_arena, write_arena
 from llmtrain_trainer.engines.base import Batch, device
 from llmtrain_trainer.engines.model import make_model
 from llmtrain_trainer.engines.optim import ArenaOptimizer

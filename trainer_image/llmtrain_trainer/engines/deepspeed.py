@@ -35,8 +35,8 @@ from llmtrain_store.sources import MemorySource
 
 from llmtrain_contract.config import TrainerConfig
 
-from llmtrain_trainer.checkpoint.restore import Choice
-from llmtrain_trainer.checkpoint.tensorio import HashingFile
+from llmtrain_trainer.checkpoint.protocol import Choice
+from llmtrain_trainer.state.tensorio import HashingFile
 from llmtrain_trainer.engines import build_locks, safeload
 from llmtrain_trainer.engines.base import Batch
 from llmtrain_trainer.engines.model import make_model

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from llmtrain_contract.config import OptimizerConfig
 
-from llmtrain_trainer.checkpoint.arena import Arena
+from llmtrain_trainer.state.arena import Arena
 
 
 class ArenaOptimizer:

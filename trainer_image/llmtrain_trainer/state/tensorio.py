@@ -18,7 +18,7 @@ from llmtrain_store.archive import ALIGN, ArchiveError, decode_header, encode_he
 from llmtrain_store.fileio import FileWriter, PieceHasher, Segments, allocate, read_pieces, write_segments
 from llmtrain_store.manifest import PIECE, piece_size
 
-from llmtrain_trainer.checkpoint.arena import Arena
+from llmtrain_trainer.state.arena import Arena
 
 Pieces = list[tuple[int, int, str]]
 
