@@ -351,15 +351,31 @@ class PodGroupView:
     spec: dict[str, Any] = field(default_factory=dict)
     refused: str = ""
     """The API server's words when it refused to let the operator read it (RBAC)."""
+    foreign: str = ""
+    """An object of that name exists that is not this job's (its ownerReferences name no
+    such uid): never taken for the job's, updated or deleted; the workers wait."""
+    uid: str = ""
 
 
-def pod_group_view(obj: dict[str, Any] | None, served: bool = True) -> PodGroupView:
+def _foreign(kind: str, obj: dict[str, Any], owner_uid: str | None) -> str:
+    """Why ``obj`` is not this job's, or "" when it is (or no owner was given to check)."""
+    if owner_uid is None or owned_by(obj, owner_uid):
+        return ""
+    name = (obj.get("metadata") or {}).get("name", "")
+    return (f"a {kind} named {name} exists that is not this job's (its ownerReferences do not name the job's uid): "
+            "a namesake job's left on its way out, or someone else's; the job waits until it is gone")
+
+
+def pod_group_view(obj: dict[str, Any] | None, served: bool = True, owner_uid: str | None = None) -> PodGroupView:
+    """``owner_uid``: the job's uid, which a PodGroup of the job names in its ownerReferences."""
     if not served:
         return PodGroupView(served=False)
     if obj is None:
         return PodGroupView(served=True)
+    if foreign := _foreign("PodGroup", obj, owner_uid):
+        return PodGroupView(served=True, foreign=foreign)
     return PodGroupView(served=True, exists=True, phase=str((obj.get("status") or {}).get("phase") or ""),
-                        spec=dict(obj.get("spec") or {}))
+                        spec=dict(obj.get("spec") or {}), uid=str((obj.get("metadata") or {}).get("uid") or ""))
 
 
 @dataclass(frozen=True)
@@ -380,6 +396,8 @@ class WorkloadView:
     conditions: tuple[dict[str, Any], ...] = ()
     resource_version: str = ""
     node_selector: dict[str, str] = field(default_factory=dict)
+    foreign: str = ""
+    """As ``PodGroupView.foreign``: a Workload of that name that is not this job's."""
     """The assigned ResourceFlavors' ``nodeLabels``, for the pods (read with them)."""
     tolerations: tuple[dict[str, Any], ...] = ()
     """The assigned ResourceFlavors' ``tolerations``."""
@@ -392,12 +410,16 @@ def _true(conditions: dict[str, dict[str, Any]], type_: str) -> dict[str, Any] |
     return cond if cond is not None and cond.get("status") == "True" else None
 
 
-def workload_view(obj: dict[str, Any] | None, served: bool = True, flavors: Sequence[dict[str, Any]] = ()) -> WorkloadView:
-    """``flavors``: the ResourceFlavor objects the admission assigned."""
+def workload_view(obj: dict[str, Any] | None, served: bool = True, flavors: Sequence[dict[str, Any]] = (),
+                  owner_uid: str | None = None) -> WorkloadView:
+    """``flavors``: the ResourceFlavor objects the admission assigned; ``owner_uid``: the
+    job's uid, which the job's Workload names in its ownerReferences."""
     if not served:
         return WorkloadView(served=False)
     if obj is None:
         return WorkloadView(served=True)
+    if foreign := _foreign("Workload", obj, owner_uid):
+        return WorkloadView(served=True, foreign=foreign)
     status = obj.get("status") or {}
     raw = tuple(c for c in status.get("conditions") or [] if isinstance(c, dict))
     conditions: dict[str, dict[str, Any]] = {c.get("type", ""): c for c in raw}

@@ -160,6 +160,9 @@ class Reason(StrEnum):
     POD_GROUP_PENDING = "PodGroupPending"
     POD_GROUP_DELETED = "PodGroupDeleted"
     READ_REFUSED = "ReadRefused"
+    NOT_OWNED = "NotOwned"
+    """An object of the name the job's PodGroup or Workload would have exists and is not
+    the job's (another uid in its ownerReferences): never used, updated or deleted."""
     """The API server refused to let the operator read the PodGroup or the Workload (RBAC)."""
     # queueing (Kueue)
     KUEUE_API_MISSING = "KueueAPIMissing"

@@ -97,7 +97,7 @@ APPLIERS: Mapping[type, Applier[Any]] = {
         lambda k8s, ns, job, a: k8s.delete_pod(ns, a.name, a.grace_seconds, a.force),
         lambda a: f"{'force-delete' if a.force else 'delete'} Pod {a.name}", Round.AFTER_STATUS),
     DeleteObject: Applier[DeleteObject](
-        lambda k8s, ns, job, a: k8s.delete_object(a.api_version, a.kind, ns, a.name),
+        lambda k8s, ns, job, a: k8s.delete_object(a.api_version, a.kind, ns, a.name, a.uid),
         lambda a: f"delete {a.kind} {a.name}", Round.AFTER_STATUS),
     DeleteJob: Applier[DeleteJob](
         lambda k8s, ns, job, a: k8s.delete_job(ns, job),

@@ -190,7 +190,7 @@ async def read_pod_group(k8s: K8s, received: Received) -> PodGroupView | None:
         served, obj = await asyncio.to_thread(k8s.read_object, api.api_version, api.plural, ns, name)
     except PermanentApiError as err:  # RBAC: the job says so (policies/gang.py)
         return PodGroupView(served=True, refused=f"read {api.kind} {name}: {err.server_message}")
-    return pod_group_view(obj, served)
+    return pod_group_view(obj, served, owner_uid=job.metadata.uid or None)
 
 
 async def read_workload(k8s: K8s, job: LLMTrainJob | None) -> WorkloadView | None:
@@ -205,7 +205,7 @@ async def read_workload(k8s: K8s, job: LLMTrainJob | None) -> WorkloadView | Non
                                          for flavor in assigned_flavors(obj)))
     except PermanentApiError as err:  # RBAC: the job is held and says so (policies/queueing.py)
         return WorkloadView(served=True, refused=f"read the Workload {name} or its ResourceFlavors: {err.server_message}")
-    return workload_view(obj, served, [f for _, f in flavors if f is not None])
+    return workload_view(obj, served, [f for _, f in flavors if f is not None], owner_uid=job.metadata.uid or None)
 
 
 def _running_workers(pods: list[Any]) -> list[Any]:

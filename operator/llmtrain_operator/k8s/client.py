@@ -229,10 +229,13 @@ class K8s:
             _preload_content=False, _content_type="application/merge-patch+json"),
             f"set spec.suspend={str(suspend).lower()} of LLMTrainJob {namespace}/{name}", tolerated=404)
 
-    def delete_object(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+    def delete_object(self, api_version: str, kind: str, namespace: str, name: str, uid: str = "") -> bool:
+        """Delete a custom object; with ``uid``, only if the object of that name is still
+        that one (a precondition: another object of the name is refused, 409)."""
         group, version = _group_version(api_version)
+        body = client.V1DeleteOptions(propagation_policy="Background", preconditions=client.V1Preconditions(uid=uid) if uid else None)
         return self._send(lambda: self.custom.delete_namespaced_custom_object(
-            group, version, namespace, CUSTOM_PLURALS[kind], name, propagation_policy="Background",
+            group, version, namespace, CUSTOM_PLURALS[kind], name, body=body,
             _request_timeout=self.timeout, _preload_content=False), f"delete {kind} {namespace}/{name}", tolerated=404)
 
     def replace(self, manifest: dict[str, Any]) -> None:

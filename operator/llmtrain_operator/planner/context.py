@@ -66,6 +66,9 @@ class DeleteObject:
     api_version: str
     kind: str
     name: str
+    uid: str = ""
+    """The uid read this pass: the delete is refused if the object of that name is
+    another by then (a precondition), so nothing but this job's own is deleted."""
 
 
 @dataclass(frozen=True)

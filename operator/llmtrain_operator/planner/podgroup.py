@@ -131,7 +131,7 @@ def release(ctx: Pass, why: str) -> None:
     if api is None or seen is None or not seen.served:
         return
     if seen.exists:
-        ctx.actions.append(DeleteObject(api.api_version, api.kind, ctx.job.metadata.name))
+        ctx.actions.append(DeleteObject(api.api_version, api.kind, ctx.job.metadata.name, uid=seen.uid))
         ctx.event(Reason.POD_GROUP_DELETED, f"deleting PodGroup {ctx.job.metadata.name} ({api.api_version}): {why}")
         ctx.after(1.0)
     else:

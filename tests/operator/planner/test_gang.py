@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from llmtrain_operator.api import parse_job
 from llmtrain_operator.api.observed import PodGroupView, pod_group_view
-from llmtrain_operator.planner import CreateObject, plan
+from llmtrain_operator.planner import CreateObject, DeleteObject, plan
 from llmtrain_operator.planner.podgroup import api_for, min_resources, scale_quantity
 from support.planning import NOW, ago, job, observed, running_status, summary, worker
 
@@ -144,3 +144,27 @@ def test_a_refused_read_holds_the_workers_and_says_why():
     held = condition(status)
     assert held["status"] == "False" and held["reason"] == "ReadRefused" and "forbidden" in held["message"]
     assert ("ReadRefused", words) in events and result.requeue_after is not None
+
+
+def test_a_pod_group_of_the_jobs_name_that_is_not_the_jobs_is_never_used_updated_or_deleted():
+    theirs = {"metadata": {"name": "tiny-elastic", "uid": "pg-1", "ownerReferences": [{"kind": "LLMTrainJob", "uid": "other-job"}]},
+              "spec": {"minMember": 7}}
+    view = pod_group_view(theirs, owner_uid="uid-1")
+    assert not view.exists and "not this job's" in view.foreign
+    raw = job(GANG)
+    result, status, actions, events = run(raw, observed(raw, [], pod_group=view))
+    assert not any("PodGroup" in a for a in actions) and not [a for a in actions if "worker" in a]
+    held = condition(status)
+    assert (held["status"], held["reason"]) == ("False", "NotOwned") and ("NotOwned", view.foreign) in events
+    suspended = job({**GANG, "spec.suspend": True}, status=running_status())
+    _, _, actions, _ = run(suspended, observed(suspended, [], with_store=False, pod_group=view))
+    assert not any("delete PodGroup" in a for a in actions)  # a suspended job gives back only its own
+
+
+def test_the_pod_group_is_deleted_only_if_it_is_still_the_one_read():
+    ours = {"metadata": {"name": "tiny-elastic", "uid": "pg-9", "ownerReferences": [{"kind": "LLMTrainJob", "uid": "uid-1"}]},
+            "spec": {"minMember": 2}}
+    raw = job({**GANG, "spec.suspend": True}, status=running_status())
+    result = plan(raw, observed(raw, [], with_store=False, pod_group=pod_group_view(ours, owner_uid="uid-1")), NOW)
+    delete = next(a for a in result.actions if isinstance(a, DeleteObject))
+    assert delete.uid == "pg-9"

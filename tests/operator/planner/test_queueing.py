@@ -134,3 +134,16 @@ def test_a_refused_read_keeps_a_queued_job_suspended_and_says_why():
     assert {f"delete {W0}", f"delete {W1}", "suspend=true"} <= set(actions), "the admission cannot be known"
     assert condition(status, "Admitted")["reason"] == "ReadRefused"
     assert ("Warning", "ReadRefused", words) in events
+
+
+def test_a_workload_of_the_jobs_name_that_is_not_the_jobs_holds_the_job_and_says_why():
+    theirs = {"metadata": {"name": WL, "ownerReferences": [{"kind": "LLMTrainJob", "uid": "someone-else"}]},
+              "status": {"conditions": [{"type": "Admitted", "status": "True"}], "admission": {"clusterQueue": "cq"}}}
+    view = workload_view(theirs, owner_uid="uid-1")
+    assert not view.exists and not view.admitted and "not this job's" in view.foreign
+    raw = job(QUEUED)
+    result = plan(raw, observed(raw, [], workload=view), NOW)
+    admitted_cond = condition(result.status, "Admitted")
+    assert (admitted_cond["status"], admitted_cond["reason"]) == ("False", "NotOwned")
+    assert not [a for a in summary(result.actions) if a.startswith("create Pod/") and "worker" in a]
+    assert "NotOwned" in [e.reason for e in result.events]

@@ -41,6 +41,11 @@ def handle(ctx: Pass) -> GangGate:
             ctx.event(Reason.READ_REFUSED, seen.refused, warning=True)
         ctx.after(READ_RETRY_SECONDS)
         return GangGate(workers_held=seen.refused)
+    if seen.foreign:
+        if ctx.condition(ConditionType.POD_GROUP_READY, False, Reason.NOT_OWNED, seen.foreign):
+            ctx.event(Reason.NOT_OWNED, seen.foreign, warning=True)
+        ctx.after(READ_RETRY_SECONDS)
+        return GangGate(workers_held=seen.foreign)
     if not seen.served:
         message = (f"the cluster does not serve {api.plural}.{api.group}/{api.version} (is {api.scheduler} installed?); "
                    "the worker pods are created without a PodGroup")

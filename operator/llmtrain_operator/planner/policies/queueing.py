@@ -27,6 +27,10 @@ def handle(ctx: Pass) -> Admission:
     if name is None or seen is None:
         return UNQUEUED
     workload = queue.workload_name(ctx.job.metadata.name)
+    if seen.foreign:
+        held = _hold(ctx, Reason.NOT_OWNED, seen.foreign)  # not this job's admission: not run
+        ctx.after(queue.POLL_SECONDS)
+        return held
     if seen.refused:
         held = _hold(ctx, Reason.READ_REFUSED, seen.refused)  # the admission cannot be known: not run
         ctx.after(queue.POLL_SECONDS)
@@ -67,7 +71,8 @@ def handle(ctx: Pass) -> Admission:
 
 
 def _hold(ctx: Pass, reason: str, message: str) -> Admission:
-    if ctx.condition(ConditionType.ADMITTED, False, reason, message) and reason in (Reason.EVICTED_BY_KUEUE, Reason.READ_REFUSED):
+    if ctx.condition(ConditionType.ADMITTED, False, reason, message) and reason in (Reason.EVICTED_BY_KUEUE, Reason.READ_REFUSED,
+                                                                                      Reason.NOT_OWNED):
         ctx.event(reason, message, warning=True)
     if not ctx.spec.suspend:
         ctx.actions.append(SetSuspend(True))
