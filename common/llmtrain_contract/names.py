@@ -50,6 +50,9 @@ class Env:
     DIST_BACKEND = "LLMTRAIN_DIST_BACKEND"
     """``gloo`` or ``nccl``; default NCCL on a GPU, gloo on CPU. gloo lets several ranks
     share one GPU (NCCL refuses two ranks on one device)."""
+    PERMANENT_EXIT_CODES = "LLMTRAIN_PERMANENT_EXIT_CODES"
+    """Set by the launcher for torchrun's agent: the codes it never restarts in place
+    (``torchrun_agent.py`` spells it too)."""
     FAULT_INJECT = "LLMTRAIN_FAULT_INJECT"
     """TEST ONLY: faults to inject (``llmtrain_trainer.train.faults``)."""
     FAULT_STATE_DIR = "LLMTRAIN_FAULT_STATE_DIR"

@@ -40,7 +40,7 @@ from llmtrain_trainer.launch import zygote
 from llmtrain_trainer.launch.attempts import AttemptTracker
 from llmtrain_trainer.launch.supervisor import Supervisor, serve_health
 from llmtrain_contract.command import torchrun_flag
-from llmtrain_contract.exitcodes import ExitCode, classify_exit
+from llmtrain_contract.exitcodes import ExitCode, FailureClass, classify_exit
 from llmtrain_contract.names import TERMINATION_LOG, Env, Termination
 
 
@@ -171,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         env[Env.ADMIT_AFTER_FIRST_STEP] = str(run_dir)
     if server is not None:
         env[Env.ZYGOTE] = server.socket
+    # torchrun_agent.stop_on_permanent_exit: a permanent exit is never restarted in place.
+    env[Env.PERMANENT_EXIT_CODES] = ",".join(str(int(code)) for code in ExitCode
+                                             if classify_exit(code).failure_class == FailureClass.PERMANENT)
     child = subprocess.Popen(agent_command(command), env=env)
     def forward(signum: int, _frame) -> None:
         # os.write, not print: a buffered stream is not reentrant inside a handler.

@@ -83,6 +83,42 @@ def keep_open_on_failure() -> bool:
     return True
 
 
+PERMANENT_EXIT_CODES = "LLMTRAIN_PERMANENT_EXIT_CODES"
+"""Set by the launcher: the exit codes that mean retrying cannot help, comma-separated
+(``llmtrain_contract.exitcodes``; spelled here, since this file imports nothing of the
+project's packages)."""
+
+
+def stop_on_permanent_exit(codes: frozenset[int]) -> bool:
+    """Patch torch so that a worker group in which a rank exited with a permanent code is
+    not restarted in place: the agent stops it and ends as failed. The launcher's
+    supervisor ends torchrun for such an exit too, but torchrun's own monitor could restart
+    the group first, and the new attempt then redid steps (from the newest checkpoint) for
+    nothing before the supervisor's kill. False when this torch lacks what is patched."""
+    try:
+        from torch.distributed.elastic.agent.server.api import WorkerState  # noqa: PLC0415 - a torch without it runs unpatched
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent  # noqa: PLC0415
+    except ImportError:
+        return False
+    monitor = getattr(LocalElasticAgent, "_monitor_workers", None)
+    if monitor is None or not codes:
+        return False
+
+    def monitor_stopping_on_permanent(self, worker_group):
+        result = monitor(self, worker_group)
+        failures = getattr(result, "failures", None) or {}
+        if result.state == WorkerState.FAILED and any(getattr(f, "exitcode", None) in codes for f in failures.values()):
+            self._remaining_restarts = 0  # torch's loop then stops the group and returns the failure
+        return result
+
+    LocalElasticAgent._monitor_workers = monitor_stopping_on_permanent  # type: ignore[method-assign]  # patching torch's class is the point
+    return True
+
+
+def permanent_codes(text: str | None) -> frozenset[int]:
+    return frozenset(int(c) for c in (text or "").split(",") if c.strip().isdigit())
+
+
 JOIN_POLL_SECONDS = 0.25
 """Between two reads of the rendezvous state while joining or leaving a round (torch: 1 s)."""
 
@@ -241,6 +277,7 @@ def read_state_safely() -> bool:
 def main() -> None:
     read_state_safely()
     keep_open_on_failure()
+    stop_on_permanent_exit(permanent_codes(os.environ.get(PERMANENT_EXIT_CODES)))
     poll_faster()
     if os.environ.get(ADMIT_AFTER_FIRST_STEP):
         admit_after_first_step(os.environ[ADMIT_AFTER_FIRST_STEP])
