@@ -49,6 +49,20 @@ def charged(ctx: Pass, key: str) -> bool:
     return key in ctx.status.internal.charged_failures
 
 
+MAX_SEEN = 200
+"""Keys kept by ``first_sighting``'s lists (oldest dropped first)."""
+
+
+def first_sighting(seen: list[str], key: str) -> bool:
+    """Whether ``key`` is new to ``seen`` (a status list of things already announced); a
+    new one is added, the list kept to ``MAX_SEEN``."""
+    if key in seen:
+        return False
+    seen.append(key)
+    del seen[:-MAX_SEEN]
+    return True
+
+
 def remember(ctx: Pass, *keys: str) -> None:
     """Record failure keys in the status being built (written with the charge itself)."""
     book = ctx.status.internal

@@ -8,7 +8,9 @@ lagging view, whose status write fails or is rejected as stale (the API server r
 status patch planned from an older resourceVersion), or whose deletes fail. The planner's
 budget must equal what an independent bookkeeper counts from the same observations: one
 charge per crashed pod, one per node-failure episode that took a pod not charged yet,
-never more.
+never more; and a node's kills with no launcher report, and its NotReady episodes,
+are each charged once per node (the episode rule of ``planner/node_history.py``, with a
+window longer than the run).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from llmtrain_operator.api.observed import NodeView, Observed, PodView
 from llmtrain_operator.planner import CreateObject, DeletePod, plan
+from llmtrain_operator.planner.node_history import points_at_node
 from support.planning import NOW, infrastructure, job, store
 
 GRACE = 10
@@ -29,7 +32,11 @@ NODES = ("node-1", "node-2", "node-3")
 JOB = job({"spec.faultTolerance.maxRestarts": 100_000, "spec.faultTolerance.nodeFailureGraceSeconds": GRACE,
            "spec.faultTolerance.progressTimeoutSeconds": 0,
            "spec.faultTolerance.backoff": {"initialSeconds": 0, "maxSeconds": 0, "factor": 1},
-           "spec.faultTolerance.nodeQuarantineSeconds": 30})
+           "spec.faultTolerance.nodeQuarantineSeconds": 30,
+           # A window longer than any run here: a node's first failure of each kind is its
+           # episode's charge, every later one merges (planner/node_history.py), whatever
+           # the pass that first saw it.
+           "spec.faultTolerance.nodeFailureWindowSeconds": 86400})
 
 
 @dataclass
@@ -111,6 +118,10 @@ class Bookkeeper:
     episodes: set[tuple[str, str]] = field(default_factory=set)
     restarts: int = 0
     disruptions: int = 0
+    killed_on: set[str] = field(default_factory=set)
+    """Nodes whose episode of kills was charged (the window outlasts the run)."""
+    down_on: set[str] = field(default_factory=set)
+    """Nodes whose NotReady episode was charged."""
 
     def saw(self, obs: Observed, now: datetime) -> None:
         for name, view in obs.nodes.items():
@@ -123,7 +134,11 @@ class Bookkeeper:
                 self.disruptions += 1
             elif pod.phase == "Failed" and not pod.deleting and pod.uid not in self.taken:
                 self.taken.add(pod.uid)
-                self.restarts += 1
+                if not (pod.node and points_at_node(pod)):
+                    self.restarts += 1
+                elif pod.node not in self.killed_on:
+                    self.killed_on.add(pod.node)
+                    self.restarts += 1
         bad = sum(view.ready != "True" for view in obs.nodes.values())
         disrupted = bad > 0 and (bad == len(obs.nodes) or (bad > 2 and bad / len(obs.nodes) >= 0.55))
         lost: dict[str, list[PodView]] = {}
@@ -141,7 +156,8 @@ class Bookkeeper:
         for name, pods in lost.items():
             view = obs.nodes.get(name)
             episode = (name, view.since.isoformat() if view is not None else "gone")
-            if episode not in self.episodes and any(p.uid not in self.taken for p in pods):
+            if episode not in self.episodes and any(p.uid not in self.taken for p in pods) and name not in self.down_on:
+                self.down_on.add(name)
                 self.restarts += 1
             self.episodes.add(episode)
             self.taken |= {p.uid for p in pods}

@@ -6,9 +6,8 @@ pod and the value, so that a broken or hostile pod is visible without wedging it
 from __future__ import annotations
 
 from ...api.vocabulary import Reason
+from ..accounting import first_sighting
 from ..context import Pass, Verdict
-
-MAX_SEEN = 200
 
 
 def handle(ctx: Pass) -> Verdict:
@@ -16,9 +15,8 @@ def handle(ctx: Pass) -> Verdict:
     for pod in ctx.observed.pods:
         for what in pod.rejected + ctx.observed.rejected_values.get(pod.name, ()):
             key = f"pod:{pod.uid}/{what.split(' (', 1)[0]}"
-            if key in book.values_rejected:
+            if not first_sighting(book.values_rejected, key):
                 continue
-            book.values_rejected = (book.values_rejected + [key])[-MAX_SEEN:]
             ctx.event(Reason.UNUSABLE_POD_VALUE, f"pod {pod.name}: {what} is not a value the operator can use; ignored",
                       warning=True)
     return Verdict.CONTINUE

@@ -12,9 +12,9 @@ import re
 
 from ...api.observed import PodView
 from ...api.vocabulary import ConditionType, PodPhase, Reason
+from ..accounting import first_sighting
 from ..context import Pass, Verdict
 
-MAX_SEEN = 200
 SHOWN_PODS = 3
 _SHORT = re.compile(r"Insufficient ([A-Za-z0-9](?:[A-Za-z0-9./_-]{0,61}[A-Za-z0-9])?)")
 """A resource name; it ends with a letter or digit (``... nvidia.com/gpu. preemption: ...``)."""
@@ -44,9 +44,8 @@ def handle(ctx: Pass) -> Verdict:
     book = ctx.status.internal
     for pod in pending:
         key = f"pod:{pod.uid or pod.name}"
-        if key in book.unschedulable_seen:
+        if not first_sighting(book.unschedulable_seen, key):
             continue
-        book.unschedulable_seen = (book.unschedulable_seen + [key])[-MAX_SEEN:]
         ctx.event(Reason.UNSCHEDULABLE, f"pod {pod.name} cannot be scheduled: {pod.schedule_message or 'no reason given'}",
                   warning=True)
     return Verdict.CONTINUE

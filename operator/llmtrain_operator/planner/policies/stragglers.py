@@ -8,10 +8,10 @@ not charged to the restart budget)."""
 from __future__ import annotations
 
 from ...api.vocabulary import ConditionType, Reason
+from ..accounting import first_sighting
 from ..context import DeletePod, Pass, Verdict
 from ..quarantine import quarantine
 
-MAX_SEEN = 200
 
 
 def handle(ctx: Pass) -> Verdict:
@@ -32,9 +32,8 @@ def handle(ctx: Pass) -> Verdict:
                   f"{'; '.join(said)}: local step time above {spec.factor:g}x the other ranks' median for {spec.steps}+ steps")
     for (pod, rank, _ratio), text in zip(found, said):
         key = f"pod:{pod.uid}/{rank}"
-        if key in book.stragglers_seen:
+        if not first_sighting(book.stragglers_seen, key):
             continue
-        book.stragglers_seen = (book.stragglers_seen + [key])[-MAX_SEEN:]
         if spec.action == "Replace" and not pod.deleting:
             ctx.event(Reason.STRAGGLER_REPLACED, f"straggler {text}: replacing the pod and keeping the job off the node",
                       warning=True)
