@@ -3,7 +3,19 @@
 # repo's own files. Idempotent: a stamp with the hash of the inputs skips a redo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3.11}
+# PYTHON=/path/to/python picks the interpreter; otherwise the first of these found that is
+# >= 3.11 (pyproject's requires-python), the tested 3.11 first.
+find_python() {
+  local c
+  for c in python3.11 python3.12 python3.13 python3; do
+    if command -v "$c" >/dev/null && "$c" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+      echo "$c"; return 0
+    fi
+  done
+  echo "setup: no Python >= 3.11 found (tried python3.11, python3.12, python3.13, python3); set PYTHON=" >&2
+  return 1
+}
+PY=${PYTHON:-$(find_python)}
 VENV=.venv
 stamp="$VENV/.llmtrain-setup-stamp"
 want=$(cat pyproject.toml constraints.txt hack/setup.sh | sha256sum | cut -d' ' -f1)

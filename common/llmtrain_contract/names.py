@@ -82,6 +82,9 @@ class Metric:
     that ``sum(rate(llmtrain_trainer_tokens_total[5m]))`` over a job's pods is its
     throughput (every rank's endpoint may be scraped: the others stay at 0)."""
     STEP_SECONDS = f"{PREFIX}_step_seconds"
+    TOKENS_PER_SECOND = f"{PREFIX}_tokens_per_second"
+    """The job's throughput over its newest step: the global batch's tokens over the
+    step's wall time, the same on every rank (the operator shows it in the status)."""
     WORLD_SIZE = f"{PREFIX}_world_size"
     LAST_STEP_TIMESTAMP = f"{PREFIX}_last_step_timestamp_seconds"
     WORKER_GROUP_RESTARTS = f"{PREFIX}_worker_group_restarts"

@@ -52,7 +52,15 @@ build_crictl() {
 build_coredns() { (cd "$here/coredns" && go build -trimpath -ldflags "-s -w" -o "$1/coredns" github.com/coredns/coredns); }
 build_etcd() { (cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$1/etcd" go.etcd.io/etcd/server/v3); }
 build_helm() {
-  (cd "$here/helm" && go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+  # As helm's own Makefile does: the Kubernetes version that `helm template` and `helm lint`
+  # assume without --kube-version is the client-go it is built with (v0.37 -> 1.37). Without
+  # these flags it is v1.20, and every chart with a kubeVersion above it fails to render.
+  (cd "$here/helm" && local client minor flags
+   client=$(go list -m -f '{{.Version}}' k8s.io/client-go)
+   minor=${client#v0.}; minor=${minor%%.*}
+   flags="-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$minor"
+   flags+=" -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$minor"
+   go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION $flags" \
       -o "$1/helm" helm.sh/helm/v3/cmd/helm)
 }
 build_kwok() { (cd "$here/kwok" && go build -trimpath -ldflags "-s -w" -o "$1/kwok" sigs.k8s.io/kwok/cmd/kwok); }
@@ -76,10 +84,10 @@ for tool in $wanted; do
 done
 
 # The pins of these groups are in $stamp (a new version is a new folder); the others'
-# are their wrapper's go.mod and go.sum, recorded beside their binaries (.GROUP.pin): a
-# changed pin rebuilds the group in place.
-stamped=" minio etcd helm k8s node "
-pin_of() { cat "$here/$1/go.mod" "$here/$1/go.sum" 2>/dev/null | sha256sum | cut -c1-16; }
+# are their wrapper's go.mod and go.sum and their build function (its flags), recorded
+# beside their binaries (.GROUP.pin): a changed pin rebuilds the group in place.
+stamped=" minio etcd k8s node "
+pin_of() { { cat "$here/$1/go.mod" "$here/$1/go.sum" 2>/dev/null; declare -f "build_$1"; } | sha256sum | cut -c1-16; }
 
 ensure() {  # ensure GROUP: build the group's missing (or outdated) binaries, under the group's lock
   local group=$1 tool missing=() started tmp pin=""

@@ -13,6 +13,7 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 from pathlib import Path
 
@@ -125,9 +126,17 @@ def cmd_exit_codes(_: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("llmtrain-operator")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmtrain", description=DESCRIPTION, epilog=EXAMPLES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"llmtrain {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("validate", help="validate LLMTrainJob manifests offline; print a built-in job's memory plan")

@@ -11,6 +11,7 @@ progress a user's script reported (docs/custom-scripts.md).
 from __future__ import annotations
 
 import asyncio
+import math
 from functools import partial
 import urllib.error
 import urllib.parse
@@ -29,9 +30,9 @@ FAILED_ATTEMPTS = Metric.total(Metric.FAILED_ATTEMPTS)
 LAUNCHER_FAILED_ATTEMPTS = Metric.total(LauncherMetric.FAILED_ATTEMPTS)
 READ = (Metric.STEP, Metric.WORLD_SIZE, RESTARTS, Metric.LAST_STEP_TIMESTAMP, Metric.CHECKPOINT_INTERVAL_STEPS,
         Metric.CHECKPOINT_COST_SECONDS, Metric.CHECKPOINT_LATENCY_SECONDS, Metric.CHECKPOINT_MTBF_SECONDS,
-        Metric.CHECKPOINT_CADENCE_STEP_SECONDS, Metric.NUMERICS_ROLLBACKS)
+        Metric.CHECKPOINT_CADENCE_STEP_SECONDS, Metric.NUMERICS_ROLLBACKS, Metric.TOKENS_PER_SECOND)
 
-WANTED = (*READ, Metric.CHECKPOINT_LAST_STEP, Metric.CHECKPOINT_TIER_DEGRADED, FAILED_ATTEMPTS, Metric.STRAGGLER,
+WANTED = (*READ, Metric.LOSS, Metric.CHECKPOINT_LAST_STEP, Metric.CHECKPOINT_TIER_DEGRADED, FAILED_ATTEMPTS, Metric.STRAGGLER,
           Metric.SKIPPED_SAMPLES)
 """Every sample ``parse`` reads. The trainer's endpoint (prometheus_client's) serves only
 these when asked with ``name[]``: a quarter of the page (its histograms are most of it),
@@ -59,12 +60,18 @@ def parse(text: str) -> TrainerProbe:
     skipped: list[tuple[int, int, int, int]] = []
     stragglers: dict[int, float] = {}
     rejected: list[str] = []
+    loss: float | None = None
 
     bad = partial(_reject, rejected)
 
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == Metric.CHECKPOINT_LAST_STEP:
+            if sample.name == Metric.LOSS:
+                # Shown, never acted on. A non-finite loss is bad numerics, which the
+                # trainers handle themselves (a rollback): it is left out, not reported.
+                if isinstance(sample.value, (int, float)) and math.isfinite(sample.value) and abs(sample.value) <= untrusted.MAX_COUNT:
+                    loss = float(sample.value)
+            elif sample.name == Metric.CHECKPOINT_LAST_STEP:
                 tier, step = sample.labels.get("tier", "local"), untrusted.count(sample.value)
                 if tier not in untrusted.TIERS or step is None:
                     bad(sample, "value" if step is None else "labels")
@@ -109,6 +116,8 @@ def parse(text: str) -> TrainerProbe:
         latency_seconds=values.get(Metric.CHECKPOINT_LATENCY_SECONDS) or None,
         mtbf_seconds=values.get(Metric.CHECKPOINT_MTBF_SECONDS) or None,
         step_seconds=values.get(Metric.CHECKPOINT_CADENCE_STEP_SECONDS) or None,
+        loss=loss,
+        tokens_per_second=values.get(Metric.TOKENS_PER_SECOND) or None,
         rollbacks=as_int(Metric.NUMERICS_ROLLBACKS),
         skipped=tuple(sorted(set(skipped))),
         stragglers=stragglers,

@@ -26,9 +26,19 @@ NS = "chart-check"
 
 
 def render(bed, *sets: str) -> list[dict]:
-    out = bed.helm("template", "llmtrain", CHART, "--namespace", NS, "--kube-version", "1.36.3",
+    out = bed.helm("template", "llmtrain", CHART, "--namespace", NS,
                    *(a for s in sets for a in ("--set", s)))
     return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def test_helm_template_renders_offline_without_a_kube_version_and_refuses_one_below_the_floor(local_cluster):
+    """Offline, helm assumes the Kubernetes of the client-go it was built with (render()
+    above passes no --kube-version); a cluster older than the chart's kubeVersion floor is
+    refused by name."""
+    rendered = local_cluster.helm("template", "llmtrain", CHART, check=False)
+    assert rendered.returncode == 0 and "kind: Deployment" in rendered.stdout, rendered.stderr
+    old = local_cluster.helm("template", "llmtrain", CHART, "--kube-version", "1.28.0", check=False)
+    assert old.returncode != 0 and "kubeVersion" in old.stderr and "1.28.0" in old.stderr, old.stderr
 
 
 def test_the_chart_lints_strictly(local_cluster):
@@ -101,7 +111,7 @@ def test_every_values_file_lints_strictly_and_passes_a_server_side_dry_run(local
     for ns in (NS, "team-a"):
         bed.kubectl("create", "namespace", ns, check=False)
     bed.kubectl("apply", "--server-side", "--force-conflicts", "-f", f"{CHART}/crds")
-    docs = yaml.safe_load_all(bed.helm("template", "llmtrain", CHART, "--namespace", NS, "--kube-version", "1.36.3",
+    docs = yaml.safe_load_all(bed.helm("template", "llmtrain", CHART, "--namespace", NS,
                                        "-f", str(values)).stdout)
     # The Prometheus Operator's CRDs are not on this cluster: its objects are checked by
     # tests/operator/test_monitoring.py instead.
@@ -115,7 +125,7 @@ def test_every_values_file_lints_strictly_and_passes_a_server_side_dry_run(local
                                           ("watchNamespace=Team_A", "/watchNamespace"),
                                           ("operator.resyncSeconds=soon", "/operator/resyncSeconds")])
 def test_a_bad_value_is_refused_by_the_schema_naming_it(local_cluster, value, where):
-    out = local_cluster.helm("template", "llmtrain", CHART, "--kube-version", "1.36.3", "--set", value, check=False)
+    out = local_cluster.helm("template", "llmtrain", CHART, "--set", value, check=False)
     assert out.returncode != 0
     assert where in out.stderr, out.stderr
 

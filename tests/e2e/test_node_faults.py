@@ -17,13 +17,15 @@ import json
 import pytest
 from support.waiting import wait_for
 
-from .jobs import PVC, create, event_messages, job_manifest, pods, rank_holder, run_dir, wait_status
+from .jobs import PVC, create, event_messages, job_manifest, pods, rank_holder, run_dir, status, wait_status
 
 pytestmark = pytest.mark.e2e
 
 NS, NAME = "e2e-node-faults", "nodes"
 HANG = 10
 FAULTS = "LLMTRAIN_FAULT_INJECT"
+MAX_STEPS = 300
+RELEASE = "release-pacing"
 
 
 def _events(bed, reason: str) -> list[str]:
@@ -51,16 +53,17 @@ def job(operator):
     nodes it cut off) goes into the dict."""
     bed = operator
     # A shared tier (a ReadWriteMany PVC): a lost node must not take the only copy of the
-    # newest checkpoint with it. Every step takes >= 0.5 s, so the job cannot finish before
-    # its faults are handled. The launcher and agent faults fire on trigger files the test
+    # newest checkpoint with it. Every step takes >= 0.75 s until the last test releases the
+    # pacing (a file in each worker's run dir): 300 paced steps outlast the faults (about
+    # 100 s on CI), however fast each is handled. The launcher and agent faults fire on trigger files the test
     # writes into one pod's run dir, so that no replacement (with a fresh run dir) fires
     # them again.
     bed.kubectl("create", "namespace", NS, check=False)
     bed.kubectl("apply", "-n", NS, "-f", "-", input=PVC)
     faults = ("stop@trigger=freeze-launcher,rank=1,target=launcher;stop@trigger=freeze-agent,rank=0,target=agent;"
-              "slow@step=1,seconds=0.5,steps=400")
+              "slow@step=1,seconds=0.75,steps=100000,until=" + RELEASE)
     create(bed, NS, job_manifest(NAME, {
-        "spec.trainer.builtin.maxSteps": 110, "spec.checkpoint.intervalSteps": 5,
+        "spec.trainer.builtin.maxSteps": MAX_STEPS, "spec.checkpoint.intervalSteps": 5,
         "spec.checkpoint.shared": {"claimName": "ckpt-shared", "intervalSteps": 5},
         "spec.faultTolerance.hangTimeoutSeconds": HANG, "spec.faultTolerance.collectiveTimeoutSeconds": 20,
         "spec.faultTolerance.nodeFailureGraceSeconds": 10, "spec.faultTolerance.maxRestarts": 6,
@@ -163,7 +166,13 @@ def test_a_deleted_node_object_is_charged_at_once_as_a_node_failure(operator, jo
 
 def test_the_job_succeeds_with_each_fault_charged_once(operator, job):
     bed = operator
+    running = status(bed, NS, NAME)
+    assert running.get("phase") not in ("Succeeded", "Failed"), "the paced job must outlast its faults: " + json.dumps(running)[:2000]
+    _at_world_size_two(bed)  # both workers up, so that neither starts later still paced
+    for pod in pods(bed, NS, NAME):
+        if run_dir(bed, pod).is_dir():
+            (run_dir(bed, pod) / RELEASE).write_text("")
     done = wait_status(bed, NS, NAME, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, "finished")
     assert done["phase"] == "Succeeded", json.dumps(done)[:3000]
     assert done["restartsByReason"] == {"Signal9": 1, "Hang": 1, "NodeFailure": 2}, done["restartsByReason"]
-    assert done["step"] == 110
+    assert done["step"] == MAX_STEPS

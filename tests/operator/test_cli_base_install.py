@@ -1,6 +1,6 @@
 """The CLI as `pip install llmtrain-operator` leaves it: the built wheel in a clean venv
 with only the base dependencies (no torch, kopf, prometheus-client, tqdm or boto3).
-validate, crd, exit-codes and --help work; the commands that need an extra say which one
+validate, crd, exit-codes, --help and --version work; the commands that need an extra say which one
 instead of a traceback."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,9 @@ def test_help_validate_crd_and_exit_codes_work_on_the_base_install(base_bin):
     assert crd.returncode == 0 and "kind: CustomResourceDefinition" in crd.stdout, crd.stderr
     codes = _llmtrain(base_bin, "exit-codes")
     assert codes.returncode == 0 and "HANG" in codes.stdout, codes.stderr
+    version = _llmtrain(base_bin, "--version")
+    wanted = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert version.returncode == 0 and version.stdout.strip() == f"llmtrain {wanted}", (version.stdout, version.stderr)
 
 
 def test_commands_that_need_an_extra_name_it(base_bin, tmp_path):

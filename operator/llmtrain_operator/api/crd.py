@@ -27,7 +27,7 @@ CRD_FILENAME = "llmtrain.io_llmtrainjobs.yaml"
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Workers", "type": "string", "jsonPath": ".status.workers", "description": "ready/desired worker pods"},
-    {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
+    {"name": "Step", "type": "string", "jsonPath": ".status.progress", "description": "step/maxSteps"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
     {
         "name": "Last Checkpoint",
@@ -40,6 +40,9 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Disruptions", "type": "integer", "jsonPath": ".status.disruptions", "priority": 1},
     {"name": "ETTR", "type": "number", "jsonPath": ".status.ettr", "priority": 1,
      "description": "effective training time ratio: preserved progress over active time"},
+    {"name": "Loss", "type": "number", "jsonPath": ".status.loss", "priority": 1},
+    {"name": "Tokens/s", "type": "number", "jsonPath": ".status.tokensPerSecond", "priority": 1},
+    {"name": "ETA", "type": "string", "jsonPath": ".status.eta", "priority": 1, "description": "time left to maxSteps"},
 ]
 
 _DROP_KEYS = {"title", "x-llmtrain-quantity"}

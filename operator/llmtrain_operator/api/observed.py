@@ -315,6 +315,10 @@ class TrainerProbe:
     """The adaptive cadence's MTBF (reported by global rank 0)."""
     step_seconds: float | None = None
     """The adaptive cadence's typical step time (reported by global rank 0)."""
+    loss: float | None = None
+    """The newest step's loss (the global batch's mean, the same on every rank)."""
+    tokens_per_second: float | None = None
+    """The job's throughput over its newest step (the same on every rank)."""
     rollbacks: int | None = None
     """Rollbacks for bad numerics over the job."""
     skipped: tuple[tuple[int, int, int, int], ...] = ()

@@ -208,6 +208,15 @@ class LLMTrainJobStatus(CamelModel):
     """Ranks in the current rendezvous round (from the trainer's metrics)."""
     step: int = 0
     """Newest optimizer step reported by the trainer."""
+    progress: str = "0"
+    """``step/maxSteps`` for the printer column (``step`` alone when the job's length is not
+    known: a user's script)."""
+    loss: float | None = None
+    """The newest step's training loss (the built-in trainer's, from its metrics)."""
+    tokens_per_second: float | None = None
+    """The job's throughput over its newest step (the built-in trainer's)."""
+    eta: str | None = None
+    """Time left to ``maxSteps`` at the current throughput (``1h5m``); absent when unknown."""
     restarts: int = 0
     """Restarts counted against ``faultTolerance.maxRestarts``. Never reset."""
     disruptions: int = 0

@@ -27,6 +27,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from ..api.job import EVENT_SOURCE, GROUP, PLURAL, REPORTING_COMPONENT, VERSION
+from .event_series import EventSeries
 
 log = logging.getLogger("llmtrain.k8s")
 
@@ -113,6 +114,7 @@ class K8s:
         self.timeout = timeout
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.event_series = EventSeries()
 
     @classmethod
     def from_environment(cls, user_agent: str | None = None, connections: int | None = None) -> K8s:
@@ -274,29 +276,44 @@ class K8s:
             _content_type="application/merge-patch+json"), f"patch status of LLMTrainJob {namespace}/{name}", tolerated=404)
 
     def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        """Events are best effort: a failure is logged, never fatal to the pass."""
+        """Events are best effort: a failure is logged, never fatal to the pass. A repeat
+        of an Event this client posted raises that Event's count (event_series.py)."""
         meta = job["metadata"]
-        now = datetime.now(UTC)
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            # Named like the kubelet names events (object name + a hex timestamp).
-            "metadata": {"name": f"{meta['name']}.{time.time_ns():x}", "namespace": meta.get("namespace", "default")},
-            "involvedObject": {"apiVersion": job.get("apiVersion"), "kind": job.get("kind"), "name": meta["name"],
-                               "namespace": meta.get("namespace", "default"), "uid": meta.get("uid")},
-            "reason": reason,
-            "message": message[:1024],
-            "type": type_,
-            "source": {"component": EVENT_SOURCE},
-            "reportingComponent": REPORTING_COMPONENT,
-            "reportingInstance": EVENT_SOURCE,
-            "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "count": 1,
-        }
+        namespace = meta.get("namespace", "default")
+        message = message[:1024]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        key = EventSeries.key(namespace, str(meta.get("uid")), type_, reason, message)
         try:
-            _release(self.core.create_namespaced_event(meta.get("namespace", "default"), event, _request_timeout=self.timeout,
-                                                       _preload_content=False))
+            series = self.event_series.repeat(key)
+            if series is not None:
+                try:
+                    _release(self.core.patch_namespaced_event(series.name, namespace, {"count": series.count, "lastTimestamp": now},
+                                                              _request_timeout=self.timeout, _preload_content=False))
+                    return
+                except ApiException as err:
+                    if err.status != 404:
+                        raise
+                    self.event_series.forget(key)  # expired (the Event TTL) or deleted: start anew
+            # Named like the kubelet names events (object name + a hex timestamp).
+            name = f"{meta['name']}.{time.time_ns():x}"
+            event = {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": name, "namespace": namespace},
+                "involvedObject": {"apiVersion": job.get("apiVersion"), "kind": job.get("kind"), "name": meta["name"],
+                                   "namespace": namespace, "uid": meta.get("uid")},
+                "reason": reason,
+                "message": message,
+                "type": type_,
+                "source": {"component": EVENT_SOURCE},
+                "reportingComponent": REPORTING_COMPONENT,
+                "reportingInstance": EVENT_SOURCE,
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+            }
+            _release(self.core.create_namespaced_event(namespace, event, _request_timeout=self.timeout, _preload_content=False))
+            self.event_series.started(key, name, now)
         except (ApiException, *NETWORK_ERRORS) as err:
             log.warning("could not post event %s for %s: %s", reason, meta["name"], err)
 

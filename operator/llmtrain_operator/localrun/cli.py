@@ -61,22 +61,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     started = time.time()
     print(f"llmtrain run: {job.metadata.name}: {job.spec.replicas.min}..{job.spec.replicas.max} nodes x "
           f"{job.spec.procs_per_node} procs; workdir {workdir}", flush=True)
+    interrupted = False
     try:
         status = run.run(timeout=args.timeout)
     except KeyboardInterrupt:
-        reporter.close()
-        print("llmtrain run: interrupted; processes stopped, checkpoints kept", file=sys.stderr)
-        return 130
+        # The runner has stopped every process (its finally); what the run produced so far
+        # is still written, as for a finished run.
+        interrupted, status = True, run.status
     reporter.close()
     for warning in cluster.warnings:
         print(f"llmtrain run: note: {warning}", file=sys.stderr)
     write_events(workdir / "events.jsonl", run.events)
+    if interrupted:
+        print(f"llmtrain run: interrupted at step {status.get('step', 0)}; processes stopped, checkpoints kept",
+              file=sys.stderr)
     _summary(status, time.time() - started, workdir)
     if job.spec.trainer.builtin is not None:
-        from .plot import plot_run  # noqa: PLC0415 - matplotlib costs a second; only a finished run plots
+        from .plot import plot_run  # noqa: PLC0415 - matplotlib costs a second; only a run that trained plots
 
         png = plot_run(run.steps(), run.events, workdir / "loss.png", f"{job.metadata.name}: loss and world size")
         print(f"  plot:        {png}")
+    if interrupted:
+        return 130
     return 0 if status.get("phase") == Phase.SUCCEEDED else 1
 
 
@@ -112,8 +118,11 @@ def _summary(status: dict[str, Any], seconds: float, workdir: Path) -> None:
 class _Reporter:
     """A progress bar over optimizer steps, with events printed above it."""
 
-    def __init__(self, max_steps: int | None, plain: bool):
+    def __init__(self, max_steps: int | None, plain: bool, line_seconds: float = 10.0):
         self.plain = plain or not sys.stderr.isatty()
+        self.max_steps = max_steps
+        self.line_seconds = line_seconds
+        self.next_line = time.monotonic() + line_seconds
         self.bar = None
         self.last_phase = None
         if not self.plain:
@@ -130,11 +139,20 @@ class _Reporter:
 
     def status(self, status: dict[str, Any]) -> None:
         ckpt = (status.get("lastCheckpoint") or {}).get("summary", "-")
+        state = (f"{status.get('phase')} world={status.get('worldSize', 0)} workers={status.get('workers')} "
+                 f"restarts={status.get('restarts', 0)} ckpt={ckpt}")
+        shown = [f"{label}={status[key]:{fmt}}" for key, label, fmt in (("loss", "loss", ".4f"), ("tokensPerSecond", "tok/s", ",.0f"))
+                 if isinstance(status.get(key), (int, float))]
+        state += "".join(f" {item}" for item in shown) + (f" eta={status['eta']}" if status.get("eta") else "")
         if self.bar is not None:
             self.bar.n = status.get("step", 0)
-            self.bar.set_postfix_str(
-                f"{status.get('phase')} world={status.get('worldSize', 0)} workers={status.get('workers')} "
-                f"restarts={status.get('restarts', 0)} ckpt={ckpt}", refresh=True)
+            self.bar.set_postfix_str(state, refresh=True)
+        elif time.monotonic() >= self.next_line:
+            # Without a terminal (CI, a pipe, nohup) a line now and then, so that a log
+            # shows the run moving between Events.
+            self.next_line = time.monotonic() + self.line_seconds
+            total = f"/{self.max_steps}" if self.max_steps else ""
+            print(f"{time.strftime('%H:%M:%S')} step {status.get('step', 0)}{total} {state}", flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -50,6 +50,8 @@ class LocalRun:
     on_status: Callable[[dict[str, Any]], None] = lambda s: None
     interval: float = 1.0
     events: list[tuple[float, int, Event]] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)
+    """The newest status the planner wrote (what an interrupted run reports)."""
 
     def run(self, timeout: float | None = None) -> dict[str, Any]:
         started = time.monotonic()
@@ -58,7 +60,7 @@ class LocalRun:
             while True:
                 observed = self.cluster.observe()
                 result = plan({**self.raw, "status": status}, observed, datetime.now(UTC), pod_policy=ANYTHING)
-                status = result.status
+                status = self.status = result.status
                 self.cluster.apply(result.actions)
                 for event in result.events:
                     self.events.append((time.time(), status.get("step", 0), event))

@@ -11,6 +11,7 @@ from llmtrain_operator.api.observed import PodView, TrainerProbe
 from llmtrain_operator.api import receive
 from llmtrain_operator.planner import plan, plan_received
 from support.planning import NOW, ago, job, node, observed, running_status, summary, worker
+from llmtrain_operator.planner.policies.progress import duration
 
 W0, W1 = "tiny-elastic-worker-0", "tiny-elastic-worker-1"
 
@@ -323,6 +324,28 @@ def test_progress_resets_the_wedge_timer():
     _, status, actions, _ = run(raw, observed(raw, [worker(0), worker(1)], probes=probes))
     assert actions == [] and status["lastProgressTime"] == ago(0)
 
+
+
+def test_the_status_shows_step_of_max_steps_loss_throughput_and_the_time_left():
+    raw = job(status=running_status(step=20))
+    spec = raw["spec"]["trainer"]["builtin"]
+    tokens_per_step = spec["globalBatchSize"] * spec["data"]["seqLen"]
+    # The trainer furthest along speaks for the job: 30 steps left at 2 s a step.
+    probes = {W0: TrainerProbe(step=30, world_size=2, loss=2.71828, tokens_per_second=tokens_per_step / 2.0),
+              W1: TrainerProbe(step=29, world_size=2, loss=9.0, tokens_per_second=1.0)}
+    _, status, _, _ = run(raw, observed(raw, [worker(0), worker(1)], probes=probes))
+    max_steps = spec["maxSteps"]
+    assert status["progress"] == f"30/{max_steps}"
+    assert status["loss"] == 2.7183 and status["tokensPerSecond"] == round(tokens_per_step / 2.0, 1)
+    assert status["eta"] == duration((max_steps - 30) * 2.0)
+    assert [duration(s) for s in (45, 750, 3 * 3600 + 301, 2 * 86400 + 4 * 3600, 400 * 86400)] == ["45s", "12m30s", "3h5m", "2d4h", None]
+
+
+def test_a_scripts_progress_is_its_step_alone_with_no_time_left():
+    raw = job({"spec.trainer": {"command": ["python", "train.py"]}}, status=running_status(step=20))
+    probes = {W0: TrainerProbe(step=25, world_size=2, tokens_per_second=1000.0)}
+    _, status, _, _ = run(raw, observed(raw, [worker(0), worker(1)], probes=probes))
+    assert status["progress"] == "25" and status.get("eta") is None
 
 def test_an_in_place_crash_is_charged_once_and_its_victims_never():
     # A rank in worker 0 crashed; worker 1's group failed only because its peer vanished.

@@ -4,6 +4,8 @@ and a killed node, recovered from checkpoints both times (as `make demo` runs it
 from __future__ import annotations
 
 import json
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -40,9 +42,48 @@ def test_the_demo_job_recovers_from_a_crash_and_a_node_loss_and_succeeds(tmp_pat
     reasons = {json.loads(line)["reason"] for line in (workdir / "events.jsonl").read_text().splitlines()}
     assert {"Created", "RestartedInPlace", "InjectedNodeLoss", "PodFailed", "Completed"} <= reasons, reasons
     assert "StoreRestarted" not in reasons, "the rendezvous store must survive a run with no store fault"
-    logs = "".join(p.read_text() for p in workdir.glob("tiny-elastic-worker-*.log"))
-    assert "resumed from step" in logs
+    logs = "".join(f"----- {p.name}\n{p.read_text()}" for p in sorted(workdir.glob("tiny-elastic-worker-*.log")))
+    said = f"logs:\n{logs[-12000:]}\nevents:\n{(workdir / 'events.jsonl').read_text()[-4000:]}"
+    assert logs.count("starting from step 0: no checkpoint") == 1, "only the first start finds no checkpoint\n" + said
+    assert "resumed from step" in logs, said
     assert (workdir / "loss.png").stat().st_size > 10_000
+
+
+
+def test_ctrl_c_stops_the_run_and_still_writes_its_events_plot_and_summary(tmp_path: Path):
+    """Interrupted as a user at a terminal would: every process stops, and what the run
+    produced so far (events.jsonl, loss.png, the summary) is written before it exits; with
+    no terminal, a progress line comes every 10 s between the Events."""
+    workdir = tmp_path / "run"
+    cmd = [str(Path(sys.executable).with_name("llmtrain")), "run", str(ROOT / "examples" / "01-tiny-elastic-cpu.yaml"),
+           "--fresh", "--workdir", str(workdir), "--inject", "slow@step=1,seconds=0.3,steps=1000", "--no-progress"]
+    began = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        def step() -> int:
+            try:
+                return json.loads((workdir / "status.json").read_text()).get("step", 0)
+            except (OSError, ValueError):
+                return 0
+
+        deadline = time.monotonic() + 180
+        while step() < 5 or time.monotonic() - began < 12:
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before step 5"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out[-3000:] + err[-3000:]
+    assert "interrupted at step" in err and "processes stopped, checkpoints kept" in err, err[-3000:]
+    reasons = [json.loads(line)["reason"] for line in (workdir / "events.jsonl").read_text().splitlines()]
+    assert "Created" in reasons and "Running" in reasons, reasons
+    assert (workdir / "loss.png").stat().st_size > 10_000
+    assert "restarts:" in out and "plot:" in out, out[-3000:]
+    assert re.search(r"^\d\d:\d\d:\d\d step \d+/60 Running world=", out, re.M), out[-3000:]
+    left = subprocess.run(["pgrep", "-f", str(workdir)], capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"processes of the run still alive: {left.stdout}"
 
 
 def test_the_local_runner_reads_each_nodes_failed_attempts_from_its_launcher(tmp_path: Path):

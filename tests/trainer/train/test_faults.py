@@ -46,6 +46,19 @@ def test_pacing_slows_every_step_in_its_range_each_time(tmp_path):
     assert not list(tmp_path.glob("*.fired"))
 
 
+
+def test_pacing_ends_once_its_release_file_appears(tmp_path):
+    injector = FaultInjector(parse("slow@step=1,seconds=0.05,steps=1000,until=release"), rank=0, attempt=0,
+                             state_dir=tmp_path / "state", run_dir=tmp_path)
+    began = time.perf_counter()
+    injector.at_step(1)
+    assert time.perf_counter() - began >= 0.05, "paced before the release"
+    (tmp_path / "release").write_text("")
+    began = time.perf_counter()
+    for step in range(2, 12):
+        injector.at_step(step)
+    assert time.perf_counter() - began < 0.05, "ten steps, none paced after the release"
+
 def test_a_triggered_fault_fires_at_the_first_step_after_its_file_appears(tmp_path):
     fired = []
     injector = FaultInjector(parse("gil@trigger=go,rank=1,step=3"), rank=1, attempt=0, state_dir=tmp_path / "state", run_dir=tmp_path)

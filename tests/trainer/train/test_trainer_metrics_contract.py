@@ -26,6 +26,19 @@ def test_the_probe_reads_what_the_trainer_exports():
     assert probe.last_checkpoint == {"local": 40, "shared": 30}
     assert probe.last_step_time is not None
     assert probe.tier_degraded == {} and probe.cost_seconds is None and probe.mtbf_seconds is None, "unset reads as absent"
+    assert probe.loss == 2.5 and probe.tokens_per_second is None, "no throughput until the trainer reports one"
+    m.throughput(2048.0)
+    assert parse(generate_latest(m.registry).decode()).tokens_per_second == 2048.0
+
+
+def test_a_non_finite_loss_is_left_out_quietly_and_a_bad_throughput_is_named():
+    m = TrainerMetrics(rank=0, strategy="ddp", config_hash="abc", job="j")
+    m.step(step=13, samples=104, loss=float("nan"), seconds=0.5, node_tokens=512)
+    m.throughput(-5.0)
+    probe = parse(generate_latest(m.registry).decode())
+    assert probe.loss is None, "bad numerics are the trainers' to handle (a rollback), not an unusable value"
+    assert probe.tokens_per_second is None and any("tokens_per_second" in r for r in probe.rejected), probe.rejected
+    assert not any("loss" in r for r in probe.rejected), probe.rejected
 
 
 def test_tier_health_and_the_cadence_reach_the_probe_and_a_recovered_tier_leaves_no_reason():

@@ -9,6 +9,10 @@ Off unless the environment variable ``LLMTRAIN_FAULT_INJECT`` is set. Its value 
     slow@step=20,seconds=1,steps=70
                                   pace every rank: each of steps 20..89 takes >= 1 s
                                   (every time it runs; tests that must outlast a failure)
+    slow@step=1,seconds=0.5,steps=1000,until=release
+                                  the same pacing, ended early once a file ``release``
+                                  appears in the run dir (a test paces a job through its
+                                  faults, then lets it finish)
     slow@step=0,seconds=6,attempt=1
                                   step 0 is start-up: sleep 6 s before the process group
                                   starts, in torchrun's first restart only
@@ -120,7 +124,8 @@ class FaultInjector:
             if fault.params.get("at", "step") != point:
                 continue
             if fault.kind == "slow" and "steps" in fault.params:
-                if fault.step <= step < fault.step + int(fault.params["steps"]):
+                released = "until" in fault.params and (self.run_dir / fault.params["until"]).exists()
+                if fault.step <= step < fault.step + int(fault.params["steps"]) and not released:
                     time.sleep(float(fault.params.get("seconds", "1")))  # pacing: no marker, quiet
                 continue
             if "trigger" in fault.params:

@@ -226,6 +226,8 @@ class Trainer:
         # The global batch splits evenly over the ranks (the world size divides it).
         node_tokens = tokens * info.local_world_size // info.world_size if info.is_node_leader else 0
         self.metrics.step(self.step, self.step * cfg.global_batch_size, loss, seconds, node_tokens)
+        if seconds > 0:
+            self.metrics.throughput(tokens / seconds)
         if self.peak_flops:
             self.metrics.mfu(tokens / seconds * self.flops_per_token / (self.peak_flops * info.world_size))
         if self.steplog is not None:

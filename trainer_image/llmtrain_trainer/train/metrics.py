@@ -34,6 +34,8 @@ class TrainerMetrics:
         self._mfu = Gauge(Metric.MFU, "Model FLOPs utilisation of the last step: the job's tokens/s times FLOPs per token "
                           "over its GPUs' dense bf16 peak", registry=r)
         self._tokens = Counter(Metric.TOKENS, "Tokens this node's ranks trained on (counted by its local rank 0 only)", registry=r)
+        self._tokens_per_second = Gauge(Metric.TOKENS_PER_SECOND, "The job's tokens per second over the last step "
+                                        "(the global batch's tokens over the step's wall time)", registry=r)
         self._step_seconds = Histogram(Metric.STEP_SECONDS, "Wall time of one optimizer step", buckets=STEP_BUCKETS, registry=r)
         self._world = Gauge(Metric.WORLD_SIZE, "Ranks in the current rendezvous round", registry=r)
         # Counters that outlive a process: each run adds what happened before it in this
@@ -108,6 +110,9 @@ class TrainerMetrics:
 
     def mfu(self, value: float) -> None:
         self._mfu.set(value)
+
+    def throughput(self, tokens_per_second: float) -> None:
+        self._tokens_per_second.set(tokens_per_second)
 
     def checkpoint_stall(self, seconds: float) -> None:
         self._stall.observe(seconds)

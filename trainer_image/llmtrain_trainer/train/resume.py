@@ -71,6 +71,10 @@ class Resume:
                 log.error("%s; starting from step 0 because checkpoint.allowFreshStart is set", err)
                 return None
             if choice is None:
+                if self.info.rank == 0:
+                    # Said on every start: after a failure it tells that no checkpoint had
+                    # been committed yet, so the restart redoes every step from the first.
+                    log.warning("starting from step 0: no checkpoint in any tier")
                 return None
             folder, failure = None, None
             if not (choice.mode == "broadcast" and self.info.rank != choice.source_rank):

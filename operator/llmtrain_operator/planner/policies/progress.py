@@ -3,7 +3,7 @@ checkpoint, and the end of a recovery (the first step finished after a failure).
 
 from __future__ import annotations
 
-from ...api.observed import parse_time
+from ...api.observed import TrainerProbe, parse_time
 from ...api.status import CheckpointRecord, TierName
 from ..context import Pass, Verdict
 from ..decisions import RecoveryMeasured
@@ -29,6 +29,7 @@ def handle(ctx: Pass) -> Verdict:
     worlds = [p.world_size for p in probes if p.world_size]
     if worlds:
         status.world_size = max(worlds)
+    _throughput(ctx, probes)
     best: tuple[int, int, TierName] | None = None
     for probe in probes:
         # Only the tiers a job can have: the labels are scraped, and the status's
@@ -45,6 +46,42 @@ def handle(ctx: Pass) -> Verdict:
                              or (best[0], TIER_DURABILITY.get(best[2], 0)) > (current.step, TIER_DURABILITY.get(current.tier, 0))):
         status.last_checkpoint = CheckpointRecord(step=best[0], tier=best[2], time=ctx.stamp, summary=f"{best[0]}@{best[2]}")
     return Verdict.CONTINUE
+
+
+def _throughput(ctx: Pass, probes: list[TrainerProbe]) -> None:
+    """``step/maxSteps``, and the loss and tokens/s of the trainer furthest along, with the
+    time left to ``maxSteps`` at that pace (a built-in job: its length is known)."""
+    status = ctx.status
+    builtin = ctx.spec.trainer.builtin
+    max_steps = builtin.max_steps if builtin is not None else None
+    status.progress = f"{status.step}/{max_steps}" if max_steps else str(status.step)
+    newest = max((p for p in probes if p.step is not None), key=lambda p: p.step or 0, default=None)
+    if newest is not None and newest.loss is not None:
+        status.loss = round(newest.loss, 4)
+    if newest is not None and newest.tokens_per_second:
+        status.tokens_per_second = round(newest.tokens_per_second, 1)
+    status.eta = None
+    if builtin is not None and max_steps and status.tokens_per_second and status.step < max_steps:
+        step_seconds = builtin.global_batch_size * builtin.data.seq_len / status.tokens_per_second
+        status.eta = duration((max_steps - status.step) * step_seconds)
+
+
+def duration(seconds: float) -> str | None:
+    """``45s``, ``12m30s``, ``3h5m``, ``2d4h``: a person's reading of a wait; None beyond a
+    year (a pace that slow says nothing about when the job ends)."""
+    if seconds > 366 * 86400:
+        return None
+    s = int(round(seconds))
+    days, s = divmod(s, 86400)
+    hours, s = divmod(s, 3600)
+    minutes, s = divmod(s, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes}m"
+    if minutes:
+        return f"{minutes}m{s}s"
+    return f"{s}s"
 
 
 def _recovery(ctx: Pass, step_times: list[float]) -> None:
