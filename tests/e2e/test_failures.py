@@ -121,7 +121,12 @@ def test_the_job_succeeds_with_each_failure_charged_once(operator, prometheus, j
 
     table = bed.kubectl("get", "ltj", "-n", NS).stdout.splitlines()
     assert table[0].split()[:7] == ["NAME", "PHASE", "WORKERS", "STEP", "RESTARTS", "LAST", "CHECKPOINT"]
-    assert table[1].split()[:5] == [NAME, "Succeeded", "0/2", "90", str(done["restarts"])]
+    assert table[1].split()[:5] == [NAME, "Succeeded", "0/2", "90/90", str(done["restarts"])]
+    wide = bed.kubectl("get", "ltj", "-n", NS, "-o", "wide").stdout.splitlines()
+    header = wide[0].split()
+    assert header[-3:] == ["LOSS", "TOKENS/S", "ETA"], header
+    loss, tokens, eta = wide[1].split()[-3:]
+    assert float(loss) == done["loss"] and float(tokens) == done["tokensPerSecond"] > 0 and eta == "<none>", wide
     # The crash was charged before the node was lost.
     assert "before" in job, "the node-loss test lost no node"
     assert job["before"]["restarts"] >= 1

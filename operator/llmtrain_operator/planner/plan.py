@@ -120,6 +120,7 @@ def plan_received(received: Received, observed: Observed, now: datetime, runtime
                node_failure_conditions=node_failure_conditions)
     account_time(ctx)
     _policies(ctx)
+    progress.show(ctx)  # after every policy that moves the step or ends the job
     return _done(ctx)
 
 

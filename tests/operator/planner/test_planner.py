@@ -341,6 +341,17 @@ def test_the_status_shows_step_of_max_steps_loss_throughput_and_the_time_left():
     assert [duration(s) for s in (45, 750, 3 * 3600 + 301, 2 * 86400 + 4 * 3600, 400 * 86400)] == ["45s", "12m30s", "3h5m", "2d4h", None]
 
 
+def test_a_finished_jobs_progress_is_its_last_step_of_max_steps_with_no_time_left():
+    # The trainers' last scrape saw a step short of the end; the pods then exited 0.
+    max_steps = job()["spec"]["trainer"]["builtin"]["maxSteps"]
+    raw = job(status=running_status(step=max_steps - 4, tokensPerSecond=500.0))
+    probes = {W0: TrainerProbe(step=max_steps - 4, world_size=2, tokens_per_second=500.0)}
+    done = [worker(0, phase="Succeeded", exit_code=0), worker(1, phase="Succeeded", exit_code=0)]
+    _, status, _, _ = run(raw, observed(raw, done, probes=probes))
+    assert status["phase"] == "Succeeded" and status["step"] == max_steps
+    assert status["progress"] == f"{max_steps}/{max_steps}" and status.get("eta") is None
+
+
 def test_a_scripts_progress_is_its_step_alone_with_no_time_left():
     raw = job({"spec.trainer": {"command": ["python", "train.py"]}}, status=running_status(step=20))
     probes = {W0: TrainerProbe(step=25, world_size=2, tokens_per_second=1000.0)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ...api.observed import TrainerProbe, parse_time
 from ...api.status import CheckpointRecord, TierName
+from ...api.vocabulary import TERMINAL_PHASES
 from ..context import Pass, Verdict
 from ..decisions import RecoveryMeasured
 
@@ -49,19 +50,26 @@ def handle(ctx: Pass) -> Verdict:
 
 
 def _throughput(ctx: Pass, probes: list[TrainerProbe]) -> None:
-    """``step/maxSteps``, and the loss and tokens/s of the trainer furthest along, with the
-    time left to ``maxSteps`` at that pace (a built-in job: its length is known)."""
+    """The loss and tokens/s of the trainer furthest along."""
     status = ctx.status
-    builtin = ctx.spec.trainer.builtin
-    max_steps = builtin.max_steps if builtin is not None else None
-    status.progress = f"{status.step}/{max_steps}" if max_steps else str(status.step)
     newest = max((p for p in probes if p.step is not None), key=lambda p: p.step or 0, default=None)
     if newest is not None and newest.loss is not None:
         status.loss = round(newest.loss, 4)
     if newest is not None and newest.tokens_per_second:
         status.tokens_per_second = round(newest.tokens_per_second, 1)
+
+
+def show(ctx: Pass) -> None:
+    """``step/maxSteps`` and the time left to ``maxSteps`` at the newest step's pace (a
+    built-in job: its length is known). Run at the end of every pass, after whatever
+    policy moved the step (completion sets it to ``maxSteps``) or ended the job."""
+    status = ctx.status
+    builtin = ctx.spec.trainer.builtin
+    max_steps = builtin.max_steps if builtin is not None else None
+    status.progress = f"{status.step}/{max_steps}" if max_steps else str(status.step)
     status.eta = None
-    if builtin is not None and max_steps and status.tokens_per_second and status.step < max_steps:
+    running = status.phase not in TERMINAL_PHASES
+    if running and builtin is not None and max_steps and status.tokens_per_second and status.step < max_steps:
         step_seconds = builtin.global_batch_size * builtin.data.seq_len / status.tokens_per_second
         status.eta = duration((max_steps - status.step) * step_seconds)
 
