@@ -56,7 +56,8 @@ build_helm() {
   # assume without --kube-version is the client-go it is built with (v0.37 -> 1.37). Without
   # these flags it is v1.20, and every chart with a kubeVersion above it fails to render.
   (cd "$here/helm" && local client minor flags
-   client=$(go list -m -f '{{.Version}}' k8s.io/client-go)
+   client=$(awk '$1 == "k8s.io/client-go" {print $2}' go.mod)  # pinned there (go.sum checks it)
+   [ -n "$client" ] || { echo "cluster-tools: helm/go.mod names no k8s.io/client-go" >&2; exit 1; }
    minor=${client#v0.}; minor=${minor%%.*}
    flags="-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$minor"
    flags+=" -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$minor"
