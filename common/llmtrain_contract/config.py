@@ -197,6 +197,15 @@ class TrainSpec(Ruled):
     log_interval_steps: int = Field(10, ge=1)
     """Print a progress line every N steps. Default 10."""
 
+    init_from: str | None = Field(None, min_length=1, max_length=4096, pattern=r"^[^\x00]+$")
+    """A safetensors file of weights to start step 0 from instead of the seeded init (a
+    path the trainer can read: in a pod, on a mounted volume). Named as the built-in
+    model names its parameters (``llmtrain checkpoints export``) or as Hugging Face's
+    GPT-2 does (``--format hf-gpt2``, or a GPT-2 of the same shape); every parameter must
+    be in it with its shape, else the job fails with DATA_ERROR naming the tensor. A
+    checkpoint, once there is one, is resumed instead. Not part of the checkpoint
+    identity: a job may resume checkpoints made from other starting weights."""
+
     def grad_accum_steps(self, world_size: int) -> int:
         """Gradient accumulation that keeps the global batch at ``world_size``.
 
@@ -389,7 +398,7 @@ class TrainerConfig(TrainSpec):
         """
         train_part = TrainSpec.model_validate(
             self.model_dump(include=set(TrainSpec.model_fields), by_alias=False)
-        ).model_dump(mode="json", exclude={"log_interval_steps", "max_steps"})
+        ).model_dump(mode="json", exclude={"log_interval_steps", "max_steps", "init_from"})
         # Not part of the identity: logging; the strategy (DDP and DeepSpeed checkpoints
         # are told apart by the manifest's own strategy field); and maxSteps: extending
         # (or shortening) a run from its checkpoints is routine, as in nanoGPT or

@@ -135,6 +135,16 @@ class Metric:
         return f"{name}_total"
 
 
+class MetricLabel:
+    """The labels that name a job on every llmtrain series, the operator's and the pods'
+    alike, so that one query joins them. The chart's monitors honour the labels the
+    processes export (``honorLabels``); a pod's series get both from the PodMonitor."""
+
+    NAMESPACE = "namespace"
+    JOB = "llmtrain_job"
+    """The LLMTrainJob's name. Not ``job``: Prometheus owns that label (the scrape job)."""
+
+
 class LauncherMetric:
     """What the worker pod's launcher serves on ``/metrics`` beside its ``/healthz``
     (``HEALTH_PORT``): it outlives the ranks' in-place restarts."""

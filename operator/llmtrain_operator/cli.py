@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 from llmtrain_contract.exitcodes import table
@@ -23,9 +25,10 @@ from llmtrain_contract.exitcodes import table
 from llmtrain_contract import memplan
 
 from .api import SpecInvalid, parse_job
-from .api.job import LLMTrainJob
+from .api.job import GROUP, PLURAL, VERSION, LLMTrainJob
 from .api.crd import CRD_FILENAME, render_crd_yaml
 from .localrun.args import add_run_parser
+from .logscli import add_parser as add_logs_parser
 from .planner.manifests import asks_for_gpus
 from .planner.render import trainer_config
 from .storecli import add_parser as add_checkpoints_parser
@@ -153,9 +156,60 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("exit-codes", help="print the exit-code table")
     p.set_defaults(func=cmd_exit_codes)
 
+    p = sub.add_parser("status", help="a job's status as a person reads it: what happened, what it does now, what to do")
+    p.add_argument("target", metavar="JOB", help="an LLMTrainJob's name (read through the API server), or a local run's workdir")
+    p.add_argument("-n", "--namespace", default="default", help="the job's namespace (default: default)")
+    p.set_defaults(func=cmd_status)
+
+    add_logs_parser(sub)
     add_run_parser(sub)
     add_checkpoints_parser(sub)
     return parser
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime  # noqa: PLC0415 - only this command
+
+    from .statusview import render  # noqa: PLC0415 - only this command
+
+    local = Path(args.target) / "status.json"
+    job: dict[str, Any] | None
+    if local.is_file():
+        try:
+            job = {"metadata": {"name": Path(args.target).name}, "status": json.loads(local.read_text())}
+        except (OSError, ValueError) as err:
+            print(f"llmtrain status: {local}: cannot be read: {err}", file=sys.stderr)
+            return 1
+    else:
+        job = _read_job(args.namespace, args.target)
+        if job is None:
+            return 1
+    print("\n".join(render(job, datetime.now(UTC))))
+    return 0
+
+
+def _read_job(namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        from .k8s.client import K8s, PermanentApiError, TransientApiError  # noqa: PLC0415 - the operator extra
+    except ModuleNotFoundError as err:
+        print(f"llmtrain status: {err.name} is not installed (pip install 'llmtrain-operator[operator]'); "
+              "a local run's workdir needs nothing more", file=sys.stderr)
+        return None
+    try:
+        served, job = K8s.from_environment().read_object(f"{GROUP}/{VERSION}", PLURAL, namespace, name)
+    except (PermanentApiError, TransientApiError, OSError, ValueError) as err:
+        print(f"llmtrain status: cannot read LLMTrainJob {namespace}/{name}: {err}", file=sys.stderr)
+        return None
+    except Exception as err:  # noqa: BLE001 - no kubeconfig, a refused login: said in words, no traceback
+        print(f"llmtrain status: cannot reach the API server: {type(err).__name__}: {err}", file=sys.stderr)
+        return None
+    if not served:
+        print("llmtrain status: this cluster serves no LLMTrainJob (is the CRD installed?)", file=sys.stderr)
+        return None
+    if job is None:
+        print(f"llmtrain status: no LLMTrainJob {name} in namespace {namespace}", file=sys.stderr)
+        return None
+    return job
 
 
 def main(argv: list[str] | None = None) -> int:

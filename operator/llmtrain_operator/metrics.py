@@ -1,28 +1,34 @@
 """The operator's own Prometheus metrics.
 
 Names follow Kubeflow's ``training_operator_jobs_*_total`` family, so dashboards port
-over: ``llmtrain_operator_jobs_created_total`` and friends, labelled by namespace.
+over: ``llmtrain_operator_jobs_created_total`` and friends, labelled by namespace. The
+labels that name a job are the pods' too (``MetricLabel``: ``namespace``, ``llmtrain_job``),
+so that a query joins the operator's series with the trainers'.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from llmtrain_contract.names import MetricLabel
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
 
 from .api.vocabulary import Phase
 from .planner.decisions import Decision, FailureRecorded, JobFinished, JobStarted, RecoveryMeasured, RestartCharged
 
 REGISTRY = CollectorRegistry()
-NS = ("job_namespace",)
+ProcessCollector(registry=REGISTRY)  # process_cpu_seconds_total, process_resident_memory_bytes ...
+NS = (MetricLabel.NAMESPACE,)
+JOB = (MetricLabel.NAMESPACE, MetricLabel.JOB)
 
 JOBS_CREATED = Counter("llmtrain_operator_jobs_created_total", "Jobs the operator started", NS, registry=REGISTRY)
 JOBS_SUCCESSFUL = Counter("llmtrain_operator_jobs_successful_total", "Jobs that Succeeded", NS, registry=REGISTRY)
-JOBS_FAILED = Counter("llmtrain_operator_jobs_failed_total", "Jobs that Failed", NS, registry=REGISTRY)
+JOBS_FAILED = Counter("llmtrain_operator_jobs_failed_total", "Jobs that Failed (by name: an alert names the job)", JOB,
+                      registry=REGISTRY)
 JOBS_RESTARTED = Counter("llmtrain_operator_jobs_restarted_total", "Job restarts (any reason)", NS, registry=REGISTRY)
 JOBS_BY_PHASE = Gauge("llmtrain_operator_jobs", "Jobs by phase", ["phase"], registry=REGISTRY)
 RESTARTS = Counter("llmtrain_operator_restarts_total", "Restarts counted against budgets, by namespace and reason",
-                   ["job_namespace", "reason"], registry=REGISTRY)
+                   [MetricLabel.NAMESPACE, "reason"], registry=REGISTRY)
 FAILURES = Counter("llmtrain_operator_failures_detected_total", "Failures detected, by kind", ["kind"], registry=REGISTRY)
 DETECT = Histogram("llmtrain_operator_time_to_detect_seconds", "From a failure to the operator acting on it",
                    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300), registry=REGISTRY)
@@ -42,11 +48,9 @@ EVENT_TO_ACTION = Histogram("llmtrain_operator_event_to_action_seconds",
                             "(the wait for a slot, probes and failed attempts included)",
                             buckets=RECONCILE_BUCKETS, registry=REGISTRY)
 LEADER = Gauge("llmtrain_operator_leader", "1 while this replica holds the leader Lease and may write", registry=REGISTRY)
-GOODPUT = Gauge("llmtrain_operator_job_goodput_ratio", "Effective training time ratio of a job so far", ["job_namespace", "job_name"],
-                registry=REGISTRY)
+GOODPUT = Gauge("llmtrain_operator_job_goodput_ratio", "Effective training time ratio of a job so far", JOB, registry=REGISTRY)
 ETTR = Gauge("llmtrain_operator_job_ettr_ratio", "Effective training time ratio of a job so far, counting only preserved progress "
-             "(replayed steps are not good time)", ["job_namespace", "job_name"], registry=REGISTRY)
-"""``job_name``, not ``job``: Prometheus owns the ``job`` label (the scrape job's name)."""
+             "(replayed steps are not good time)", JOB, registry=REGISTRY)
 
 _PHASES: dict[tuple[str, str], str] = {}
 
@@ -75,7 +79,10 @@ def record_pass(namespace: str, name: str, decisions: list[Decision], status: di
         if isinstance(decision, JobStarted):
             JOBS_CREATED.labels(namespace).inc()
         elif isinstance(decision, JobFinished):
-            (JOBS_SUCCESSFUL if decision.succeeded else JOBS_FAILED).labels(namespace).inc()
+            if decision.succeeded:
+                JOBS_SUCCESSFUL.labels(namespace).inc()
+            else:
+                JOBS_FAILED.labels(namespace, name).inc()
         elif isinstance(decision, RestartCharged):
             RESTARTS.labels(namespace, decision.reason).inc()
             JOBS_RESTARTED.labels(namespace).inc()

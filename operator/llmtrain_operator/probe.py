@@ -32,7 +32,7 @@ READ = (Metric.STEP, Metric.WORLD_SIZE, RESTARTS, Metric.LAST_STEP_TIMESTAMP, Me
         Metric.CHECKPOINT_COST_SECONDS, Metric.CHECKPOINT_LATENCY_SECONDS, Metric.CHECKPOINT_MTBF_SECONDS,
         Metric.CHECKPOINT_CADENCE_STEP_SECONDS, Metric.NUMERICS_ROLLBACKS, Metric.TOKENS_PER_SECOND)
 
-WANTED = (*READ, Metric.LOSS, Metric.CHECKPOINT_LAST_STEP, Metric.CHECKPOINT_TIER_DEGRADED, FAILED_ATTEMPTS, Metric.STRAGGLER,
+WANTED = (*READ, Metric.LOSS, Metric.INFO, Metric.CHECKPOINT_LAST_STEP, Metric.CHECKPOINT_TIER_DEGRADED, FAILED_ATTEMPTS, Metric.STRAGGLER,
           Metric.SKIPPED_SAMPLES)
 """Every sample ``parse`` reads. The trainer's endpoint (prometheus_client's) serves only
 these when asked with ``name[]``: a quarter of the page (its histograms are most of it),
@@ -61,12 +61,17 @@ def parse(text: str) -> TrainerProbe:
     stragglers: dict[int, float] = {}
     rejected: list[str] = []
     loss: float | None = None
+    own_rank: int | None = None
 
     bad = partial(_reject, rejected)
 
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == Metric.LOSS:
+            if sample.name == Metric.INFO:
+                own_rank = untrusted.count(sample.labels.get("rank", ""))
+                if own_rank is None:
+                    bad(sample, "labels")
+            elif sample.name == Metric.LOSS:
                 # Shown, never acted on. A non-finite loss is bad numerics, which the
                 # trainers handle themselves (a rollback): it is left out, not reported.
                 if isinstance(sample.value, (int, float)) and math.isfinite(sample.value) and abs(sample.value) <= untrusted.MAX_COUNT:
@@ -117,6 +122,7 @@ def parse(text: str) -> TrainerProbe:
         mtbf_seconds=values.get(Metric.CHECKPOINT_MTBF_SECONDS) or None,
         step_seconds=values.get(Metric.CHECKPOINT_CADENCE_STEP_SECONDS) or None,
         loss=loss,
+        rank=own_rank,
         tokens_per_second=values.get(Metric.TOKENS_PER_SECOND) or None,
         rollbacks=as_int(Metric.NUMERICS_ROLLBACKS),
         skipped=tuple(sorted(set(skipped))),

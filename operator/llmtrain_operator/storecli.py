@@ -3,6 +3,7 @@
     llmtrain checkpoints ls runs/tiny-elastic                 # a local run: every node's tier 1, the shared tier
     llmtrain checkpoints verify /mnt/ckpt/ns/job --step 120   # hash every byte (progress bar)
     llmtrain checkpoints prune s3://bucket/llmtrain/ns/job --keep 3 [--dry-run]
+    llmtrain checkpoints export runs/tiny-elastic --format hf-gpt2 --out gpt2/   # weights for transformers
 
 Runs without torch (the operator image has it). S3 credentials and endpoint come from
 the environment, as boto3 reads them (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL`` ...).
@@ -13,15 +14,25 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
-from llmtrain_store import survey
+from llmtrain_store import export, survey
 from llmtrain_store.health import classify
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("checkpoints", help="list, verify or prune a job's checkpoints in every tier")
+    p = sub.add_parser("checkpoints", help="list, verify, prune or export a job's checkpoints in every tier")
     actions = p.add_subparsers(dest="action", required=True)
+    q = actions.add_parser("export", help="a step's model weights as safetensors, or a folder transformers loads (GPT-2)")
+    q.add_argument("targets", nargs="+", metavar="TARGET", help="a local run's workdir, a tier directory or s3://bucket/prefix")
+    q.add_argument("--endpoint", help="S3 endpoint URL (default: AWS_ENDPOINT_URL or AWS)")
+    q.add_argument("--step", type=int, help="the step to export (default: the newest committed one)")
+    q.add_argument("--format", choices=export.FORMATS, default="safetensors",
+                   help="safetensors: our parameter names (what initFrom reads); hf-gpt2: config.json and GPT-2's names")
+    q.add_argument("--out", required=True, help="the folder to write (created if missing)")
+    q.add_argument("--n-head", type=int, help="attention heads, for a checkpoint whose manifest does not record the model")
+    q.add_argument("--no-progress", action="store_true", help="no progress bar")
     for name, text in (("ls", "which checkpoints each tier holds, complete and checked (names, sizes)"),
                        ("verify", "hash every byte of the checkpoints against their manifests"),
                        ("prune", "apply retention: keep the newest --keep checkpoints")):
@@ -68,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     found = _found(args)
     if found is None:
         return 1
-    return {"ls": _ls, "verify": _verify, "prune": _prune}[args.action](args, found)
+    return {"ls": _ls, "verify": _verify, "prune": _prune, "export": _export}[args.action](args, found)
 
 
 def _ls(args: argparse.Namespace, found: list[survey.Found]) -> int:
@@ -124,6 +135,23 @@ def _prune(args: argparse.Namespace, found: list[survey.Found]) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace, found: list[survey.Found]) -> int:
+    try:
+        tier, committed = export.pick(found, args.step)
+        bar = _bar(f"{tier.label} step {committed.step}", None, args.no_progress)
+        done = export.export(tier, committed, args.format, Path(args.out), args.n_head, progress=bar.update)
+        bar.close()
+    except export.ExportError as err:
+        print(f"llmtrain checkpoints export: {err}", file=sys.stderr)
+        return 1
+    except Exception as err:  # noqa: BLE001 - a tier that cannot be read, a copy that fails its check: said by reason
+        print(f"llmtrain checkpoints export: {_reason(err)}", file=sys.stderr)
+        return 1
+    print(f"{done.tier}: step {done.step}: {done.tensors} tensors, {survey.human(done.nbytes)} -> "
+          + ", ".join(str(f) for f in done.files))
+    return 0
+
+
 class _NoBar:
     def update(self, n: int) -> None:
         return None
@@ -132,7 +160,7 @@ class _NoBar:
         return None
 
 
-def _bar(label: str, total: int, off: bool) -> Any:
+def _bar(label: str, total: int | None, off: bool) -> Any:
     if off or not sys.stderr.isatty():
         return _NoBar()
     try:

@@ -4,7 +4,7 @@ each is tested).
 
 - the job's outcome: its phase and final step, the terminal condition and its reason;
 - restarts: the counts per reason in the status, and the same in the operator's
-  ``llmtrain_operator_restarts_total{job_namespace,reason}`` as the real Prometheus
+  ``llmtrain_operator_restarts_total{namespace,reason}`` as the real Prometheus
   scraped it (``check_counters``, used by the older scenario modules too);
 - Events: the reasons the scenario must have produced;
 - the restores: every "resumed from step N (T tier ...)" line the job's trainers
@@ -67,10 +67,10 @@ def check_counters(prometheus, namespace: str, *, by_reason: dict[str, int], suc
         assert got == wanted, (expr, got, wanted)
 
     for reason, count in by_reason.items():
-        exact(f'sum(llmtrain_operator_restarts_total{{job_namespace="{namespace}",reason="{reason}"}})', count)
+        exact(f'sum(llmtrain_operator_restarts_total{{namespace="{namespace}",reason="{reason}"}})', count)
     if by_reason:
-        exact(f'sum(llmtrain_operator_jobs_restarted_total{{job_namespace="{namespace}"}})', sum(by_reason.values()))
-    exact(f'sum(llmtrain_operator_jobs_successful_total{{job_namespace="{namespace}"}})', succeeded)
+        exact(f'sum(llmtrain_operator_jobs_restarted_total{{namespace="{namespace}"}})', sum(by_reason.values()))
+    exact(f'sum(llmtrain_operator_jobs_successful_total{{namespace="{namespace}"}})', succeeded)
 
 
 @dataclass

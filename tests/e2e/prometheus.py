@@ -40,6 +40,9 @@ class Prometheus:
             "rule_files": [str(ALERTS)],
             "scrape_configs": [{
                 "job_name": "pods",
+                # As the chart's ServiceMonitor and PodMonitor: the operator's series name
+                # the job's namespace, not the operator pod's (llmtrain_contract.names.MetricLabel).
+                "honor_labels": True,
                 "file_sd_configs": [{"files": [str(self.folder / "targets.json")], "refresh_interval": "2s"}],
             }],
         }

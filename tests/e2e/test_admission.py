@@ -52,3 +52,20 @@ def test_pod_security_restricted_refuses_a_host_path_tier_naming_it(operator):
         assert not pods(bed, ns, name)
     finally:
         bed.kubectl("delete", "ltj", name, "-n", ns, "--wait=false")
+
+
+def test_a_misspelt_field_in_the_pod_template_is_refused_naming_it_not_dropped(operator):
+    """``volumeMount`` for ``volumeMounts``: the podTemplate passes through (it is a partial
+    Pod), and the operator's strict creates make the API server name the field instead of
+    dropping it, so the mount a user asked for is never silently missing."""
+    bed, ns, name = operator, "e2e-strict", "typo"
+    bed.kubectl("create", "namespace", ns, check=False)
+    typo = {"spec": {"containers": [{"name": "trainer", "volumeMount": [{"name": "data", "mountPath": "/data"}]}]}}
+    create(bed, ns, job_manifest(name, {"spec.podTemplate": typo}))
+    try:
+        refused = wait_status(bed, ns, name, lambda s: (_failure(s) or {}).get("status") == "True", 120, "ReplicaFailure")
+        message = _failure(refused)["message"]
+        assert 'unknown field "spec.containers[0].volumeMount"' in message, message
+        assert not pods(bed, ns, name)
+    finally:
+        bed.kubectl("delete", "ltj", name, "-n", ns, "--wait=false")

@@ -73,7 +73,7 @@ def test_every_copy_but_s3_wiped_the_job_resumes_from_s3_through_tier_1(operator
     assert "pulled step 40 from the s3 tier into tier 1" in logs
     # Both runs succeeded and neither was charged a restart (as Prometheus scraped it).
     check_counters(prometheus, ns, by_reason={}, succeeded=2)
-    assert prometheus.query(f'sum(llmtrain_operator_jobs_restarted_total{{job_namespace="{ns}"}})') in (None, 0.0)
+    assert prometheus.query(f'sum(llmtrain_operator_jobs_restarted_total{{namespace="{ns}"}})') in (None, 0.0)
 
 
 def test_a_missing_credentials_secret_makes_the_job_invalid_naming_it_and_creating_it_lets_the_job_run(operator, s3, prometheus):

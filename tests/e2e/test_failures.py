@@ -9,7 +9,10 @@ by bench/recovery.py (docs/benchmarks.md), never by timed tests."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from support.waiting import wait_for
@@ -123,10 +126,21 @@ def test_the_job_succeeds_with_each_failure_charged_once(operator, prometheus, j
     assert table[0].split()[:7] == ["NAME", "PHASE", "WORKERS", "STEP", "RESTARTS", "LAST", "CHECKPOINT"]
     assert table[1].split()[:5] == [NAME, "Succeeded", "0/2", "90/90", str(done["restarts"])]
     wide = bed.kubectl("get", "ltj", "-n", NS, "-o", "wide").stdout.splitlines()
-    header = wide[0].split()
-    assert header[-3:] == ["LOSS", "TOKENS/S", "ETA"], header
-    loss, tokens, eta = wide[1].split()[-3:]
-    assert float(loss) == done["loss"] and float(tokens) == done["tokensPerSecond"] > 0 and eta == "<none>", wide
+    assert wide[0].split()[-3:] == ["LOSS", "TOKENS/S", "ETA"], wide[0]
+    # Columns by their header's position: an empty one (no ETA once finished) prints nothing.
+    column = {name: wide[0].index(name) for name in ("LOSS", "TOKENS/S", "ETA")}
+    loss, tokens = wide[1][column["LOSS"]:column["TOKENS/S"]].strip(), wide[1][column["TOKENS/S"]:column["ETA"]].strip()
+    assert float(loss) == done["loss"] and float(tokens) == done["tokensPerSecond"] > 0, wide
+    assert wide[1][column["ETA"]:].strip() == "" and "eta" not in done, wide
+    # What a user reads next: `llmtrain status` and rank 0's log through the API server
+    # (`llmtrain logs -f` returns once the job has ended).
+    cli = str(Path(sys.executable).with_name("llmtrain"))
+    shown = subprocess.run([cli, "status", NAME, "-n", NS], capture_output=True, text=True, env=bed.env(), timeout=60)
+    assert shown.returncode == 0 and f"{NAME} ({NS}): Succeeded, step 90/90" in shown.stdout, shown.stdout + shown.stderr
+    assert "NodeFailure 1" in shown.stdout and "Signal9 1" in shown.stdout, shown.stdout
+    assert done["rankZero"]["pod"] in {p["metadata"]["name"] for p in pods(bed, NS, NAME)}, done.get("rankZero")
+    logs = subprocess.run([cli, "logs", NAME, "-n", NS, "-f"], capture_output=True, text=True, env=bed.env(), timeout=120)
+    assert logs.returncode == 0 and "step     90/90" in logs.stdout, logs.stdout[-3000:] + logs.stderr
     # The crash was charged before the node was lost.
     assert "before" in job, "the node-loss test lost no node"
     assert job["before"]["restarts"] >= 1

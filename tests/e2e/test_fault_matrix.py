@@ -38,7 +38,7 @@ def finished(bed, ns: str, name: str, timeout: float = 600) -> dict:
 
 
 def jobs_metric(prometheus, counter: str, ns: str, at_least: float) -> float:
-    return prometheus.wait_value(f'sum(llmtrain_operator_jobs_{counter}_total{{job_namespace="{ns}"}})', lambda v: v >= at_least, 60)
+    return prometheus.wait_value(f'sum(llmtrain_operator_jobs_{counter}_total{{namespace="{ns}"}})', lambda v: v >= at_least, 60)
 
 
 # ---------------------------------------------------------------- 12. the restart budget exhausted

@@ -22,8 +22,9 @@ DASHBOARD = FILES / "dashboard.json"
 METRIC = re.compile(r"\b(llmtrain_(?:operator|trainer|launcher)_[a-z0-9_]+)\b")
 GROUPING = re.compile(r"\b(?:by|on|without|ignoring)\s*\(([^)]*)\)")
 TARGET_LABELS = {"namespace", "pod", "llmtrain_job"}
-"""What the chart's PodMonitor puts on every workload series (the operator's own carry
-``job_namespace``/``job_name`` labels of their own)."""
+"""What the chart's PodMonitor puts on every workload series (the operator exports the
+job's ``namespace`` and ``llmtrain_job`` itself, honoured by its ServiceMonitor)."""
+RUNBOOKS = ROOT / "docs" / "runbooks.md"
 
 
 def exported(tmp_path: Path) -> dict[str, set[str]]:
@@ -43,6 +44,11 @@ def exported(tmp_path: Path) -> dict[str, set[str]]:
             labels = set(getattr(collector, "_labelnames", ()))
             for name in sample_names:
                 out[name] = labels | ({"le"} if name.endswith("_bucket") else set())
+    from llmtrain_trainer.pod import progress
+
+    # A script that reported a step: the launcher serves its progress only then.
+    progress.pod_file(tmp_path).parent.mkdir(parents=True, exist_ok=True)
+    progress.pod_file(tmp_path).write_text("7\n")
     for family in text_string_to_metric_families(render_metrics(AttemptTracker(tmp_path)).decode()):
         for sample in family.samples:
             out.setdefault(sample.name, set()).update(sample.labels)
@@ -71,7 +77,7 @@ def test_the_dashboard_is_a_loadable_grafana_dashboard():
         refs = [t["refId"] for t in panel["targets"]]
         assert refs and len(refs) == len(set(refs)) and all(t["expr"] for t in panel["targets"]), panel["title"]
     titles = " ".join(p["title"].lower() for p in board["panels"])
-    for wanted in ("phase", "restarts", "detect", "recover", "goodput", "tokens", "stall", "age"):
+    for wanted in ("phase", "restarts", "detect", "recover", "goodput", "tokens", "stall", "age", "loss", "script"):
         assert wanted in titles, f"no panel for {wanted}"
 
 
@@ -86,6 +92,47 @@ def test_every_metric_and_label_queried_is_exported(source, tmp_path):
     grouped = {label.strip() for q in queries for group in GROUPING.findall(q) for label in group.split(",") if label.strip()}
     assert grouped <= labels, sorted(grouped - labels)
 
+
+
+def test_every_series_names_its_job_with_one_label_vocabulary(tmp_path):
+    from llmtrain_contract.names import MetricLabel
+
+    names = exported(tmp_path)
+    every = set().union(*names.values())
+    assert not every & {"job_namespace", "job_name", "job", "exported_namespace"}, sorted(every)
+    job_labelled = {n for n, labels in names.items() if MetricLabel.JOB in labels}
+    assert "llmtrain_operator_jobs_failed_total" in job_labelled and "llmtrain_trainer_info" in job_labelled, job_labelled
+    assert all(MetricLabel.NAMESPACE in names[n] for n in job_labelled if n.startswith("llmtrain_operator_")), job_labelled
+    # The chart's monitors keep what the processes export (else Prometheus renames the
+    # operator's namespace label to exported_namespace, under the operator pod's own).
+    templates = ROOT / "charts" / "llmtrain-operator" / "templates"
+    assert "honorLabels: true" in (templates / "service.yaml").read_text()
+    assert "honorLabels: true" in (templates / "monitoring.yaml").read_text()
+
+
+
+def test_the_operator_and_each_trainer_export_their_process_metrics():
+    from llmtrain_operator import metrics as operator_metrics
+    from llmtrain_trainer.train.metrics import TrainerMetrics
+    from prometheus_client import generate_latest
+
+    for registry in (operator_metrics.REGISTRY, TrainerMetrics(rank=0, strategy="ddp", config_hash="x", job="j").registry):
+        samples = {s.name: s.value for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples}
+        assert samples.get("process_resident_memory_bytes", 0) > 10_000_000, sorted(samples)[:20]
+        assert "process_cpu_seconds_total" in samples and "process_open_fds" in samples
+
+def test_every_alert_names_its_job_or_namespace_and_links_its_runbook_section():
+    headings = {line[3:].strip().lower() for line in RUNBOOKS.read_text().splitlines() if line.startswith("## ")}
+    rules = [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
+    assert rules
+    for rule in rules:
+        notes = rule["annotations"]
+        url = notes["runbook_url"]
+        assert url.startswith("https://github.com/llmtrain/llmtrain-operator/blob/main/docs/runbooks.md#"), url
+        assert url.rsplit("#", 1)[1] == rule["alert"].lower() in headings, (rule["alert"], sorted(headings))
+        assert "$labels.namespace" in notes["summary"], notes["summary"]
+    failed = next(r for r in rules if r["alert"] == "LLMTrainJobFailed")
+    assert "$labels.llmtrain_job" in failed["annotations"]["summary"]
 
 @pytest.mark.tools
 def test_the_alerts_and_the_dashboard_queries_pass_promtool(tmp_path):

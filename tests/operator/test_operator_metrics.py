@@ -19,13 +19,13 @@ def test_two_failures_decided_in_one_pass_are_counted_as_two():
     result = plan(raw, observed(raw, pods), NOW)
     assert sum(isinstance(d, RestartCharged) for d in result.decisions) == 2
     assert sum(isinstance(d, FailureRecorded) for d in result.decisions) == 2
-    before = (value("llmtrain_operator_restarts_total", job_namespace="ml", reason="Signal9"),
+    before = (value("llmtrain_operator_restarts_total", namespace="ml", reason="Signal9"),
               value("llmtrain_operator_failures_detected_total", kind="ProcessCrash"),
-              value("llmtrain_operator_jobs_restarted_total", job_namespace="ml"))
+              value("llmtrain_operator_jobs_restarted_total", namespace="ml"))
     metrics.record_pass("ml", "tiny-elastic", result.decisions, result.status, 0.01)
-    after = (value("llmtrain_operator_restarts_total", job_namespace="ml", reason="Signal9"),
+    after = (value("llmtrain_operator_restarts_total", namespace="ml", reason="Signal9"),
              value("llmtrain_operator_failures_detected_total", kind="ProcessCrash"),
-             value("llmtrain_operator_jobs_restarted_total", job_namespace="ml"))
+             value("llmtrain_operator_jobs_restarted_total", namespace="ml"))
     assert [a - b for a, b in zip(after, before)] == [2, 2, 2]
     assert result.status["restarts"] == 2  # and the status agrees
 
@@ -33,15 +33,15 @@ def test_two_failures_decided_in_one_pass_are_counted_as_two():
 def test_a_job_counts_as_created_once_and_as_finished_once():
     raw = job()
     first = plan(raw, observed(raw, [], with_store=False, services=frozenset(), configmaps={}), NOW)
-    created = value("llmtrain_operator_jobs_created_total", job_namespace="ml")
+    created = value("llmtrain_operator_jobs_created_total", namespace="ml")
     metrics.record_pass("ml", "tiny-elastic", first.decisions, first.status, 0.01)
-    assert value("llmtrain_operator_jobs_created_total", job_namespace="ml") == created + 1
+    assert value("llmtrain_operator_jobs_created_total", namespace="ml") == created + 1
     again = plan({**raw, "status": first.status}, observed(raw, []), NOW)
     metrics.record_pass("ml", "tiny-elastic", again.decisions, again.status, 0.01)
-    assert value("llmtrain_operator_jobs_created_total", job_namespace="ml") == created + 1
+    assert value("llmtrain_operator_jobs_created_total", namespace="ml") == created + 1
     done = plan(job(status=running_status()), observed(raw, [worker(0, phase="Succeeded", exit_code=0),
                                                             worker(1, phase="Succeeded", exit_code=0)]), NOW)
-    succeeded = value("llmtrain_operator_jobs_successful_total", job_namespace="ml")
+    succeeded = value("llmtrain_operator_jobs_successful_total", namespace="ml")
     metrics.record_pass("ml", "tiny-elastic", done.decisions, done.status, 0.01)
-    assert value("llmtrain_operator_jobs_successful_total", job_namespace="ml") == succeeded + 1
+    assert value("llmtrain_operator_jobs_successful_total", namespace="ml") == succeeded + 1
     assert value("llmtrain_operator_jobs", phase="Succeeded") >= 1

@@ -124,7 +124,7 @@ class ElasticJob:
         return self
 
     def _start_node(self, index: int, log_mode: str = "w") -> Node:
-        env = {**os.environ, "LLMTRAIN_FAULT_STATE_DIR": str(self.root / "faults"), "LLMTRAIN_LOG_LEVEL": "WARNING", **self.env,
+        env = {**os.environ, "LLMTRAIN_FAULT_STATE_DIR": str(self.root / "faults"), "LLMTRAIN_LOG_LEVEL": "INFO", **self.env,
                **self.node_env.get(index, {})}
         cfg_path = self._node_config(index)
         run_dir = self.node_dir(index) / "run"

@@ -210,7 +210,12 @@ def build_crd() -> dict[str, Any]:
                     "name": job_api.VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    # scale: `kubectl scale ltj --replicas=N` (or an autoscaler) sets
+                    # replicas.max, the nodes the job runs when it can have them; min stays
+                    # the floor (a max below it is refused by the replicas rule).
+                    "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.replicas.max",
+                                                             "statusReplicasPath": ".status.replicas.ready",
+                                                             "labelSelectorPath": ".status.selector"}},
                     "additionalPrinterColumns": PRINTER_COLUMNS,
                     "schema": {"openAPIV3Schema": openapi_schema()},
                 }

@@ -319,6 +319,9 @@ class TrainerProbe:
     """The newest step's loss (the global batch's mean, the same on every rank)."""
     tokens_per_second: float | None = None
     """The job's throughput over its newest step (the same on every rank)."""
+    rank: int | None = None
+    """The global rank of the process that serves this page (the pod's local rank 0):
+    0 on the pod that holds global rank 0, whose log is the job's step log."""
     rollbacks: int | None = None
     """Rollbacks for bad numerics over the job."""
     skipped: tuple[tuple[int, int, int, int], ...] = ()

@@ -6,7 +6,7 @@ between HA replicas) never disturbs a running job.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from llmtrain_contract.base import CamelModel
 from pydantic import Field, ValidationError
@@ -14,6 +14,9 @@ from pydantic import Field, ValidationError
 from .vocabulary import ConditionType, FailureKind, Phase
 
 CONDITION_TYPES: tuple[str, ...] = tuple(ConditionType)
+
+Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+"""An RFC 3339 time, as the API server checks it (``format: date-time`` in the CRD)."""
 
 TierName = Literal["local", "shared", "s3"]
 """The checkpoint tiers a job can configure (``spec.checkpoint``), by the name the trainers report."""
@@ -28,10 +31,15 @@ class Condition(CamelModel):
     """CamelCase machine-readable reason, e.g. ``PodFailed`` or ``BackoffLimitExceeded``."""
     message: str = Field("", max_length=32768)
     """Human-readable details."""
-    last_transition_time: str
+    last_transition_time: Timestamp
     """RFC 3339 time the status last changed."""
     observed_generation: int | None = None
     """``metadata.generation`` the condition was computed from."""
+
+
+class RankZero(CamelModel):
+    pod: str
+    container: str = "trainer"
 
 
 class WorkerCounts(CamelModel):
@@ -53,7 +61,7 @@ class FailureRecord(CamelModel):
     node: str | None = None
     exit_code: int | None = None
     message: str | None = None
-    time: str
+    time: Timestamp
     """RFC 3339 time it was detected."""
     detect_seconds: float | None = None
     """From the failure itself (container exit, node NotReady) to its detection."""
@@ -64,7 +72,7 @@ class CheckpointRecord(CamelModel):
 
     step: int
     tier: TierName
-    time: str | None = None
+    time: Timestamp | None = None
     summary: str = ""
     """``<step>@<tier>``, for the printer column."""
 
@@ -81,7 +89,7 @@ class TierHealth(CamelModel):
     message: str | None = None
     pods: list[str] = Field(default_factory=list)
     """The workers that report it degraded (a node-local tier fails on some nodes only)."""
-    since: str | None = None
+    since: Timestamp | None = None
     """When it was first seen degraded (RFC 3339)."""
     last_step: int | None = None
     """The newest step committed in it."""
@@ -140,7 +148,7 @@ class NumericsStatus(CamelModel):
 
 class QuarantinedNode(CamelModel):
     node: str
-    until: str
+    until: Timestamp
     """RFC 3339 time after which the job may use the node again."""
 
 
@@ -167,7 +175,7 @@ class Internal(CamelModel):
     """``pod:<uid>`` of pods announced as unschedulable (an Event once each, bounded)."""
     values_rejected: list[str] = Field(default_factory=list)
     """``pod:<uid>/<field>`` of unusable values from pods already reported (bounded)."""
-    not_ready_since: str | None = None
+    not_ready_since: Timestamp | None = None
     """When the ready workers first dropped below ``replicas.min`` without a detected
     failure (RFC 3339); the phase leaves Running only after a short grace."""
 
@@ -199,11 +207,17 @@ class LLMTrainJobStatus(CamelModel):
     phase: Phase = Phase.PENDING
     """Lifecycle phase, shown in ``kubectl get ltj``. Succeeded and Failed are terminal;
     Invalid is left when the spec is fixed."""
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra={
+        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    """One per type (a map keyed by ``type``, as the API conventions ask: server-side apply
+    and strategic merges treat them as such)."""
     observed_generation: int | None = None
     workers: str = "0/0"
     """``ready/desired`` pods, for the printer column."""
     replicas: WorkerCounts = Field(default_factory=WorkerCounts)
+    selector: str | None = None
+    """The worker pods' label selector: with ``replicas.ready``, what the ``scale``
+    subresource reports (``kubectl scale``, an autoscaler)."""
     world_size: int = 0
     """Ranks in the current rendezvous round (from the trainer's metrics)."""
     step: int = 0
@@ -215,6 +229,9 @@ class LLMTrainJobStatus(CamelModel):
     """The newest step's training loss (the built-in trainer's, from its metrics)."""
     tokens_per_second: float | None = None
     """The job's throughput over its newest step (the built-in trainer's)."""
+    rank_zero: RankZero | None = None
+    """Where global rank 0 runs now: its log is the job's step log (``llmtrain logs``).
+    It moves when pods are replaced."""
     eta: str | None = None
     """Time left to ``maxSteps`` at the current throughput (``1h5m``); absent when unknown."""
     restarts: int = 0
@@ -235,13 +252,13 @@ class LLMTrainJobStatus(CamelModel):
     numerics: NumericsStatus | None = None
     """Rollbacks for bad numerics and the sample windows they skipped, as the trainers'
     checkpoints record them."""
-    start_time: str | None = None
+    start_time: Timestamp | None = None
     """When the job first ran (RFC 3339)."""
-    completion_time: str | None = None
+    completion_time: Timestamp | None = None
     """When it Succeeded or Failed (RFC 3339)."""
-    last_progress_time: str | None = None
+    last_progress_time: Timestamp | None = None
     """When ``step`` last advanced (RFC 3339); the wedge check measures from here."""
-    next_restart_time: str | None = None
+    next_restart_time: Timestamp | None = None
     """Backoff: replacements are not created before this time (RFC 3339)."""
     active_seconds: float = 0.0
     """Seconds spent not suspended, for ``activeDeadlineSeconds``."""
@@ -256,7 +273,7 @@ class LLMTrainJobStatus(CamelModel):
     """Effective training time ratio so far, counting only preserved progress:
     (productive seconds - redo seconds) / active seconds. Detection, recovery and
     scheduling are not Running; replayed steps are Running but not progress."""
-    last_reconcile_time: str | None = None
+    last_reconcile_time: Timestamp | None = None
     """When the operator last accounted time (RFC 3339)."""
     last_recovery_seconds: float | None = None
     """From the last detected failure to the first training step a trainer finished

@@ -20,7 +20,7 @@ import os
 import time
 from datetime import datetime, UTC
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import urllib3
 from kubernetes import client, config
@@ -170,12 +170,17 @@ class K8s:
             "Service": self.core.create_namespaced_service,
             "ConfigMap": self.core.create_namespaced_config_map,
         }
+        # Strict: a field the server does not know (a misspelt `volumeMount:` a job's
+        # podTemplate passed through) refuses the create, naming the field, where the
+        # default would drop it in silence; the refusal reaches the ReplicaFailure condition.
         if kind in calls:
-            call = lambda: calls[kind](ns, manifest, _request_timeout=self.timeout, _preload_content=False)  # noqa: E731
+            call = lambda: calls[kind](ns, manifest, field_validation="Strict", _request_timeout=self.timeout,  # noqa: E731
+                                       _preload_content=False)
         else:
             group, version = _group_version(manifest["apiVersion"])
             call = lambda: self.custom.create_namespaced_custom_object(  # noqa: E731
-                group, version, ns, CUSTOM_PLURALS[kind], manifest, _request_timeout=self.timeout, _preload_content=False)
+                group, version, ns, CUSTOM_PLURALS[kind], manifest, field_validation="Strict", _request_timeout=self.timeout,
+                _preload_content=False)
         return self._send(call, f"create {kind} {ns}/{meta['name']}", tolerated=409)
 
     def owner_uids(self, kind: str, namespace: str, name: str) -> list[str] | None:
@@ -318,6 +323,21 @@ class K8s:
             log.warning("could not post event %s for %s: %s", reason, meta["name"], err)
 
     # ------------------------------------------------------------------ reads
+
+    def pod_log(self, namespace: str, pod: str, container: str, follow: bool = False) -> Iterator[bytes]:
+        """A container's log, in chunks as the API server sends them; with ``follow``,
+        until the container ends (or the connection does)."""
+        what = f"read the log of pod {namespace}/{pod}"
+        try:
+            # No read timeout: a followed log is quiet between a trainer's lines.
+            response = self.core.read_namespaced_pod_log(pod, namespace, container=container, follow=follow,
+                                                         _preload_content=False, _request_timeout=(self.timeout[0], None))
+        except (ApiException, *NETWORK_ERRORS) as err:
+            raise _classify(err, what) from err
+        try:
+            yield from response.stream(64 * 1024)
+        finally:
+            response.release_conn()
 
     def exists(self, kind: str, namespace: str, name: str) -> bool:
         reads = {"Secret": self.core.read_namespaced_secret, "PersistentVolumeClaim": self.core.read_namespaced_persistent_volume_claim}

@@ -70,7 +70,7 @@ def security_contexts(job: LLMTrainJob, read_only_root: bool = False) -> tuple[d
         pod.update(runAsNonRoot=False, runAsUser=0)
     template = job.spec.pod_template.to_wire() if job.spec.pod_template is not None else {}
     spec = template.get("spec") or {}
-    trainer: dict[str, Any] = next((c for c in spec.get("containers") or [] if c.get("name") == "trainer"), {})
+    trainer: dict[str, Any] = next((c for c in spec.get("containers") or [] if c.get("name") == names.TRAINER_CONTAINER), {})
     return deep_merge(pod, spec.get("securityContext") or {}), deep_merge(container, trainer.get("securityContext") or {})
 
 
@@ -355,7 +355,7 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: Sequen
             and spec.trainer.builtin.strategy.kind == "deepspeed" and all(e["name"] != "TORCH_EXTENSIONS_DIR" for e in env):
         env.append({"name": "TORCH_EXTENSIONS_DIR", "value": TORCH_EXTENSIONS_DIR})
     container: dict[str, Any] = {
-        "name": "trainer",
+        "name": names.TRAINER_CONTAINER,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": _command(job),
@@ -425,7 +425,7 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: Sequen
         pod["metadata"]["name"] = owned["metadata"]["name"]
         pod["metadata"]["labels"] = {**pod["metadata"].get("labels", {}), **owned["metadata"]["labels"]}
         pod["metadata"]["ownerReferences"] = owned["metadata"]["ownerReferences"]
-        trainer = next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
+        trainer = next(c for c in pod["spec"]["containers"] if c["name"] == names.TRAINER_CONTAINER)
         trainer["command"] = container["command"]
         owned_env = {e["name"] for e in container["env"]}
         trainer["env"] = container["env"] + [e for e in trainer.get("env", []) if e["name"] not in owned_env]

@@ -51,6 +51,16 @@ def job_labels(job: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "llmtrain", "app.kubernetes.io/managed-by": "llmtrain-operator", LABEL_JOB: job}
 
 
+TRAINER_CONTAINER = "trainer"
+"""The worker pod's container that runs the launcher, torchrun and the ranks."""
+
+
+def worker_selector(job: str) -> str:
+    """The job's worker pods as a label selector string (``status.selector``: the scale
+    subresource's, which an autoscaler reads)."""
+    return f"{LABEL_JOB}={job},{LABEL_ROLE}={ROLE_WORKER}"
+
+
 def worker_labels(job: str, slot: int, generation: int) -> dict[str, str]:
     return {**job_labels(job), LABEL_ROLE: ROLE_WORKER, LABEL_SLOT: str(slot), LABEL_GENERATION: str(generation)}
 

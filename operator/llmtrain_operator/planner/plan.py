@@ -44,6 +44,7 @@ from .policies import (
     wedge,
 )
 from .podpolicy import STRICT, PodPolicy
+from .names import worker_selector
 from .timekeeping import account_time
 
 Policy = Callable[[Pass], Verdict]
@@ -121,6 +122,7 @@ def plan_received(received: Received, observed: Observed, now: datetime, runtime
     account_time(ctx)
     _policies(ctx)
     progress.show(ctx)  # after every policy that moves the step or ends the job
+    ctx.status.selector = worker_selector(ctx.job.metadata.name)
     return _done(ctx)
 
 

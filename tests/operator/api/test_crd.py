@@ -15,6 +15,7 @@ ALLOWED_KEYS = {
     "default", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength",
     "maxLength", "pattern", "minItems", "maxItems", "anyOf", "format", "nullable",
     "x-kubernetes-validations", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-int-or-string",
+    "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
 }
 
 
@@ -89,10 +90,25 @@ def test_contract_names_columns_and_subresources():
     names = crd["spec"]["names"]
     assert (names["kind"], names["plural"], names["shortNames"]) == ("LLMTrainJob", "llmtrainjobs", ["ltj"])
     version = crd["spec"]["versions"][0]
-    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    assert version["name"] == "v1alpha1" and version["subresources"]["status"] == {}
+    assert version["subresources"]["scale"] == {"specReplicasPath": ".spec.replicas.max", "statusReplicasPath": ".status.replicas.ready",
+                                                "labelSelectorPath": ".status.selector"}
     columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
     assert columns == ["Phase", "Workers", "Step", "Restarts", "Last Checkpoint", "Age"]
 
+
+
+def test_conditions_are_a_map_by_type_and_every_time_is_a_date_time():
+    status = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    conditions = status["conditions"]
+    assert (conditions["x-kubernetes-list-type"], conditions["x-kubernetes-list-map-keys"]) == ("map", ["type"])
+    assert "type" in conditions["items"]["required"], "a map key must be required"
+    assert conditions["items"]["properties"]["lastTransitionTime"]["format"] == "date-time"
+    for field in ("startTime", "completionTime", "lastProgressTime", "nextRestartTime", "lastReconcileTime"):
+        assert status[field] == {**status[field], "type": "string", "format": "date-time"}, field
+    assert status["quarantinedNodes"]["items"]["properties"]["until"]["format"] == "date-time"
+    assert status["lastFailure"]["properties"]["time"]["format"] == "date-time"
+    assert status["internal"]["properties"]["notReadySince"]["format"] == "date-time"
 
 def _rules(node: Any) -> list[str]:
     if isinstance(node, dict):

@@ -110,6 +110,10 @@ async def test_a_new_job_creates_exactly_its_children_writes_status_once_and_pos
         ("PATCH", STATUS),
     ])
     assert calls[7:] and set(calls[7:]) == {("POST", "/api/v1/namespaces/ml/events")}
+    # Every create asks for strict field validation: a misspelt field in a podTemplate is
+    # refused by name, never dropped in silence.
+    creates = [r for r in list(api)[before:] if str(r.method).endswith("POST") and not r.url.path.endswith("/events")]
+    assert creates and all(r.url.query.get("fieldValidation") == "Strict" for r in creates), [str(r.url) for r in creates]
     worker = api.objects["v1/pods", NS, "tiny-elastic-worker-1"].raw
     assert worker["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert worker["metadata"]["labels"]["llmtrain.io/slot"] == "1"

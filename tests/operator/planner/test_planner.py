@@ -338,6 +338,10 @@ def test_the_status_shows_step_of_max_steps_loss_throughput_and_the_time_left():
     assert status["progress"] == f"30/{max_steps}"
     assert status["loss"] == 2.7183 and status["tokensPerSecond"] == round(tokens_per_step / 2.0, 1)
     assert status["eta"] == duration((max_steps - 30) * 2.0)
+    assert "rankZero" not in status, "no page said which pod holds rank 0"
+    probes = {W0: TrainerProbe(step=30, rank=2), W1: TrainerProbe(step=30, rank=0)}
+    _, status, _, _ = run(raw, observed(raw, [worker(0), worker(1)], probes=probes))
+    assert status["rankZero"] == {"pod": W1, "container": "trainer"}
     assert [duration(s) for s in (45, 750, 3 * 3600 + 301, 2 * 86400 + 4 * 3600, 400 * 86400)] == ["45s", "12m30s", "3h5m", "2d4h", None]
 
 
@@ -351,6 +355,18 @@ def test_a_finished_jobs_progress_is_its_last_step_of_max_steps_with_no_time_lef
     assert status["phase"] == "Succeeded" and status["step"] == max_steps
     assert status["progress"] == f"{max_steps}/{max_steps}" and status.get("eta") is None
 
+
+
+def test_the_final_checkpoint_a_finished_pod_reports_is_the_newest_checkpoint():
+    # The last scrape saw step 50 committed; the pods then committed step 60 and said so in
+    # their termination messages (after the last scrape a probe could see).
+    max_steps = job()["spec"]["trainer"]["builtin"]["maxSteps"]
+    raw = job(status=running_status(step=max_steps, lastCheckpoint={"step": 50, "tier": "local", "time": ago(5), "summary": "50@local"}))
+    final = {"code": 0, "checkpoints": {"local": max_steps}}
+    done = [worker(0, phase="Succeeded", exit_code=0, termination=final), worker(1, phase="Succeeded", exit_code=0, termination=final)]
+    _, status, _, _ = run(raw, observed(raw, done, probes={}))
+    assert status["phase"] == "Succeeded"
+    assert status["lastCheckpoint"]["summary"] == f"{max_steps}@local", status["lastCheckpoint"]
 
 def test_a_scripts_progress_is_its_step_alone_with_no_time_left():
     raw = job({"spec.trainer": {"command": ["python", "train.py"]}}, status=running_status(step=20))

@@ -27,6 +27,8 @@ def test_the_probe_reads_what_the_trainer_exports():
     assert probe.last_step_time is not None
     assert probe.tier_degraded == {} and probe.cost_seconds is None and probe.mtbf_seconds is None, "unset reads as absent"
     assert probe.loss == 2.5 and probe.tokens_per_second is None, "no throughput until the trainer reports one"
+    assert probe.rank == 0 and parse(generate_latest(TrainerMetrics(rank=3, strategy="ddp", config_hash="a", job="j").registry)
+                                     .decode()).rank == 3
     m.throughput(2048.0)
     assert parse(generate_latest(m.registry).decode()).tokens_per_second == 2048.0
 

@@ -315,7 +315,7 @@ class CheckpointManager:
                 latency = time.perf_counter() - started
                 if rescue_deadline is None:
                     self.costs.append(SaveCost(latency if blocked is None else blocked, latency))
-                log.info("checkpoint step %d committed to %s (%s)", step, local.name, committed.location)
+                log.debug("checkpoint step %d committed to %s (%s)", step, local.name, committed.location)
             self.health.ok(local.name, step)
         except (OSError, CheckpointError, RuntimeError) as err:
             degraded = self.health.failed(local.name, err)

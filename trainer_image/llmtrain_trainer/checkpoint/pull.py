@@ -97,7 +97,7 @@ class Puller:
         size = sum(r["size"] for r in records.values())
         seconds = time.perf_counter() - began
         self.metrics.restored_bytes(copy.tier.name, size, seconds)
-        log.warning("pulled step %d from the %s tier into tier 1 (%d bytes) in %.2fs", choice.step, copy.tier.name, size, seconds)
+        log.info("pulled step %d from the %s tier into tier 1 (%d bytes) in %.2fs", choice.step, copy.tier.name, size, seconds)
 
     def _wait_for_leader(self, step: int, timeout: float) -> None:
         target = self.local.final(step)

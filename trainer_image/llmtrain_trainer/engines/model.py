@@ -7,7 +7,10 @@ mean over tokens, so micro-batch losses scale cleanly under gradient accumulatio
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own convention
@@ -15,6 +18,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 from llmtrain_contract.config import ModelShape, TrainerConfig
+
+log = logging.getLogger("llmtrain.trainer")
 
 
 class CausalSelfAttention(nn.Module):
@@ -107,5 +112,14 @@ def build_model(shape: ModelShape, dropout: float, activation_checkpointing: boo
 
 
 def make_model(cfg: TrainerConfig) -> GPT:
+    """The seeded model, or (``initFrom``) the file's weights in it, before any engine wraps
+    it: DeepSpeed copies its master weights from the model at ``initialize``."""
     shape = cfg.model.shape(cfg.data.seq_len)
-    return build_model(shape, cfg.model.dropout, cfg.model.activation_checkpointing, cfg.seed)
+    model = build_model(shape, cfg.model.dropout, cfg.model.activation_checkpointing, cfg.seed)
+    if cfg.init_from:
+        from llmtrain_trainer.engines.init_weights import load_into  # noqa: PLC0415 - only a job that asks
+
+        count = load_into(model, Path(cfg.init_from))
+        if os.environ.get("RANK", "0") == "0":
+            log.info("initialised %d parameters from %s (initFrom)", count, cfg.init_from)
+    return model

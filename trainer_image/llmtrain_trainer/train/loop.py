@@ -67,7 +67,10 @@ def build_checkpoints(cfg: TrainerConfig, info: DistInfo, naming: EngineClass, m
     tiers = build_tiers(cfg.checkpoint.tiers)
     if not tiers:
         return NoCheckpoints()
-    meta = {"config_hash": cfg.config_hash(), "strategy": cfg.strategy.kind, "job": cfg.job_name, "max_steps": cfg.max_steps}
+    # ``model``: the shape, for what reads a checkpoint without the job (an export to GPT-2's
+    # layout needs the heads, which no parameter's shape tells).
+    meta = {"config_hash": cfg.config_hash(), "strategy": cfg.strategy.kind, "job": cfg.job_name, "max_steps": cfg.max_steps,
+            "model": cfg.model.shape(cfg.data.seq_len).model_dump()}
     return CheckpointManager(tiers, info, naming, meta, commit_timeout=max(60.0, cfg.fault_tolerance.collective_timeout_seconds),
                              metrics=metrics, heartbeat=heartbeat)
 
@@ -235,7 +238,7 @@ class Trainer:
         if self._first_step and info.rank == 0:
             self._first_step = False
             self.startup["first_step"] = seconds
-            log.warning("first step done on %s (%s); start-up phases: %s", self.device, info.backend,
+            log.info("first step done on %s (%s); start-up phases: %s", self.device, info.backend,
                         ", ".join(f"{k} {v:.2f}s" for k, v in self.startup.items()))
 
     def _checkpoint_if_due(self, agreed: Agreed) -> None:

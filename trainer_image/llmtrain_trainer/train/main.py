@@ -57,11 +57,21 @@ def load_config(path: str) -> TrainerConfig:
 
 
 def _configure_logging() -> None:
+    """The trainer's own messages from INFO (``LLMTRAIN_LOG_LEVEL``): its milestones (first
+    step, resumed from step N) are INFO, what went wrong WARNING and up. Libraries (torch,
+    DeepSpeed) from WARNING, whatever the variable says: their INFO is noise in a pod's log."""
     logging.basicConfig(
-        level=os.environ.get(Env.LOG_LEVEL, "WARNING").upper(),
+        level=logging.WARNING,
         format=f"[rank {_rank()}] %(asctime)s %(name)s %(levelname)s: %(message)s",
         stream=sys.stderr,
     )
+    wanted = os.environ.get(Env.LOG_LEVEL, "INFO").upper()
+    level = logging.getLevelName(wanted)
+    if not isinstance(level, int):
+        logging.getLogger("llmtrain").warning("%s=%r is not a log level (DEBUG, INFO, WARNING, ERROR); using INFO",
+                                              Env.LOG_LEVEL, wanted)
+        level = logging.INFO
+    logging.getLogger("llmtrain").setLevel(level)
 
 
 def _fail(run_dir: Path, code: int, message: str, step: int | None = None) -> int:

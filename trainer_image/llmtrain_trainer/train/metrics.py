@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llmtrain_contract.names import Metric
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from llmtrain_contract.names import Metric, MetricLabel
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.exposition import MetricsHandler
 from llmtrain_trainer.pod import httpserve
 
@@ -27,6 +27,7 @@ CKPT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
 class TrainerMetrics:
     def __init__(self, rank: int, strategy: str, config_hash: str, job: str):
         r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)  # this rank's CPU seconds, resident memory, open files
         labels = {"rank": str(rank)}
         self._step = Gauge(Metric.STEP, "Newest completed optimizer step", registry=r)
         self._samples = Gauge(Metric.SAMPLES, "Global samples consumed so far", registry=r)
@@ -74,8 +75,8 @@ class TrainerMetrics:
         self._mtbf = Gauge(Metric.CHECKPOINT_MTBF_SECONDS, "The job's mean time between failures (adaptive cadence input)", registry=r)
         self._cadence_step = Gauge(Metric.CHECKPOINT_CADENCE_STEP_SECONDS,
                                    "The typical step time converting seconds into steps (adaptive cadence input)", registry=r)
-        info = Gauge(Metric.INFO, "Static facts about this trainer", ["job_name", "strategy", "config_hash", "rank"], registry=r)
-        info.labels(job_name=job, strategy=strategy, config_hash=config_hash, **labels).set(1)
+        info = Gauge(Metric.INFO, "Static facts about this trainer", [MetricLabel.JOB, "strategy", "config_hash", "rank"], registry=r)
+        info.labels(job, strategy, config_hash, labels["rank"]).set(1)
 
     def serve(self, host: str, port: int, run_dir: Path, local_rank: int) -> int:
         """Start the HTTP endpoint; returns the bound port (``port=0`` picks a free one)

@@ -74,7 +74,7 @@ class Resume:
                 if self.info.rank == 0:
                     # Said on every start: after a failure it tells that no checkpoint had
                     # been committed yet, so the restart redoes every step from the first.
-                    log.warning("starting from step 0: no checkpoint in any tier")
+                    log.info("starting from step 0: no checkpoint in any tier")
                 return None
             folder, failure = None, None
             if not (choice.mode == "broadcast" and self.info.rank != choice.source_rank):
@@ -124,7 +124,7 @@ class Resume:
 
     def _log_resumed(self, choice: Choice, tier: str, seconds: float) -> None:
         via = f" from rank {choice.source_rank}" if choice.mode == "broadcast" else ""
-        log.warning("resumed from step %d (%s tier, %s%s, saved at world size %d, now %d) in %.2fs",
+        log.info("resumed from step %d (%s tier, %s%s, saved at world size %d, now %d) in %.2fs",
                     choice.step, tier, choice.mode, via, choice.saved_world, self.info.world_size, seconds)
         saved_max = choice.saved_max_steps
         if saved_max is not None and saved_max != self.cfg.max_steps:

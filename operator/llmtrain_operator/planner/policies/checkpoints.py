@@ -14,6 +14,7 @@ from ...api.status import CadenceHistory, CheckpointCadence, TierHealth, TierNam
 from ...api.vocabulary import ConditionType, Reason
 from ..context import Pass, Verdict
 from ..decisions import IntervalChanged, TierDegraded, TierRecovered
+from ..newest_checkpoint import note
 
 
 def handle(ctx: Pass) -> Verdict:
@@ -66,6 +67,9 @@ def _tiers(ctx: Pass) -> None:
         if not same:
             ctx.decide(TierDegraded(name, reason, message))
     status.checkpoint_tiers = tiers
+    for tier in tiers:
+        if tier.last_step is not None:
+            note(ctx, tier.last_step, tier.name)
     bad = [t for t in tiers if not t.healthy]
     if bad:
         ctx.condition(ConditionType.CHECKPOINTS_DEGRADED, True, bad[0].name.capitalize() + (bad[0].reason or "Error"),

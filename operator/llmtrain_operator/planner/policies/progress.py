@@ -4,12 +4,13 @@ checkpoint, and the end of a recovery (the first step finished after a failure).
 from __future__ import annotations
 
 from ...api.observed import TrainerProbe, parse_time
-from ...api.status import CheckpointRecord, TierName
+from ...api.status import RankZero
 from ...api.vocabulary import TERMINAL_PHASES
 from ..context import Pass, Verdict
 from ..decisions import RecoveryMeasured
+from ..names import TRAINER_CONTAINER
+from ..newest_checkpoint import TIER_DURABILITY, note
 
-TIER_DURABILITY: dict[TierName, int] = {"local": 0, "shared": 1, "s3": 2}
 
 
 def handle(ctx: Pass) -> Verdict:
@@ -31,27 +32,22 @@ def handle(ctx: Pass) -> Verdict:
     if worlds:
         status.world_size = max(worlds)
     _throughput(ctx, probes)
-    best: tuple[int, int, TierName] | None = None
     for probe in probes:
         # Only the tiers a job can have: the labels are scraped, and the status's
         # model refuses any other name (the pass would fail on it).
         for tier in TIER_DURABILITY:
             step = probe.last_checkpoint.get(tier)
-            if step is None:
-                continue
-            candidate = (step, TIER_DURABILITY[tier], tier)
-            if best is None or candidate > best:
-                best = candidate
-    current = status.last_checkpoint
-    if best is not None and (current is None
-                             or (best[0], TIER_DURABILITY.get(best[2], 0)) > (current.step, TIER_DURABILITY.get(current.tier, 0))):
-        status.last_checkpoint = CheckpointRecord(step=best[0], tier=best[2], time=ctx.stamp, summary=f"{best[0]}@{best[2]}")
+            if step is not None:
+                note(ctx, step, tier)
     return Verdict.CONTINUE
 
 
 def _throughput(ctx: Pass, probes: list[TrainerProbe]) -> None:
-    """The loss and tokens/s of the trainer furthest along."""
+    """The loss and tokens/s of the trainer furthest along, and the pod of global rank 0."""
     status = ctx.status
+    holders = sorted(p.name for p in ctx.observed.workers() if getattr(ctx.observed.probes.get(p.name), "rank", None) == 0)
+    if holders:
+        status.rank_zero = RankZero(pod=holders[0], container=TRAINER_CONTAINER)
     newest = max((p for p in probes if p.step is not None), key=lambda p: p.step or 0, default=None)
     if newest is not None and newest.loss is not None:
         status.loss = round(newest.loss, 4)

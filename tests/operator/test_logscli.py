@@ -1,0 +1,52 @@
+"""``llmtrain logs``'s follow logic (logscli.follow) with the API replaced by fakes: rank 0's
+log, then the next pod's when rank 0 moves, until the job ends; a job that never trained
+says so."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+
+def _statuses(*steps):
+    items = list(steps)
+
+    def read_job():
+        return {"status": items.pop(0) if len(items) > 1 else items[0]}
+    return read_job
+
+
+def test_rank_zero_is_followed_across_a_replacement_until_the_job_ends():
+    from llmtrain_operator.logscli import follow
+
+    logs = {"w-1": [b"step 5\n", b"step 10\n"], "w-0": [b"step 15\n"]}
+    read: list[tuple[str, bool]] = []
+
+    def read_log(pod: str, container: str, following: bool) -> Iterator[bytes]:
+        read.append((pod, following))
+        yield from logs[pod]
+
+    out, said = [], []
+    code = follow(_statuses({"phase": "Running", "rankZero": {"pod": "w-1", "container": "trainer"}},
+                            {"phase": "Restarting", "rankZero": {"pod": "w-1", "container": "trainer"}},
+                            {"phase": "Running", "rankZero": {"pod": "w-0", "container": "trainer"}},
+                            {"phase": "Succeeded", "rankZero": {"pod": "w-0", "container": "trainer"}}),
+                  read_log, out.append, said.append, keep_following=True, sleep=lambda s: None)
+    assert code == 0 and b"".join(out) == b"step 5\nstep 10\nstep 15\n"
+    assert read == [("w-1", True), ("w-0", True)], "each pod's log once"
+    assert said == ["----- rank 0 moved: pod w-0 (the job restarted) -----"]
+
+
+def test_without_follow_one_log_and_a_job_that_never_trained_says_so():
+    from llmtrain_operator.logscli import follow
+
+    out, said = [], []
+    assert follow(_statuses({"phase": "Running", "rankZero": {"pod": "w-0"}}), lambda p, c, f: iter([b"x\n"]), out.append,
+                  said.append, keep_following=False) == 0
+    assert out == [b"x\n"] and said == []
+    assert follow(_statuses({"phase": "Created"}), lambda p, c, f: iter([]), out.append, said.append, keep_following=False) == 1
+    assert "no pod holds global rank 0 yet" in said[-1]
+    # --pod: that pod's log, whatever rank it holds.
+    seen = []
+    assert follow(_statuses({"phase": "Running", "rankZero": {"pod": "w-0"}}),
+                  lambda p, c, f: (seen.append(p), iter([b"y\n"]))[1], out.append, said.append, keep_following=False, pod="w-3") == 0
+    assert seen == ["w-3"]
