@@ -170,6 +170,9 @@ class StateView:
 class KindCluster:
     """The bed on a kind cluster that ``hack/kind/e2e.sh`` created."""
 
+    serves_pod_logs = True
+    """Real kubelets: the API server reads pod logs from them."""
+
     name: str
     root: Path
     bin: Path

@@ -75,6 +75,8 @@ def build_tools(*tools: str) -> Path:
 
 @dataclass
 class LocalCluster:
+    serves_pod_logs = False
+    """No kubelet API (docs/local-cluster.md): the API server cannot read a pod's log."""
     state: Path
     nodes: list[str] = field(default_factory=lambda: list(DEFAULT_NODES))
     venv_bin: Path = ROOT / ".venv" / "bin"

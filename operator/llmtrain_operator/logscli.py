@@ -32,6 +32,7 @@ def follow(read_job: Callable[[], dict[str, Any] | None], read_log: Callable[[st
     """Print rank 0's log (or ``pod``'s); with ``keep_following``, rank 0's next pod's too
     whenever it moves, until the job is finished. The exit code."""
     shown: str | None = None
+    last_said = ""
     while True:
         job = read_job()
         if job is None:
@@ -50,8 +51,11 @@ def follow(read_job: Callable[[], dict[str, Any] | None], read_log: Callable[[st
                 for chunk in read_log(where["pod"], where.get("container", "trainer"), keep_following):
                     write(chunk)
             except Exception as err:  # noqa: BLE001 - a pod gone meanwhile: the next read says where rank 0 is
-                if not keep_following:
-                    say(f"cannot read the log of pod {where['pod']}: {err}")
+                why = f"cannot read the log of pod {where['pod']}: {err}"
+                if why != last_said:
+                    say(why)
+                    last_said = why
+                if not keep_following or status.get("phase") in TERMINAL_PHASES:
                     return 1
                 shown = None  # try it (or its successor) again
         if not keep_following or pod or status.get("phase") in TERMINAL_PHASES:

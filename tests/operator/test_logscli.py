@@ -50,3 +50,17 @@ def test_without_follow_one_log_and_a_job_that_never_trained_says_so():
     assert follow(_statuses({"phase": "Running", "rankZero": {"pod": "w-0"}}),
                   lambda p, c, f: (seen.append(p), iter([b"y\n"]))[1], out.append, said.append, keep_following=False, pod="w-3") == 0
     assert seen == ["w-3"]
+
+
+def test_a_log_that_cannot_be_read_is_said_once_and_fails_the_command_once_the_job_has_ended():
+    from llmtrain_operator.logscli import follow
+
+    def unreadable(pod, container, following):
+        raise RuntimeError("HTTP 500: no kubelet API")
+        yield b""  # a generator, as the real one
+
+    said: list[str] = []
+    code = follow(_statuses({"phase": "Running", "rankZero": {"pod": "w-0"}}, {"phase": "Running", "rankZero": {"pod": "w-0"}},
+                            {"phase": "Succeeded", "rankZero": {"pod": "w-0"}}),
+                  unreadable, lambda b: None, said.append, keep_following=True, sleep=lambda s: None)
+    assert code == 1 and said == ["cannot read the log of pod w-0: HTTP 500: no kubelet API"], said
