@@ -115,10 +115,17 @@ def export(tier: Found, committed: Committed, fmt: str, out: Path, n_head: int |
         # truncated copy fails here, naming the piece, and nothing is written.
         tier.tier.fetch(committed, [STATE], Path(scratch), mf.ENGINE_FILES["ddp"])
         path = Path(scratch) / STATE
-        with open(path, "rb") as f:
-            head = f.read(16)
-            header = archive.decode_header(head + f.read(archive.header_block_size(head) - 16), path.stat().st_size)
+        try:
+            with open(path, "rb") as f:
+                head = f.read(16)
+                header = archive.decode_header(head + f.read(archive.header_block_size(head) - 16), path.stat().st_size)
+        except archive.ArchiveError as err:
+            raise ExportError(f"step {committed.step}: {STATE}: {err}") from None
         params = [e for e in header.tensors if e.name.startswith(PARAM)]
+        odd = [e.name for e in params if e.dtype not in st.DTYPES]
+        if odd:
+            raise ExportError(f"step {committed.step}: {odd[0]} has dtype {next(e.dtype for e in params if e.name == odd[0])!r}, "
+                              "which safetensors cannot hold")
         if not params:
             raise ExportError(f"step {committed.step}: its state holds no model parameters")
         if fmt == "hf-gpt2":
@@ -140,6 +147,8 @@ def export(tier: Found, committed: Committed, fmt: str, out: Path, n_head: int |
                 target, flip = gpt2_name(name) if fmt == "hf-gpt2" else (name, False)
             except NotGPT2 as err:
                 raise ExportError(str(err)) from None
+            if flip and len(entry.shape) != 2:
+                raise ExportError(f"step {committed.step}: {name} has shape {list(entry.shape)}, not a linear layer's weight")
             shape = entry.shape[::-1] if flip else entry.shape
             tensors.append(st.Tensor(target, entry.dtype, tuple(shape), entry.nbytes, reader(entry, entry.shape, flip)))
         meta = {"format": "pt", "llmtrain_step": str(committed.step), "llmtrain_job": str(man.get("job", "")),

@@ -19,6 +19,7 @@ from typing import Any
 
 from llmtrain_store import export, survey
 from llmtrain_store.health import classify
+from llmtrain_store.safetensors import SafetensorsError
 from llmtrain_store.tier import CheckpointError
 
 
@@ -142,7 +143,7 @@ def _export(args: argparse.Namespace, found: list[survey.Found]) -> int:
         bar = _bar(f"{tier.label} step {committed.step}", None, args.no_progress)
         done = export.export(tier, committed, args.format, Path(args.out), args.n_head, progress=bar.update)
         bar.close()
-    except (export.ExportError, CheckpointError) as err:  # CheckpointError: the copy failed its check, said by piece
+    except (export.ExportError, CheckpointError, SafetensorsError) as err:  # CheckpointError: the copy failed its check
         print(f"llmtrain checkpoints export: {err}", file=sys.stderr)
         return 1
     except Exception as err:  # noqa: BLE001 - a tier that cannot be read, a copy that fails its check: said by reason
