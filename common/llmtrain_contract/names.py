@@ -137,8 +137,8 @@ class Metric:
 
 class MetricLabel:
     """The labels that name a job on every llmtrain series, the operator's and the pods'
-    alike, so that one query joins them. The chart's monitors honour the labels the
-    processes export (``honorLabels``); a pod's series get both from the PodMonitor."""
+    alike, so that one query joins them. The operator exports both (its ServiceMonitor
+    honours them); a pod's series get both from the PodMonitor's target labels."""
 
     NAMESPACE = "namespace"
     JOB = "llmtrain_job"

@@ -6,6 +6,7 @@ weights (GPT-2 stores them as ``Conv1D``: input by output). Used by the export
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -20,7 +21,9 @@ _GPT2_FIXED = {"wte.weight": "transformer.wte.weight", "wpe.weight": "transforme
                "ln_f.weight": "transformer.ln_f.weight", "ln_f.bias": "transformer.ln_f.bias"}
 _OURS_PART = {v: k for k, v in _GPT2_PART.items()}
 _OURS_FIXED = {v: k for k, v in _GPT2_FIXED.items()}
-_HF_BLOCK = re.compile(r"transformer\.h\.(\d+)\.(ln_1|ln_2|attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.(weight|bias)")
+_HF_BLOCK = re.compile(r"h\.(\d+)\.(ln_1|ln_2|attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.(weight|bias)")
+HF_PREFIX = "transformer."
+"""``GPT2LMHeadModel``'s prefix; a bare ``GPT2Model`` (the Hub's original ``gpt2`` files) has none."""
 
 
 def gpt2_name(name: str) -> tuple[str, bool]:
@@ -32,15 +35,19 @@ def gpt2_name(name: str) -> tuple[str, bool]:
     if m is None:
         raise NotGPT2(f"parameter {name!r} has no GPT-2 counterpart")
     layer, part, kind = m.groups()
-    return f"transformer.h.{layer}.{_GPT2_PART[part]}.{kind}", kind == "weight" and part.startswith(("attn", "mlp"))
+    return f"{HF_PREFIX}h.{layer}.{_GPT2_PART[part]}.{kind}", kind == "weight" and part.startswith(("attn", "mlp"))
 
 
 def our_name(name: str) -> tuple[str, bool] | None:
-    """The inverse of ``gpt2_name``; None for a GPT-2 name the built-in model has no
-    parameter for (``lm_head.weight``: tied to the embedding; attention masks)."""
+    """The inverse of ``gpt2_name``, with or without ``GPT2LMHeadModel``'s ``transformer.``
+    prefix; None for a GPT-2 name the built-in model has no parameter for
+    (``lm_head.weight``: tied to the embedding; attention masks)."""
     if name in _OURS_FIXED:
         return _OURS_FIXED[name], False
-    m = _HF_BLOCK.fullmatch(name)
+    bare = name.removeprefix(HF_PREFIX)
+    if HF_PREFIX + bare in _OURS_FIXED:
+        return _OURS_FIXED[HF_PREFIX + bare], False
+    m = _HF_BLOCK.fullmatch(bare)
     if m is None:
         return None
     layer, part, kind = m.groups()
@@ -61,3 +68,8 @@ def gpt2_config(model: dict[str, Any], dtype: str) -> dict[str, Any]:
         "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "tie_word_embeddings": True,
         "bos_token_id": token, "eos_token_id": token, "torch_dtype": dtype,
     }
+
+
+def is_gpt2_naming(names: Iterable[str]) -> bool:
+    """Whether a file's tensor names are GPT-2's (prefixed or bare), not the built-in model's."""
+    return any(n.startswith(HF_PREFIX) or _HF_BLOCK.fullmatch(n) for n in names)

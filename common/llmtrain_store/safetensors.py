@@ -85,14 +85,18 @@ def write(path: Path, tensors: Iterable[Tensor], metadata: dict[str, str] | None
     body = json.dumps(header, separators=(",", ":")).encode()
     body += b" " * (-len(body) % 8)  # the buffer starts 8-byte aligned, as the format's writer does
     tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "wb") as out:
-        out.write(struct.pack("<Q", len(body)) + body)
-        for t in tensors:
-            data = t.read()
-            if len(data) != t.nbytes:
-                raise SafetensorsError(f"{t.name}: read {len(data)} bytes, expected {t.nbytes}")
-            out.write(data)
-    tmp.replace(path)
+    try:
+        with open(tmp, "wb") as out:
+            out.write(struct.pack("<Q", len(body)) + body)
+            for t in tensors:
+                data = t.read()
+                if len(data) != t.nbytes:
+                    raise SafetensorsError(f"{t.name}: read {len(data)} bytes, expected {t.nbytes}")
+                out.write(data)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # nothing half-written is left beside the output
+        raise
     return 8 + len(body) + offset
 
 

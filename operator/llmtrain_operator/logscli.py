@@ -13,6 +13,7 @@ from typing import Any
 
 from .api.job import GROUP, PLURAL, VERSION
 from .api.vocabulary import TERMINAL_PHASES
+from .planner.names import TRAINER_CONTAINER as TRAINER
 
 POLL_SECONDS = 2.0
 
@@ -29,38 +30,59 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def follow(read_job: Callable[[], dict[str, Any] | None], read_log: Callable[[str, str, bool], Iterator[bytes]],
            write: Callable[[bytes], None], say: Callable[[str], None], keep_following: bool, pod: str | None = None,
            sleep: Callable[[float], None] = time.sleep) -> int:
-    """Print rank 0's log (or ``pod``'s); with ``keep_following``, rank 0's next pod's too
-    whenever it moves, until the job is finished. The exit code."""
-    shown: str | None = None
+    """Print rank 0's log (or ``pod``'s); with ``keep_following``, on until the job has
+    ended: a stream that ends early (the pod replaced, a dropped connection) is opened
+    again, on rank 0's new pod if it moved, and what was printed already is skipped (a
+    container's log only grows). The exit code: 1 when a log could not be read."""
+    printed: dict[str, int] = {}
+    current: str | None = None
     last_said = ""
     while True:
         job = read_job()
         if job is None:
             return 1
         status = job.get("status") or {}
-        where = {"pod": pod, "container": "trainer"} if pod else status.get("rankZero")
+        ended = status.get("phase") in TERMINAL_PHASES
+        where = {"pod": pod, "container": TRAINER} if pod else status.get("rankZero")
         if not where:
-            if not keep_following:
-                say("no pod holds global rank 0 yet (status.rankZero is empty: the job has not trained); -f waits for one")
+            if not keep_following or ended:
+                say("no pod holds global rank 0 (status.rankZero is empty: the job has not trained)"
+                    + ("; -f waits for one" if not ended else ""))
                 return 1
-        elif where["pod"] != shown:
-            if shown is not None:
-                say(f"----- rank 0 moved: pod {where['pod']} (the job restarted) -----")
-            shown = where["pod"]
-            try:
-                for chunk in read_log(where["pod"], where.get("container", "trainer"), keep_following):
-                    write(chunk)
-            except Exception as err:  # noqa: BLE001 - a pod gone meanwhile: the next read says where rank 0 is
-                why = f"cannot read the log of pod {where['pod']}: {err}"
-                if why != last_said:
-                    say(why)
-                    last_said = why
-                if not keep_following or status.get("phase") in TERMINAL_PHASES:
+        else:
+            name = where["pod"]
+            if current is not None and name != current:
+                say(f"----- rank 0 moved: pod {name} (the job restarted) -----")
+            current = name
+            failure = _stream(read_log(name, where.get("container", TRAINER), keep_following and not ended), name, printed, write)
+            if failure is not None:
+                if failure != last_said:
+                    say(failure)
+                    last_said = failure
+                if not keep_following or ended:
                     return 1
-                shown = None  # try it (or its successor) again
-        if not keep_following or pod or status.get("phase") in TERMINAL_PHASES:
+        if not keep_following or ended:
             return 0
         sleep(POLL_SECONDS)
+
+
+def _stream(chunks: Iterator[bytes], pod: str, printed: dict[str, int], write: Callable[[bytes], None]) -> str | None:
+    """Copy a log to ``write`` past the bytes of it printed before; why it failed, or None.
+    Only reading is guarded: a failed write (a closed pipe) ends the command."""
+    skip = printed.get(pod, 0)
+    while True:
+        try:
+            chunk = next(chunks)
+        except StopIteration:
+            return None
+        except Exception as err:  # noqa: BLE001 - the API's and the network's errors: said, and the read retried
+            return f"cannot read the log of pod {pod}: {err}"
+        if skip:
+            cut = min(skip, len(chunk))
+            chunk, skip = chunk[cut:], skip - cut
+        if chunk:
+            write(chunk)
+            printed[pod] = printed.get(pod, 0) + len(chunk)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,3 +120,5 @@ def run(args: argparse.Namespace) -> int:
                       args.follow, args.pod)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): done, as any filter would be
+        return 0

@@ -75,6 +75,9 @@ def record_event_to_action(seconds: float) -> None:
 def record_pass(namespace: str, name: str, decisions: list[Decision], status: dict[str, Any], seconds: float) -> None:
     """One recorded pass: its duration, each of its decisions, the job's phase and goodput."""
     RECONCILE.observe(seconds)
+    # Born at 0: a series that first appears at 1 has no increase, and the alert on it
+    # (LLMTrainJobFailed) would never fire.
+    JOBS_FAILED.labels(namespace, name)
     for decision in decisions:
         if isinstance(decision, JobStarted):
             JOBS_CREATED.labels(namespace).inc()
@@ -102,9 +105,9 @@ def record_pass(namespace: str, name: str, decisions: list[Decision], status: di
 
 def forget(namespace: str, name: str) -> None:
     _PHASES.pop((namespace, name), None)
-    for gauge in (GOODPUT, ETTR):
+    for series in (GOODPUT, ETTR, JOBS_FAILED):
         try:
-            gauge.remove(namespace, name)
+            series.remove(namespace, name)
         except KeyError:
             pass
     _refresh_phases()

@@ -40,8 +40,10 @@ class Prometheus:
             "rule_files": [str(ALERTS)],
             "scrape_configs": [{
                 "job_name": "pods",
-                # As the chart's ServiceMonitor and PodMonitor: the operator's series name
-                # the job's namespace, not the operator pod's (llmtrain_contract.names.MetricLabel).
+                # As the chart's ServiceMonitor does for the operator, whose series name the
+                # job's namespace, not the operator pod's (llmtrain_contract.names.MetricLabel).
+                # One scrape job here serves the operator and the workers (whose pages
+                # carry no namespace or pod label, so nothing of theirs is honoured instead).
                 "honor_labels": True,
                 "file_sd_configs": [{"files": [str(self.folder / "targets.json")], "refresh_interval": "2s"}],
             }],

@@ -31,8 +31,9 @@ def test_rank_zero_is_followed_across_a_replacement_until_the_job_ends():
                             {"phase": "Running", "rankZero": {"pod": "w-0", "container": "trainer"}},
                             {"phase": "Succeeded", "rankZero": {"pod": "w-0", "container": "trainer"}}),
                   read_log, out.append, said.append, keep_following=True, sleep=lambda s: None)
-    assert code == 0 and b"".join(out) == b"step 5\nstep 10\nstep 15\n"
-    assert read == [("w-1", True), ("w-0", True)], "each pod's log once"
+    assert code == 0 and b"".join(out) == b"step 5\nstep 10\nstep 15\n", "every line once, though read again"
+    # Reopened at each poll (a stream may end early), the last time without follow: the job has ended.
+    assert read == [("w-1", True), ("w-1", True), ("w-0", True), ("w-0", False)], read
     assert said == ["----- rank 0 moved: pod w-0 (the job restarted) -----"]
 
 
@@ -44,7 +45,7 @@ def test_without_follow_one_log_and_a_job_that_never_trained_says_so():
                   said.append, keep_following=False) == 0
     assert out == [b"x\n"] and said == []
     assert follow(_statuses({"phase": "Created"}), lambda p, c, f: iter([]), out.append, said.append, keep_following=False) == 1
-    assert "no pod holds global rank 0 yet" in said[-1]
+    assert "no pod holds global rank 0" in said[-1] and "-f waits for one" in said[-1]
     # --pod: that pod's log, whatever rank it holds.
     seen = []
     assert follow(_statuses({"phase": "Running", "rankZero": {"pod": "w-0"}}),
@@ -64,3 +65,34 @@ def test_a_log_that_cannot_be_read_is_said_once_and_fails_the_command_once_the_j
                             {"phase": "Succeeded", "rankZero": {"pod": "w-0"}}),
                   unreadable, lambda b: None, said.append, keep_following=True, sleep=lambda s: None)
     assert code == 1 and said == ["cannot read the log of pod w-0: HTTP 500: no kubelet API"], said
+
+
+def test_a_stream_that_drops_mid_log_is_reopened_without_printing_anything_twice():
+    from llmtrain_operator.logscli import follow
+
+    calls = []
+
+    def read_log(pod, container, following):
+        calls.append(following)
+        if len(calls) == 1:
+            yield b"step 5\nste"
+            raise ConnectionResetError("the connection dropped")
+        yield b"step 5\nstep 10\n"
+
+    out, said = [], []
+    code = follow(_statuses({"phase": "Running", "rankZero": {"pod": "w-0"}}, {"phase": "Succeeded", "rankZero": {"pod": "w-0"}}),
+                  read_log, out.append, said.append, keep_following=True, sleep=lambda s: None)
+    assert code == 0 and b"".join(out) == b"step 5\nstep 10\n", out
+    assert said == ["cannot read the log of pod w-0: the connection dropped"]
+
+
+def test_a_closed_pipe_ends_the_command_instead_of_reading_the_log_again():
+    import pytest
+    from llmtrain_operator.logscli import follow
+
+    def closed(chunk):
+        raise BrokenPipeError("head exited")
+
+    with pytest.raises(BrokenPipeError):
+        follow(_statuses({"phase": "Running", "rankZero": {"pod": "w-0"}}), lambda p, c, f: iter([b"x\n"]), closed, lambda m: None,
+               keep_following=True, sleep=lambda s: None)

@@ -103,11 +103,12 @@ def test_every_series_names_its_job_with_one_label_vocabulary(tmp_path):
     job_labelled = {n for n, labels in names.items() if MetricLabel.JOB in labels}
     assert "llmtrain_operator_jobs_failed_total" in job_labelled and "llmtrain_trainer_info" in job_labelled, job_labelled
     assert all(MetricLabel.NAMESPACE in names[n] for n in job_labelled if n.startswith("llmtrain_operator_")), job_labelled
-    # The chart's monitors keep what the processes export (else Prometheus renames the
-    # operator's namespace label to exported_namespace, under the operator pod's own).
+    # The operator's ServiceMonitor keeps what the operator exports (else Prometheus renames
+    # its namespace label to exported_namespace, under the operator pod's own); the pods'
+    # PodMonitor does not: a pod's page must not choose the namespace its series are filed under.
     templates = ROOT / "charts" / "llmtrain-operator" / "templates"
     assert "honorLabels: true" in (templates / "service.yaml").read_text()
-    assert "honorLabels: true" in (templates / "monitoring.yaml").read_text()
+    assert "honorLabels: true" not in (templates / "monitoring.yaml").read_text()
 
 
 

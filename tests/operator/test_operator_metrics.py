@@ -45,3 +45,15 @@ def test_a_job_counts_as_created_once_and_as_finished_once():
     metrics.record_pass("ml", "tiny-elastic", done.decisions, done.status, 0.01)
     assert value("llmtrain_operator_jobs_successful_total", namespace="ml") == succeeded + 1
     assert value("llmtrain_operator_jobs", phase="Succeeded") >= 1
+
+
+def test_a_jobs_failed_series_is_born_at_zero_so_its_failure_is_an_increase_and_goes_with_the_job():
+    # An alert on increase() sees nothing of a series that first appears at 1.
+    raw = job(status=running_status())
+    result = plan(raw, observed(raw, [worker(0), worker(1)]), NOW)
+    metrics.record_pass("ml", "born-at-zero", result.decisions, result.status, 0.01)
+    assert metrics.REGISTRY.get_sample_value("llmtrain_operator_jobs_failed_total",
+                                             {"namespace": "ml", "llmtrain_job": "born-at-zero"}) == 0.0
+    metrics.forget("ml", "born-at-zero")
+    assert metrics.REGISTRY.get_sample_value("llmtrain_operator_jobs_failed_total",
+                                             {"namespace": "ml", "llmtrain_job": "born-at-zero"}) is None

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 from llmtrain_store.export import ExportError, shape_of, transpose
-from llmtrain_store.gpt2 import NotGPT2, gpt2_name, our_name
+from llmtrain_store.gpt2 import NotGPT2, gpt2_name, is_gpt2_naming, our_name
 
 
 @pytest.mark.parametrize("code, size", [("B", 1), ("H", 2), ("I", 4), ("Q", 8)])
@@ -38,5 +38,8 @@ def test_gpt2_names_both_ways():
         theirs, flip = gpt2_name(name)
         assert our_name(theirs) == (name, flip)
     assert our_name("lm_head.weight") is None and our_name("transformer.h.0.attn.bias") is None
+    # The Hub's original gpt2 files name a bare GPT2Model: no "transformer." prefix.
+    assert our_name("h.3.attn.c_attn.weight") == ("blocks.3.attn.qkv.weight", True) and our_name("wpe.weight") == ("wpe.weight", False)
+    assert is_gpt2_naming(["wte.weight", "h.0.ln_1.weight"]) and not is_gpt2_naming(["wte.weight", "blocks.0.ln1.weight"])
     with pytest.raises(NotGPT2):
         gpt2_name("blocks.0.adapter.weight")

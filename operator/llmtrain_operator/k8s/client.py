@@ -293,7 +293,9 @@ class K8s:
             if series is not None:
                 try:
                     _release(self.core.patch_namespaced_event(series.name, namespace, {"count": series.count, "lastTimestamp": now},
+                                                              _content_type="application/merge-patch+json",
                                                               _request_timeout=self.timeout, _preload_content=False))
+                    self.event_series.counted(key, series)
                     return
                 except ApiException as err:
                     if err.status != 404:

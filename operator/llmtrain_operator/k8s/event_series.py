@@ -40,16 +40,21 @@ class EventSeries:
         return (namespace, uid, type_, reason, message)
 
     def repeat(self, key: tuple[str, ...]) -> Series | None:
-        """The series ``key`` continues (its count already raised by one), or None when it
-        starts one."""
+        """The series ``key`` continues, with the count its Event should now have (kept
+        only once ``counted``: a patch that failed leaves the count as it was), or None
+        when it starts one."""
         with self._lock:
             known = self._series.get(key)
             if known is None:
                 return None
-            grown = Series(known.name, known.count + 1, known.first_timestamp)
-            self._series[key] = grown
             self._series.move_to_end(key)
-            return grown
+            return Series(known.name, known.count + 1, known.first_timestamp)
+
+    def counted(self, key: tuple[str, ...], series: Series) -> None:
+        """The Event of ``key`` now shows ``series``' count."""
+        with self._lock:
+            if key in self._series:
+                self._series[key] = series
 
     def started(self, key: tuple[str, ...], name: str, timestamp: str) -> None:
         """A new Event ``name`` was created for ``key`` (first seen, or its old one gone)."""

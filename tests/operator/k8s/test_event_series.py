@@ -5,17 +5,20 @@ from __future__ import annotations
 from llmtrain_operator.k8s.event_series import EventSeries
 
 
-def test_a_series_counts_its_repeats_and_a_forgotten_or_evicted_one_starts_again():
+def test_a_series_counts_the_repeats_its_event_took_and_a_forgotten_or_evicted_one_starts_again():
     series = EventSeries(size=2)
     a, b, c = (EventSeries.key("ns", "uid", "Warning", "PodFailed", m) for m in ("a", "b", "c"))
     assert series.repeat(a) is None
     series.started(a, "job.1", "t0")
-    assert series.repeat(a).count == 2 and series.repeat(a).count == 3
-    assert series.repeat(a).name == "job.1"
+    second = series.repeat(a)
+    assert (second.name, second.count) == ("job.1", 2)
+    assert series.repeat(a).count == 2, "a patch that did not take leaves the count as it was"
+    series.counted(a, second)
+    assert series.repeat(a).count == 3
     series.started(b, "job.2", "t1")
     series.repeat(a)  # a is now the newest used
     series.started(c, "job.3", "t2")  # over the size: b, the least recently used, goes
-    assert series.repeat(b) is None and series.repeat(a).count == 6
+    assert series.repeat(b) is None and series.repeat(a).count == 3
     series.forget(a)
     assert series.repeat(a) is None
 

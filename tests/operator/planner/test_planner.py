@@ -342,6 +342,13 @@ def test_the_status_shows_step_of_max_steps_loss_throughput_and_the_time_left():
     probes = {W0: TrainerProbe(step=30, rank=2), W1: TrainerProbe(step=30, rank=0)}
     _, status, _, _ = run(raw, observed(raw, [worker(0), worker(1)], probes=probes))
     assert status["rankZero"] == {"pod": W1, "container": "trainer"}
+    # After a restart a fresh trainer serves step 0 and loss 0 until its first step: not news.
+    restarted = job(status={**status, "loss": 2.7183, "phase": "Restarting"})
+    fresh = {W0: TrainerProbe(step=0, loss=0.0, tokens_per_second=None), W1: TrainerProbe(step=0, loss=0.0)}
+    _, after, _, _ = run(restarted, observed(restarted, [worker(0), worker(1)], probes=fresh))
+    assert after["loss"] == 2.7183 and after.get("eta") is None, "no time left is shown while not training"
+    _, gone, _, _ = run(restarted, observed(restarted, [worker(0)], probes={}))
+    assert "rankZero" not in gone, "the pod that held rank 0 is gone"
     assert [duration(s) for s in (45, 750, 3 * 3600 + 301, 2 * 86400 + 4 * 3600, 400 * 86400)] == ["45s", "12m30s", "3h5m", "2d4h", None]
 
 

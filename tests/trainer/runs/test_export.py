@@ -2,7 +2,7 @@
 safetensors and as a folder Hugging Face transformers loads (GPT-2), whose logits equal
 the trained model's; a new job started from those weights (``initFrom``) begins where the
 first left off; a tampered copy is never exported and a file that does not fit the model
-is refused naming the tensor."""
+is refused naming the tensor, unless a checkpoint is resumed instead."""
 
 from __future__ import annotations
 
@@ -75,7 +75,13 @@ def test_a_trained_step_loads_in_transformers_and_starts_a_new_job_where_it_left
 def test_a_tampered_copy_is_not_exported_and_a_file_that_does_not_fit_fails_the_job_naming_the_tensor(tmp_path):
     trained, codes = run_job(tmp_path / "a", base_config(maxSteps=5, checkpoint={"intervalSteps": 5}))
     assert codes == [0], trained.logs()
-    state = next((trained.node_dir(0) / "ckpt").glob("step-*/state.llmt"))
+    # initFrom matters only for step 0: a job that resumes a checkpoint does not need the
+    # file (gone since, say), and says so instead of failing.
+    resumed, codes = run_job(tmp_path / "a", base_config(maxSteps=8, checkpoint={"intervalSteps": 5},
+                                                        initFrom=str(tmp_path / "gone.safetensors")))
+    assert codes == [0], resumed.logs()
+    assert "not needed: resuming the checkpoint of step 5" in resumed.logs(), resumed.logs()[-3000:]
+    state = sorted((trained.node_dir(0) / "ckpt").glob("step-*/state.llmt"))[-1]
     with open(state, "r+b") as f:
         f.seek(state.stat().st_size // 2)
         byte = f.read(1)

@@ -2,13 +2,17 @@
 instead of the seeded initialisation (a pretrained model, a checkpoint exported with
 ``llmtrain checkpoints export``).
 
-The file may name the parameters as the built-in model does (``blocks.0.attn.qkv.weight``:
-our ``safetensors`` export) or as Hugging Face's GPT-2 does (``transformer.h.0.attn.c_attn.weight``:
-our ``hf-gpt2`` export, or a GPT-2 of the same shape from elsewhere; its ``Conv1D``
-weights are transposed back). Every parameter of the model must be in it with its exact
-shape: a partial or mismatched file is refused (``DataError``, exit 65) naming the tensor,
+The file may name the parameters as the built-in model does
+(``blocks.0.attn.qkv.weight``: our ``safetensors`` export) or as Hugging Face's GPT-2
+does (``transformer.h.0.attn.c_attn.weight``, or ``h.0...`` as the Hub's original
+``gpt2`` files: our ``hf-gpt2`` export, or a GPT-2 of the same shape from elsewhere; its
+``Conv1D`` weights are transposed back). The Hub's GPT-2 has 50257 tokens where the
+presets pad to 50304: refused by shape, naming it. Every parameter of the model must be
+in it with its exact shape: a partial or mismatched file is refused (``DataError``, exit 65) naming the tensor,
 never half-applied. A checkpoint, when one exists, still wins: these weights are only the
-starting point of step 0.
+starting point of step 0, so a file that cannot be read fails the job only when no
+checkpoint is resumed (``deferred``: the model is built, and the file read, before the
+restore is agreed, since DeepSpeed copies its master weights from the model).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 
 import torch
 from llmtrain_store import safetensors as st
-from llmtrain_store.gpt2 import our_name
+from llmtrain_store.gpt2 import is_gpt2_naming, our_name
 from torch import nn
 
 from llmtrain_trainer.engines.data import DataError
@@ -33,7 +37,7 @@ def load_into(model: nn.Module, path: Path) -> int:
     except st.SafetensorsError as err:
         raise DataError(f"initFrom: {err}") from None
     params = dict(model.named_parameters())  # a tied weight is listed once (wte, not head)
-    gpt2 = any(name.startswith("transformer.") for name in contents.entries)
+    gpt2 = is_gpt2_naming(contents.entries)
     chosen: dict[str, tuple[str, bool]] = {}
     for name in contents.entries:
         mapped = our_name(name) if gpt2 else (name, False)
@@ -47,6 +51,11 @@ def load_into(model: nn.Module, path: Path) -> int:
     missing = sorted(set(params) - set(chosen))
     if missing:
         raise DataError(f"initFrom: {path} lacks {len(missing)} of the model's parameters, e.g. {missing[:3]}")
+    for ours, (name, flip) in chosen.items():  # every shape from the header alone, before a byte is read
+        want = tuple(params[ours].shape)
+        if tuple(contents.entries[name].shape) != (want[::-1] if flip else want):
+            raise DataError(f"initFrom: {path}: {name!r} has shape {list(contents.entries[name].shape)}, the model's {ours} "
+                            f"{list(want)}" + (" (GPT-2 stores it transposed)" if flip else ""))
     loaded: dict[str, torch.Tensor] = {}
     for ours, (name, flip) in chosen.items():
         entry = contents.entries[name]
@@ -57,9 +66,6 @@ def load_into(model: nn.Module, path: Path) -> int:
         tensor = torch.frombuffer(bytearray(data), dtype=getattr(torch, entry.torch_dtype)).reshape(entry.shape)
         if flip:
             tensor = tensor.t()
-        if tuple(tensor.shape) != tuple(params[ours].shape):
-            raise DataError(f"initFrom: {path}: {name!r} has shape {list(tensor.shape)}, the model's {ours} "
-                            f"{list(params[ours].shape)}")
         if not torch.isfinite(tensor).all():
             raise DataError(f"initFrom: {path}: {name!r} holds a NaN or an infinity")
         loaded[ours] = tensor
@@ -67,3 +73,30 @@ def load_into(model: nn.Module, path: Path) -> int:
         for ours, tensor in loaded.items():
             params[ours].copy_(tensor.to(params[ours].dtype))
     return len(loaded)
+
+
+_deferred: DataError | None = None
+"""Why this process's model did not get the ``initFrom`` weights (None: it did, or none
+were asked for). The restore decides whether that matters (``check_deferred``)."""
+
+
+def load_or_defer(model: nn.Module, path: Path) -> int | None:
+    """``load_into``, remembering a failure instead of raising it; the count, or None."""
+    global _deferred
+    try:
+        count = load_into(model, path)
+    except DataError as err:
+        _deferred = err
+        return None
+    _deferred = None
+    return count
+
+
+def check_deferred(resumed_step: int | None) -> None:
+    """At the restore: a fresh start needs the weights (the failure is raised: DATA_ERROR);
+    a resume does not (it is said, and training goes on from ``resumed_step``)."""
+    if _deferred is None:
+        return
+    if resumed_step is None:
+        raise _deferred
+    log.warning("%s; not needed: resuming the checkpoint of step %d", _deferred, resumed_step)

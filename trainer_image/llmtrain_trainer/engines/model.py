@@ -117,9 +117,9 @@ def make_model(cfg: TrainerConfig) -> GPT:
     shape = cfg.model.shape(cfg.data.seq_len)
     model = build_model(shape, cfg.model.dropout, cfg.model.activation_checkpointing, cfg.seed)
     if cfg.init_from:
-        from llmtrain_trainer.engines.init_weights import load_into  # noqa: PLC0415 - only a job that asks
+        from llmtrain_trainer.engines.init_weights import load_or_defer  # noqa: PLC0415 - only a job that asks
 
-        count = load_into(model, Path(cfg.init_from))
-        if os.environ.get("RANK", "0") == "0":
+        count = load_or_defer(model, Path(cfg.init_from))
+        if count is not None and os.environ.get("RANK", "0") == "0":
             log.info("initialised %d parameters from %s (initFrom)", count, cfg.init_from)
     return model

@@ -40,6 +40,7 @@ from llmtrain_trainer.engines import rng
 from llmtrain_trainer.engines.base import Engine, EngineClass, device
 from llmtrain_trainer.engines.data import build_source, micro_batch_indices
 from llmtrain_trainer.engines.select import engine_class
+from llmtrain_trainer.engines.init_weights import check_deferred
 from llmtrain_trainer.pod import exitrecord
 from llmtrain_trainer.pod.heartbeat import WAITING_STATES, Heartbeat, State
 from llmtrain_trainer.train import agreement
@@ -286,6 +287,8 @@ class Trainer:
 
     def _load(self, point: RestorePoint | None) -> None:
         """The agreed step into the engine and the RNG state, or a fresh start."""
+        if self.cfg.init_from:
+            check_deferred(point.choice.step if point is not None else None)  # fresh start: the weights must have loaded
         if point is not None:
             self.step = self.resume.load(self._engine(), point, self.watchdog.beat)
         else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...api.observed import TrainerProbe, parse_time
 from ...api.status import RankZero
-from ...api.vocabulary import TERMINAL_PHASES
+from ...api.vocabulary import Phase
 from ..context import Pass, Verdict
 from ..decisions import RecoveryMeasured
 from ..names import TRAINER_CONTAINER
@@ -45,10 +45,14 @@ def handle(ctx: Pass) -> Verdict:
 def _throughput(ctx: Pass, probes: list[TrainerProbe]) -> None:
     """The loss and tokens/s of the trainer furthest along, and the pod of global rank 0."""
     status = ctx.status
-    holders = sorted(p.name for p in ctx.observed.workers() if getattr(ctx.observed.probes.get(p.name), "rank", None) == 0)
+    workers = {p.name for p in ctx.observed.workers()}
+    holders = sorted(name for name in workers if getattr(ctx.observed.probes.get(name), "rank", None) == 0)
     if holders:
         status.rank_zero = RankZero(pod=holders[0], container=TRAINER_CONTAINER)
-    newest = max((p for p in probes if p.step is not None), key=lambda p: p.step or 0, default=None)
+    elif status.rank_zero is not None and status.rank_zero.pod not in workers:
+        status.rank_zero = None  # its pod is gone; the next to hold rank 0 will say so
+    # Only a trainer past its first step: a fresh process serves step 0 and a loss of 0.
+    newest = max((p for p in probes if p.step), key=lambda p: p.step or 0, default=None)
     if newest is not None and newest.loss is not None:
         status.loss = round(newest.loss, 4)
     if newest is not None and newest.tokens_per_second:
@@ -63,9 +67,8 @@ def show(ctx: Pass) -> None:
     builtin = ctx.spec.trainer.builtin
     max_steps = builtin.max_steps if builtin is not None else None
     status.progress = f"{status.step}/{max_steps}" if max_steps else str(status.step)
-    status.eta = None
-    running = status.phase not in TERMINAL_PHASES
-    if running and builtin is not None and max_steps and status.tokens_per_second and status.step < max_steps:
+    status.eta = None  # only while training: a job restarting or suspended has no pace
+    if status.phase == Phase.RUNNING and builtin is not None and max_steps and status.tokens_per_second and status.step < max_steps:
         step_seconds = builtin.global_batch_size * builtin.data.seq_len / status.tokens_per_second
         status.eta = duration((max_steps - status.step) * step_seconds)
 
