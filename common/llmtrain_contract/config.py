@@ -201,10 +201,12 @@ class TrainSpec(Ruled):
     """A safetensors file of weights to start step 0 from instead of the seeded init (a
     path the trainer can read: in a pod, on a mounted volume). Named as the built-in
     model names its parameters (``llmtrain checkpoints export``) or as Hugging Face's
-    GPT-2 does (``--format hf-gpt2``, or a GPT-2 of the same shape); every parameter must
-    be in it with its shape, else the job fails with DATA_ERROR naming the tensor. A
-    checkpoint, once there is one, is resumed instead. Not part of the checkpoint
-    identity: a job may resume checkpoints made from other starting weights."""
+    GPT-2 does (``--format hf-gpt2``, or a GPT-2 of the same shape, with or without the
+    ``transformer.`` prefix); every parameter must be in it with its shape, else a fresh
+    start fails with DATA_ERROR naming the tensor. A checkpoint, once there is one, is
+    resumed instead (the file is then not needed: a failure to read it is only said).
+    Not part of the checkpoint identity: a job may resume checkpoints made from other
+    starting weights."""
 
     def grad_accum_steps(self, world_size: int) -> int:
         """Gradient accumulation that keeps the global batch at ``world_size``.
