@@ -44,7 +44,6 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "hack"))
 from _common import parser, result  # noqa: E402
 
-os.environ.setdefault("LLMTRAIN_LOG_LEVEL", "ERROR")
 
 
 def say(text: str) -> None:
@@ -80,6 +79,10 @@ def io_steal(folder: Path, size: int, seconds: float) -> float:
 
 
 def main() -> None:
+    # Quiet trainer logs for the benchmark's own runs: set here, not at import, since a
+    # test that imports this module must not change its session's environment (it once
+    # silenced every later trainer run's log in the suite).
+    os.environ.setdefault("LLMTRAIN_LOG_LEVEL", "ERROR")
     p = parser(__doc__.split("\n")[0])
     p.add_argument("--preset", default=None, help="model preset (default gpt2-124m, quick: small)")
     p.add_argument("--pairs", type=int, default=None, help="stall pairs per row (default 6, quick 2)")

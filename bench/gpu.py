@@ -56,7 +56,6 @@ for extra in (HERE, ROOT / "tests", ROOT / "hack", ROOT / "trainer_image", ROOT 
         sys.path.insert(0, str(extra))
 from _common import parser, result  # noqa: E402
 
-os.environ.setdefault("LLMTRAIN_LOG_LEVEL", "ERROR")
 
 TORCH_RANGE = ((2, 11), (2, 13))
 """torch versions the trainer is run with: 2.13 in CI and the images, 2.11 on the GPU
@@ -645,6 +644,10 @@ def _failed(figures: Any) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Quiet trainer logs for the benchmark's own runs: set here, not at import, since a
+    # test that imports this module must not change its session's environment (it once
+    # silenced every later trainer run's log in the suite).
+    os.environ.setdefault("LLMTRAIN_LOG_LEVEL", "ERROR")
     p = parser(__doc__.split("\n")[0])
     p.add_argument("--out", default="gpu-bench", help="folder for gpu.json")
     p.add_argument("--only", default=",".join(SECTIONS), help="sections to run, comma-separated")

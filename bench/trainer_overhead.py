@@ -29,7 +29,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import parser, result
 
-os.environ.setdefault("LLMTRAIN_LOG_LEVEL", "ERROR")
 
 
 class BareLoop:
@@ -83,6 +82,10 @@ def full_trainer(cfg, workdir: Path):
 
 
 def main() -> None:
+    # Quiet trainer logs for the benchmark's own runs: set here, not at import, since a
+    # test that imports this module must not change its session's environment (it once
+    # silenced every later trainer run's log in the suite).
+    os.environ.setdefault("LLMTRAIN_LOG_LEVEL", "ERROR")
     p = parser(__doc__.split("\n")[0])
     p.add_argument("--chunks", type=int, default=None, help="chunk pairs (default 24, quick 3)")
     p.add_argument("--checkpoint-every", type=int, default=25, help="checkpoint cadence in steps = chunk length (default 25)")
