@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -62,6 +63,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"llmtrain run: {job.metadata.name}: {job.spec.replicas.min}..{job.spec.replicas.max} nodes x "
           f"{job.spec.procs_per_node} procs; workdir {workdir}", flush=True)
     interrupted = False
+    # Ctrl-C, and a SIGTERM (a CI's timeout, `kill`), end the run the same clean way, even
+    # where the caller ignored SIGINT (a shell's background job starts with SIGINT ignored,
+    # and Python then installs no handler of its own).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         status = run.run(timeout=args.timeout)
     except KeyboardInterrupt:

@@ -59,7 +59,10 @@ def test_ctrl_c_stops_the_run_and_still_writes_its_events_plot_and_summary(tmp_p
     cmd = [str(Path(sys.executable).with_name("llmtrain")), "run", str(ROOT / "examples" / "01-tiny-elastic-cpu.yaml"),
            "--fresh", "--workdir", str(workdir), "--inject", "slow@step=1,seconds=0.3,steps=1000", "--no-progress"]
     began = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    # Started with SIGINT ignored, as a shell starts a background job (and as this suite
+    # may itself run): the command must still answer Ctrl-C.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         def step() -> int:
             try:
