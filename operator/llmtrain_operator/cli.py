@@ -17,7 +17,6 @@ import importlib.metadata
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import yaml
 from llmtrain_contract.exitcodes import table
@@ -25,8 +24,9 @@ from llmtrain_contract.exitcodes import table
 from llmtrain_contract import memplan
 
 from .api import SpecInvalid, parse_job
-from .api.job import GROUP, PLURAL, VERSION, LLMTrainJob
+from .api.job import LLMTrainJob
 from .api.crd import CRD_FILENAME, render_crd_yaml
+from .jobread import Unreadable, connect, read_job
 from .localrun.args import add_run_parser
 from .logscli import add_parser as add_logs_parser
 from .planner.manifests import asks_for_gpus
@@ -173,7 +173,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     from .statusview import render  # noqa: PLC0415 - only this command
 
     local = Path(args.target) / "status.json"
-    job: dict[str, Any] | None
     if local.is_file():
         try:
             job = {"metadata": {"name": Path(args.target).name}, "status": json.loads(local.read_text())}
@@ -181,35 +180,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"llmtrain status: {local}: cannot be read: {err}", file=sys.stderr)
             return 1
     else:
-        job = _read_job(args.namespace, args.target)
-        if job is None:
+        try:
+            job = read_job(connect(), args.namespace, args.target)
+        except Unreadable as err:
+            print(f"llmtrain status: {err}", file=sys.stderr)
             return 1
     print("\n".join(render(job, datetime.now(UTC))))
     return 0
-
-
-def _read_job(namespace: str, name: str) -> dict[str, Any] | None:
-    try:
-        from .k8s.client import K8s, PermanentApiError, TransientApiError  # noqa: PLC0415 - the operator extra
-    except ModuleNotFoundError as err:
-        print(f"llmtrain status: {err.name} is not installed (pip install 'llmtrain-operator[operator]'); "
-              "a local run's workdir needs nothing more", file=sys.stderr)
-        return None
-    try:
-        served, job = K8s.from_environment().read_object(f"{GROUP}/{VERSION}", PLURAL, namespace, name)
-    except (PermanentApiError, TransientApiError, OSError, ValueError) as err:
-        print(f"llmtrain status: cannot read LLMTrainJob {namespace}/{name}: {err}", file=sys.stderr)
-        return None
-    except Exception as err:  # noqa: BLE001 - no kubeconfig, a refused login: said in words, no traceback
-        print(f"llmtrain status: cannot reach the API server: {type(err).__name__}: {err}", file=sys.stderr)
-        return None
-    if not served:
-        print("llmtrain status: this cluster serves no LLMTrainJob (is the CRD installed?)", file=sys.stderr)
-        return None
-    if job is None:
-        print(f"llmtrain status: no LLMTrainJob {name} in namespace {namespace}", file=sys.stderr)
-        return None
-    return job
 
 
 def main(argv: list[str] | None = None) -> int:

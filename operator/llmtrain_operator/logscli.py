@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .api.job import GROUP, PLURAL, VERSION
 from .api.vocabulary import TERMINAL_PHASES
+from .jobread import Unreadable, connect, read_job
 from .planner.names import TRAINER_CONTAINER as TRAINER
 
 POLL_SECONDS = 2.0
@@ -27,20 +27,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def follow(read_job: Callable[[], dict[str, Any] | None], read_log: Callable[[str, str, bool], Iterator[bytes]],
+def follow(read_job: Callable[[], dict[str, Any]], read_log: Callable[[str, str, bool], Iterator[bytes]],
            write: Callable[[bytes], None], say: Callable[[str], None], keep_following: bool, pod: str | None = None,
            sleep: Callable[[float], None] = time.sleep) -> int:
     """Print rank 0's log (or ``pod``'s); with ``keep_following``, on until the job has
     ended: a stream that ends early (the pod replaced, a dropped connection) is opened
     again, on rank 0's new pod if it moved, and what was printed already is skipped (a
-    container's log only grows). The exit code: 1 when a log could not be read."""
+    container's log only grows); a transient failure to read the job is retried. The exit
+    code: 1 when the job or a log could not be read."""
     printed: dict[str, int] = {}
     current: str | None = None
     last_said = ""
     while True:
-        job = read_job()
-        if job is None:
-            return 1
+        try:
+            job = read_job()
+        except Unreadable as err:
+            if str(err) != last_said:
+                say(str(err))
+                last_said = str(err)
+            if not (keep_following and err.transient):
+                return 1
+            sleep(POLL_SECONDS)
+            continue
         status = job.get("status") or {}
         ended = status.get("phase") in TERMINAL_PHASES
         where = {"pod": pod, "container": TRAINER} if pod else status.get("rankZero")
@@ -86,38 +94,22 @@ def _stream(chunks: Iterator[bytes], pod: str, printed: dict[str, int], write: C
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        from .k8s.client import K8s  # noqa: PLC0415 - the operator extra
-    except ModuleNotFoundError as err:
-        print(f"llmtrain logs: {err.name} is not installed (pip install 'llmtrain-operator[operator]')", file=sys.stderr)
-        return 1
-    try:
-        k8s = K8s.from_environment()
-    except Exception as err:  # noqa: BLE001 - no kubeconfig: said in words, no traceback
-        print(f"llmtrain logs: cannot reach the API server: {type(err).__name__}: {err}", file=sys.stderr)
-        return 1
+    def say(line: str) -> None:
+        print(f"llmtrain logs: {line}", file=sys.stderr, flush=True)
 
-    def read_job() -> dict[str, Any] | None:
-        try:
-            served, job = k8s.read_object(f"{GROUP}/{VERSION}", PLURAL, args.namespace, args.job)
-        except Exception as err:  # noqa: BLE001 - said by its reason
-            print(f"llmtrain logs: cannot read LLMTrainJob {args.namespace}/{args.job}: {err}", file=sys.stderr)
-            return None
-        if not served or job is None:
-            print(f"llmtrain logs: no LLMTrainJob {args.job} in namespace {args.namespace}", file=sys.stderr)
-            return None
-        return job
+    try:
+        k8s = connect()
+    except Unreadable as err:
+        say(str(err))
+        return 1
 
     def write(chunk: bytes) -> None:
         sys.stdout.buffer.write(chunk)
         sys.stdout.flush()
 
-    def say(line: str) -> None:
-        print(f"llmtrain logs: {line}", file=sys.stderr, flush=True)
-
     try:
-        return follow(read_job, lambda pod, container, f: k8s.pod_log(args.namespace, pod, container, f), write, say,
-                      args.follow, args.pod)
+        return follow(lambda: read_job(k8s, args.namespace, args.job),
+                      lambda pod, container, f: k8s.pod_log(args.namespace, pod, container, f), write, say, args.follow, args.pod)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # the reader went away (`| head`): done, as any filter would be

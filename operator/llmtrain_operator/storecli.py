@@ -146,7 +146,7 @@ def _export(args: argparse.Namespace, found: list[survey.Found]) -> int:
     except (export.ExportError, CheckpointError, SafetensorsError) as err:  # CheckpointError: the copy failed its check
         print(f"llmtrain checkpoints export: {err}", file=sys.stderr)
         return 1
-    except Exception as err:  # noqa: BLE001 - a tier that cannot be read, a copy that fails its check: said by reason
+    except Exception as err:  # noqa: BLE001 - a tier that cannot be read (S3 down, access refused): said by its reason
         print(f"llmtrain checkpoints export: {_reason(err)}", file=sys.stderr)
         return 1
     print(f"{done.tier}: step {done.step}: {done.tensors} tensors, {survey.human(done.nbytes)} -> "

@@ -96,3 +96,29 @@ def test_a_closed_pipe_ends_the_command_instead_of_reading_the_log_again():
     with pytest.raises(BrokenPipeError):
         follow(_statuses({"phase": "Running", "rankZero": {"pod": "w-0"}}), lambda p, c, f: iter([b"x\n"]), closed, lambda m: None,
                keep_following=True, sleep=lambda s: None)
+
+
+def test_a_transient_failure_to_read_the_job_is_retried_while_following_and_a_missing_job_fails():
+    from llmtrain_operator.jobread import Unreadable
+    from llmtrain_operator.logscli import follow
+
+    answers = [Unreadable("cannot read LLMTrainJob ml/gpt: HTTP 503", transient=True),
+               {"status": {"phase": "Succeeded", "rankZero": {"pod": "w-0"}}}]
+
+    def read_job():
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    out, said = [], []
+    assert follow(read_job, lambda p, c, f: iter([b"done\n"]), out.append, said.append, keep_following=True,
+                  sleep=lambda s: None) == 0
+    assert out == [b"done\n"] and said == ["cannot read LLMTrainJob ml/gpt: HTTP 503"]
+
+    def missing():
+        raise Unreadable("no LLMTrainJob gpt in namespace ml")
+
+    said.clear()
+    assert follow(missing, lambda p, c, f: iter([]), out.append, said.append, keep_following=True, sleep=lambda s: None) == 1
+    assert said == ["no LLMTrainJob gpt in namespace ml"]
