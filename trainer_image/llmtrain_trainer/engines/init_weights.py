@@ -8,8 +8,8 @@ does (``transformer.h.0.attn.c_attn.weight``, or ``h.0...`` as the Hub's origina
 ``gpt2`` files: our ``hf-gpt2`` export, or a GPT-2 of the same shape from elsewhere; its
 ``Conv1D`` weights are transposed back). The Hub's GPT-2 has 50257 tokens where the
 presets pad to 50304: refused by shape, naming it. Every parameter of the model must be
-in it with its exact shape: a partial or mismatched file is refused (``DataError``, exit 65) naming the tensor,
-never half-applied. A checkpoint, when one exists, still wins: these weights are only the
+in it with its exact shape: a partial or mismatched file is refused (``DataError``, exit
+65) naming the tensor, never half-applied. A checkpoint, when one exists, still wins: these weights are only the
 starting point of step 0, so a file that cannot be read fails the job only when no
 checkpoint is resumed (``deferred``: the model is built, and the file read, before the
 restore is agreed, since DeepSpeed copies its master weights from the model).
