@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,15 +19,16 @@ from typing import Any
 
 import yaml
 from llmtrain_contract.command import store_command, torchrun_args, trainer_program, worker_command
+from llmtrain_contract.names import RDZV_LEASE_PORT_OFFSET
+from llmtrain_contract.ports import free_ports
 from llmtrain_operator.localrun.cluster import descendants
 
 PY = sys.executable
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(count: int = 1) -> int:
+    """The first of ``count`` consecutive free ports (``llmtrain_contract.ports``)."""
+    return free_ports(count)
 
 
 def base_config(**overrides: Any) -> dict[str, Any]:
@@ -89,7 +89,7 @@ class ElasticJob:
     """Node -> environment of its own on top of ``env`` (a fault on one node, whichever
     ranks the rendezvous gives it)."""
     health_port: int | None = None
-    """Node i's launcher serves /healthz and /metrics on this port + i."""
+    """Node i's launcher serves /healthz and /metrics on this port + i (``free_port(nodes)``)."""
     running: list[Node] = field(default_factory=list)
     store: subprocess.Popen | None = None
 
@@ -110,7 +110,7 @@ class ElasticJob:
         return path
 
     def start(self) -> ElasticJob:
-        port = free_port()
+        port = free_port(1 + RDZV_LEASE_PORT_OFFSET)  # the store's and its leases'
         self.root.mkdir(parents=True, exist_ok=True)
         with self.store_log.open("w") as fh:
             self.store = subprocess.Popen(store_command(PY, port, "127.0.0.1"), stdout=fh, stderr=subprocess.STDOUT)

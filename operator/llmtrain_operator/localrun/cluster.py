@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,7 +27,8 @@ from typing import Any
 
 from llmtrain_contract.command import script_program, store_command, torchrun_args, trainer_program, worker_command
 from llmtrain_contract.cadence import CADENCE_FILE
-from llmtrain_contract.names import Env
+from llmtrain_contract.names import RDZV_LEASE_PORT_OFFSET, Env
+from llmtrain_contract.ports import free_ports
 
 from ..api.job import LLMTrainJob
 from ..api.observed import (
@@ -82,12 +82,6 @@ def descendants(pid: int) -> list[int]:
         out.append(child)
         stack.extend(children.get(child, []))
     return out[::-1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -196,7 +190,7 @@ class LocalCluster:
         self.pods[name] = LocalPod(name, role, slot, generation, proc, datetime.now(UTC), folder, health_port=health_port)
 
     def _start_store(self, name: str) -> None:
-        self.store_port = _free_port()
+        self.store_port = free_ports(1 + RDZV_LEASE_PORT_OFFSET)  # the store's and its leases'
         self._spawn(name, ROLE_STORE, None, 0, store_command(PY, self.store_port, "127.0.0.1"), {})
 
     def _start_worker(self, name: str, slot: int, generation: int) -> None:
@@ -228,7 +222,7 @@ class LocalCluster:
             program = script_program(spec.trainer.command or [], spec.trainer.args)
         # The launcher serves its failed attempts, as in a pod: the planner charges an
         # in-place restart from its count, before the restarted trainer is up.
-        health_port = _free_port()
+        health_port = free_ports()
         cmd = worker_command(PY, str(run_dir), flags, program, str(folder / "termination-log"), health_port, "127.0.0.1")
         self._spawn(name, ROLE_WORKER, slot, generation, cmd, self.worker_environment(name, slot), health_port)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from llmtrain_contract.command import torchrun_args
 from llmtrain_contract.names import RDZV_LEASE_PORT_OFFSET
+from llmtrain_contract.ports import free_ports
 from llmtrain_trainer.pod import rdzvstate
 from llmtrain_trainer.rendezvous import leases
 from support.waiting import wait_for
@@ -111,7 +112,10 @@ def test_a_bad_hello_is_refused_naming_what_is_wrong(line):
 
 @pytest.fixture()
 def store():
-    master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=10), use_libuv=True)
+    # On a port whose lease port (the next) is free too: port 0 would come from the
+    # ephemeral range, where the next port may be any client's (it was once, on CI).
+    master = TCPStore("127.0.0.1", free_ports(1 + RDZV_LEASE_PORT_OFFSET), is_master=True, wait_for_workers=False,
+                      timeout=datetime.timedelta(seconds=10), use_libuv=True)
     yield master
     del master
 
