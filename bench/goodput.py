@@ -221,6 +221,7 @@ def run(args: Any) -> dict[str, Any]:
     from e2e.jobs import PVC, create  # noqa: PLC0415
     from e2e.prometheus import Prometheus  # noqa: PLC0415
     from localcluster.cluster import LocalCluster  # noqa: PLC0415
+    from support.chart import install_operator  # noqa: PLC0415
     from s3server import MinioServer  # noqa: PLC0415
     from tqdm import tqdm  # noqa: PLC0415
 
@@ -232,9 +233,7 @@ def run(args: Any) -> dict[str, Any]:
     bed = LocalCluster.default().up()
     prometheus = None
     try:
-        bed.helm("upgrade", "--install", "llmtrain", str(ROOT / "charts" / "llmtrain-operator"), "--namespace", "llmtrain-system",
-                 "--create-namespace", "--wait", "--timeout", "180s", "--set", "replicaCount=1", "--set", "operator.resyncSeconds=5",
-                 "--set", "nodeSelector.llmtrain\\.io/pool=system")
+        install_operator(bed, "llmtrain-system", "replicaCount=1", "operator.resyncSeconds=5", "nodeSelector.llmtrain\\.io/pool=system")
         with MinioServer(_fresh(WORK / "minio"), host="0.0.0.0") as s3:
             s3.make_bucket("ckpt")
             prometheus = Prometheus(bed, _fresh(WORK / "prometheus")).start()

@@ -203,13 +203,12 @@ def main() -> None:
 
     from e2e.jobs import PVC  # noqa: PLC0415
     from localcluster.cluster import LocalCluster  # noqa: PLC0415
+    from support.chart import install_operator  # noqa: PLC0415
 
     bed = LocalCluster.default().up()
     samples: dict[str, list[float]] = {}
     try:
-        bed.helm("upgrade", "--install", "llmtrain", str(ROOT / "charts" / "llmtrain-operator"), "--namespace", "llmtrain-system",
-                 "--create-namespace", "--wait", "--timeout", "180s", "--set", "replicaCount=1", "--set", "operator.resyncSeconds=5",
-                 "--set", "nodeSelector.llmtrain\\.io/pool=system")
+        install_operator(bed, "llmtrain-system", "replicaCount=1", "operator.resyncSeconds=5", "nodeSelector.llmtrain\\.io/pool=system")
         for r in range(rounds):
             ns = f"recovery-{r}"
             bed.kubectl("create", "namespace", ns)

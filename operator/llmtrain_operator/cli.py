@@ -25,7 +25,7 @@ from llmtrain_contract import memplan
 
 from .api import SpecInvalid, parse_job
 from .api.job import LLMTrainJob
-from .api.crd import CRD_FILENAME, render_crd_yaml
+from .api.crd import CHART_CRD_TEMPLATE, CRD_FILENAME, render_chart_crd_template, render_crd_yaml
 from .jobread import Unreadable, connect, read_job
 from .localrun.args import add_run_parser
 from .logscli import add_parser as add_logs_parser
@@ -114,10 +114,10 @@ def cmd_crd(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return 0
     root = Path(args.root)
-    for folder in (root / "crds", root / "charts" / "llmtrain-operator" / "crds"):
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / CRD_FILENAME).write_text(text)
-        print(f"wrote {folder / CRD_FILENAME}")
+    for path, content in ((root / "crds" / CRD_FILENAME, text), (root / CHART_CRD_TEMPLATE, render_chart_crd_template())):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+        print(f"wrote {path}")
     return 0
 
 
@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("crd", help="print or write the generated CRD")
-    p.add_argument("--write", action="store_true", help="write crds/ and the chart's copy")
+    p.add_argument("--write", action="store_true", help="write crds/ and the chart's template of it")
     p.add_argument("--root", default=".", help="repository root for --write (default: .)")
     p.set_defaults(func=cmd_crd)
 

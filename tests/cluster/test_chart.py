@@ -2,8 +2,9 @@
 values files, its schema refuses bad values, what it renders in both watch scopes is
 accepted by a server-side dry run, its ServiceAccount can do exactly what the operator
 needs (``kubectl auth can-i``, both watch scopes), the operator's pod passes Pod Security
-"restricted", and a release installs, upgrades (its CRD first) and uninstalls without
-leftovers."""
+"restricted", the chart's CRD template renders the generated CRD, and a release adopts an
+existing CRD, installs, upgrades it with the chart and uninstalls without leftovers,
+keeping the CRD."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from support.waiting import wait_for
 pytestmark = pytest.mark.cluster
 
 CHART = str(ROOT / "charts" / "llmtrain-operator")
+CRD = ROOT / "crds" / "llmtrain.io_llmtrainjobs.yaml"
+CRD_TEMPLATE = Path("templates") / "crds" / CRD.name
 NS = "chart-check"
 
 
@@ -52,8 +55,8 @@ def test_every_rendering_passes_a_server_side_dry_run(local_cluster, sets):
     bed = local_cluster
     for ns in (NS, "chart-team"):
         bed.kubectl("create", "namespace", ns, check=False)
-    # What `helm install` does first: the chart's CRDs.
-    bed.kubectl("apply", "--server-side", "--force-conflicts", "-f", f"{CHART}/crds")
+    # The CRD first, as on a cluster with the operator: the rendered objects include it.
+    bed.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     docs = render(bed, *sets)
     out = bed.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(docs), check=False)
     assert out.returncode == 0, out.stderr
@@ -110,7 +113,7 @@ def test_every_values_file_lints_strictly_and_passes_a_server_side_dry_run(local
     assert "0 chart(s) failed" in out.stdout, out.stdout
     for ns in (NS, "team-a"):
         bed.kubectl("create", "namespace", ns, check=False)
-    bed.kubectl("apply", "--server-side", "--force-conflicts", "-f", f"{CHART}/crds")
+    bed.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     docs = yaml.safe_load_all(bed.helm("template", "llmtrain", CHART, "--namespace", NS,
                                        "-f", str(values)).stdout)
     # The Prometheus Operator's CRDs are not on this cluster: its objects are checked by
@@ -134,7 +137,9 @@ def test_names_follow_fullname_override(local_cluster):
     docs = render(local_cluster, "fullnameOverride=ml-operator")
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert ("Deployment", "ml-operator") in names and ("ServiceAccount", "ml-operator") in names
-    assert all(name.startswith("ml-operator") for _, name in names), names
+    # The CRD's name is the API's (<plural>.<group>), whatever the release.
+    assert all(name.startswith("ml-operator") for kind, name in names if kind != "CustomResourceDefinition"), names
+    assert ("CustomResourceDefinition", "llmtrainjobs.llmtrain.io") in names
 
 
 def test_replicas_get_a_disruption_budget_and_spread_over_nodes_and_a_single_one_gets_neither(local_cluster):
@@ -277,32 +282,63 @@ def test_the_monitoring_objects_carry_the_checked_files_and_scrape_ports_the_wor
     assert not any(d["kind"] in ("PodMonitor", "PrometheusRule") for d in render(local_cluster)), "off by default"
 
 
-def test_install_then_upgrade_with_a_crd_change_then_uninstall_leaves_no_operator_object(local_cluster, tmp_path):
-    """The documented path (docs/install.md): helm install; the new CRD applied by hand
-    (Helm never upgrades crds/), then helm upgrade; helm uninstall removes every object
-    of the release and keeps the CRD (and with it the jobs)."""
+def test_the_chart_renders_the_generated_crd_with_the_release_labels_behind_install_and_keep(local_cluster):
+    committed = yaml.safe_load(CRD.read_text())
+    [crd] = [d for d in render(local_cluster) if d["kind"] == "CustomResourceDefinition"]
+    assert crd["spec"] == committed["spec"], "the chart's CRD is the generated one"
+    assert crd["metadata"]["name"] == committed["metadata"]["name"]
+    labels = crd["metadata"]["labels"]
+    assert committed["metadata"]["labels"].items() <= labels.items() and labels["app.kubernetes.io/instance"] == "llmtrain"
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}, "kept by default: deleting it deletes every job"
+    [loose] = [d for d in render(local_cluster, "crds.keep=false") if d["kind"] == "CustomResourceDefinition"]
+    assert "annotations" not in loose["metadata"]
+    assert not [d for d in render(local_cluster, "crds.install=false") if d["kind"] == "CustomResourceDefinition"]
+
+
+HELM_OWNER_LABELS = ("app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/name",
+                     "app.kubernetes.io/version", "helm.sh/chart")
+HELM_OWNER_ANNOTATIONS = ("meta.helm.sh/release-name", "meta.helm.sh/release-namespace", "helm.sh/resource-policy")
+
+
+def test_install_adopts_the_crd_upgrade_changes_it_and_uninstall_keeps_it(local_cluster, tmp_path):
+    """The documented path (docs/install.md): a CRD applied before (by kubectl, or by a
+    chart that had it in crds/) is handed to the release with Helm's ownership label and
+    annotations; helm install; helm upgrade with a chart whose CRD changed applies the
+    change, no manual step; helm uninstall removes every object of the release and keeps
+    the CRD (and with it the jobs)."""
     bed = local_cluster
     ns, jobs = "chart-life", "chart-life-jobs"
     for name in (ns, jobs):
         bed.kubectl("create", "namespace", name, check=False)
+    committed = yaml.safe_load(CRD.read_text())
+    name = committed["metadata"]["name"]
+    bed.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     base = ("--namespace", ns, "--wait", "--timeout", "180s")
     node = ("--set", "nodeSelector.llmtrain\\.io/pool=system")
-    bed.helm("install", "life", CHART, *base, "--set", f"watchNamespace={jobs}", "--set", "replicaCount=1", *node)
-    release = "app.kubernetes.io/instance=life"
-    assert bed.get("deployment", "life", "-n", ns)["status"].get("readyReplicas") == 1
-
-    newer = tmp_path / "chart"
-    shutil.copytree(CHART, newer)
-    crd_file = next((newer / "crds").glob("*.yaml"))
-    crd = yaml.safe_load(crd_file.read_text())
-    crd["metadata"].setdefault("annotations", {})["llmtrain.io/chart-upgrade-check"] = "2"
-    crd_file.write_text(yaml.safe_dump(crd))
-    original = yaml.safe_load(next((Path(CHART) / "crds").glob("*.yaml")).read_text())
     try:
-        bed.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(newer / "crds"))
+        refused = bed.helm("install", "life", CHART, *base, "--set", f"watchNamespace={jobs}", "--set", "replicaCount=1", *node,
+                           check=False)
+        assert refused.returncode != 0 and "CustomResourceDefinition" in refused.stderr and "ownership" in refused.stderr, \
+            refused.stderr
+        bed.helm("uninstall", "life", "--namespace", ns, check=False)
+        bed.kubectl("label", "--overwrite", "crd", name, "app.kubernetes.io/managed-by=Helm")
+        bed.kubectl("annotate", "--overwrite", "crd", name, "meta.helm.sh/release-name=life", f"meta.helm.sh/release-namespace={ns}")
+        bed.helm("install", "life", CHART, *base, "--set", f"watchNamespace={jobs}", "--set", "replicaCount=1", *node)
+        release = "app.kubernetes.io/instance=life"
+        assert bed.get("deployment", "life", "-n", ns)["status"].get("readyReplicas") == 1
+        served = bed.get("crd", name)
+        assert served["metadata"]["labels"]["app.kubernetes.io/instance"] == "life"
+        assert served["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+        newer = tmp_path / "chart"
+        shutil.copytree(CHART, newer)
+        template = newer / CRD_TEMPLATE
+        text = template.read_text()
+        categories = "    categories:\n    - llmtrain\n"
+        assert categories in text
+        template.write_text(text.replace(categories, categories + "    - llmtrain-upgrade-check\n"))
         bed.helm("upgrade", "life", str(newer), *base, "--reuse-values", "--set", "operator.resyncSeconds=7")
-        served = bed.get("crd", crd["metadata"]["name"])
-        assert served["metadata"]["annotations"]["llmtrain.io/chart-upgrade-check"] == "2"
+        assert bed.get("crd", name)["spec"]["names"]["categories"] == ["llmtrain", "llmtrain-upgrade-check"], "helm upgrade upgraded it"
         env = {e["name"]: e.get("value")
                for e in bed.get("deployment", "life", "-n", ns)["spec"]["template"]["spec"]["containers"][0]["env"]}
         assert env["LLMTRAIN_OPERATOR_RESYNC_SECONDS"] == "7" and env["LLMTRAIN_OPERATOR_NAMESPACE"] == jobs
@@ -311,8 +347,10 @@ def test_install_then_upgrade_with_a_crd_change_then_uninstall_leaves_no_operato
         kinds = "deployments,replicasets,pods,services,serviceaccounts,roles,rolebindings,poddisruptionbudgets,configmaps"
         wait_for(lambda: not bed.get(kinds, "-A", "-l", release)["items"], 120, what="the release's objects gone")
         assert not bed.get("clusterroles,clusterrolebindings", "-l", release)["items"]
-        assert bed.kubectl("get", "crd", crd["metadata"]["name"], check=False).returncode == 0, "Helm keeps the CRD"
+        assert bed.kubectl("get", "crd", name, check=False).returncode == 0, "the CRD is kept"
     finally:
         bed.helm("uninstall", "life", "--namespace", ns, check=False)
-        bed.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump(original))
-        bed.kubectl("annotate", "crd", crd["metadata"]["name"], "llmtrain.io/chart-upgrade-check-", check=False)
+        # Back to the CRD as kubectl applies it, which the rest of the suite expects.
+        bed.kubectl("label", "crd", name, *(f"{key}-" for key in HELM_OWNER_LABELS), check=False)
+        bed.kubectl("annotate", "crd", name, *(f"{key}-" for key in HELM_OWNER_ANNOTATIONS), check=False)
+        bed.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))

@@ -8,7 +8,7 @@ import re
 import time
 
 import pytest
-from support.specs import ROOT
+from support.chart import install_operator
 
 OPERATOR_NS = "llmtrain-system"
 
@@ -81,10 +81,7 @@ def prometheus(operator, tmp_path_factory):
 def operator(local_cluster):
     """helm install of charts/llmtrain-operator with 2 replicas (kopf peering)."""
     bed = local_cluster
-    bed.helm("upgrade", "--install", "llmtrain", str(ROOT / "charts" / "llmtrain-operator"),
-             "--namespace", OPERATOR_NS, "--create-namespace", "--wait", "--timeout", "180s",
-             "--set", "replicaCount=2", "--set", "operator.resyncSeconds=5",
-             "--set", "nodeSelector.llmtrain\\.io/pool=system")
+    install_operator(bed, OPERATOR_NS, "replicaCount=2", "operator.resyncSeconds=5", "nodeSelector.llmtrain\\.io/pool=system")
     bed.kubectl("rollout", "status", "deployment/llmtrain", "-n", OPERATOR_NS, "--timeout=120s")
     yield bed
     pods = json.loads(bed.kubectl("get", "pods", "-n", OPERATOR_NS, "-o", "json").stdout)["items"]

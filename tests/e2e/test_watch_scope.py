@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from support.specs import ROOT
+from support.chart import install_operator
 
 from .conftest import OPERATOR_NS
 from .jobs import create, job_manifest, pods, status, wait_status
@@ -21,10 +21,7 @@ SA = f"system:serviceaccount:{OPERATOR_NS}:llmtrain"
 
 
 def install(bed, *sets: str) -> None:
-    bed.helm("upgrade", "--install", "llmtrain", str(ROOT / "charts" / "llmtrain-operator"),
-             "--namespace", OPERATOR_NS, "--create-namespace", "--wait", "--timeout", "180s",
-             "--set", "replicaCount=2", "--set", "operator.resyncSeconds=5",
-             "--set", "nodeSelector.llmtrain\\.io/pool=system", *(a for s in sets for a in ("--set", s)))
+    install_operator(bed, OPERATOR_NS, "replicaCount=2", "operator.resyncSeconds=5", "nodeSelector.llmtrain\\.io/pool=system", *sets)
     bed.kubectl("rollout", "status", "deployment/llmtrain", "-n", OPERATOR_NS, "--timeout=120s")
 
 

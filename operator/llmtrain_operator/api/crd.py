@@ -1,7 +1,7 @@
 """Generate the ``CustomResourceDefinition`` from the typed model.
 
 The model is the one source of truth. ``llmtrain crd --write`` refreshes ``crds/`` and
-the chart's copy; ``tests/operator/api/test_crd.py`` fails when either drifts from this output.
+the chart's template of it; ``tests/operator/api/test_crd.py`` fails when either drifts from this output.
 
 pydantic emits JSON Schema 2020-12; Kubernetes wants a *structural* OpenAPI v3.0
 schema. The translation below: inline every ``$ref``, turn ``X | None`` into an
@@ -232,3 +232,30 @@ HEADER = (
 
 def render_crd_yaml() -> str:
     return HEADER + yaml.safe_dump(build_crd(), sort_keys=False, width=100, allow_unicode=True)
+
+
+CHART_CRD_TEMPLATE = f"charts/llmtrain-operator/templates/crds/{CRD_FILENAME}"
+"""The chart's copy, under ``templates/crds/``: a template, not a file in the chart's
+``crds/``, which Helm installs once and never upgrades (``helm upgrade`` would leave a
+changed schema behind). ``crds.install`` renders it; ``crds.keep`` (the default) tells
+Helm to leave it at ``helm uninstall``, since deleting a CRD deletes every job."""
+
+
+def render_chart_crd_template() -> str:
+    """The CRD as a Helm template: the same object as ``render_crd_yaml``, plus the
+    release's labels and the keep policy, behind ``crds.install``."""
+    crd = build_crd()
+    body = yaml.safe_dump({"spec": crd["spec"]}, sort_keys=False, width=100, allow_unicode=True)
+    if "{{" in body or "}}" in body:
+        # Helm would read it as template code: the schema's text must not look like it.
+        raise ValueError("the CRD's schema contains '{{' or '}}', which Helm would execute as a template")
+    labels = "".join(f"    {key}: {value}\n" for key, value in crd["metadata"]["labels"].items())
+    return (
+        HEADER
+        + "{{- if .Values.crds.install }}\n"
+        + f"apiVersion: {crd['apiVersion']}\nkind: {crd['kind']}\nmetadata:\n  name: {crd['metadata']['name']}\n"
+        + "  labels:\n" + labels + '    {{- include "llmtrain.labels" . | nindent 4 }}\n'
+        + "  {{- if .Values.crds.keep }}\n  annotations:\n    helm.sh/resource-policy: keep\n  {{- end }}\n"
+        + body
+        + "{{- end }}\n"
+    )

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import yaml
-from llmtrain_operator.api.crd import CRD_FILENAME, build_crd, render_crd_yaml
+from llmtrain_operator.api import crd as crd_module
+from llmtrain_operator.api.crd import CHART_CRD_TEMPLATE, CRD_FILENAME, build_crd, render_chart_crd_template, render_crd_yaml
 from support.specs import ROOT
 
-COMMITTED = [ROOT / "crds" / CRD_FILENAME, ROOT / "charts" / "llmtrain-operator" / "crds" / CRD_FILENAME]
+COMMITTED = [ROOT / "crds" / CRD_FILENAME]
 
 ALLOWED_KEYS = {
     "type", "description", "properties", "additionalProperties", "items", "required", "enum",
@@ -23,6 +25,31 @@ def test_committed_crds_equal_the_generator_output():
     expected = render_crd_yaml()
     for path in COMMITTED:
         assert path.read_text() == expected, f"{path} drifted from the model: run `llmtrain crd --write`"
+    chart = ROOT / CHART_CRD_TEMPLATE
+    assert chart.read_text() == render_chart_crd_template(), f"{chart} drifted from the model: run `llmtrain crd --write`"
+    assert not (ROOT / "charts" / "llmtrain-operator" / "crds").exists(), "Helm never upgrades crds/: the CRD is a template"
+
+
+def test_the_chart_template_is_the_crd_with_its_template_lines_around_it():
+    """Helm's rendering is checked in tests/cluster/test_chart.py; here, without helm: the
+    template's lines that are not Go template code are the CRD, to the last field."""
+    text = render_chart_crd_template()
+    plain = "\n".join(line for line in text.splitlines() if "{{" not in line and "helm.sh/resource-policy" not in line
+                      and line.strip() != "annotations:")
+    assert yaml.safe_load(plain) == build_crd()
+
+
+def test_a_schema_text_that_looks_like_template_code_is_refused(monkeypatch):
+    real = crd_module.build_crd
+
+    def tampered() -> dict[str, Any]:
+        out = real()
+        out["spec"]["names"]["categories"] = ["{{ .Values.x }}"]
+        return out
+
+    monkeypatch.setattr(crd_module, "build_crd", tampered)
+    with pytest.raises(ValueError, match="Helm would execute"):
+        crd_module.render_chart_crd_template()
 
 
 def _walk(node: dict[str, Any], path: str, problems: list[str]) -> None:
