@@ -9,7 +9,8 @@ import json
 
 import pytest
 import yaml
-from support.specs import ROOT, load_job
+from support.chart import apply_crd
+from support.specs import load_job
 
 pytestmark = pytest.mark.cluster
 
@@ -18,7 +19,7 @@ NS = "scale-check"
 
 def test_kubectl_scale_sets_replicas_max_and_a_count_below_min_is_refused(local_cluster):
     bed = local_cluster
-    bed.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds" / "llmtrain.io_llmtrainjobs.yaml"))
+    apply_crd(bed)
     bed.kubectl("create", "namespace", NS, check=False)
     job = load_job()
     job["metadata"] = {"name": "scaled"}

@@ -9,7 +9,8 @@ import json
 import pytest
 import yaml
 from llmtrain_operator.k8s.client import K8s, TransientApiError
-from support.specs import ROOT, load_job
+from support.chart import apply_crd
+from support.specs import load_job
 
 pytestmark = pytest.mark.cluster
 
@@ -22,7 +23,7 @@ def read(bed, name: str) -> dict:
 
 def test_a_status_write_planned_from_an_older_version_is_refused(local_cluster, monkeypatch):
     bed = local_cluster
-    bed.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "llmtrain.io_llmtrainjobs.yaml"))
+    apply_crd(bed)
     bed.kubectl("create", "namespace", NS, check=False)
     job = load_job()
     job["metadata"] = {"name": "fenced"}

@@ -71,3 +71,26 @@ def test_a_plan_that_does_not_fit_the_named_gpu_fails_with_a_change_that_fits():
     assert "does NOT fit a GPU of 4 GiB" in small.stderr and "try microBatchSize: 2" in small.stderr
     large = run("validate", "examples/04-gpu-zero2.yaml", "--gpu-memory", "80")
     assert large.returncode == 0 and "fits a GPU of 80 GiB" in large.stdout
+
+
+def test_a_misspelt_pod_template_field_is_refused_naming_it_and_the_field_it_meant(tmp_path):
+    """podTemplate.spec, scheduling.affinity and env[].valueFrom are checked by the
+    upstream Kubernetes schemas (api/coretypes.py): a typo would otherwise pass and be
+    dropped, or refused only when the operator creates the pods."""
+    source = ROOT / "examples" / "01-tiny-elastic-cpu.yaml"
+    docs = list(yaml.safe_load_all(source.read_text()))
+    job = next(d for d in docs if d["kind"] == "LLMTrainJob")
+    job["spec"]["podTemplate"] = {"spec": {"containers": [{"name": "trainer", "volumeMount": [{"name": "data", "mountPath": "/d"}]}],
+                                           "volumes": [{"name": "data", "emptyDir": {"sizeLimit": "lots"}}]}}
+    job["spec"].setdefault("scheduling", {})["affinity"] = {"nodeAfinity": {}}
+    job["spec"]["env"] = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k", "optional": "yes"}}}]
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump_all(docs))
+
+    result = run("validate", str(broken))
+    assert result.returncode == 1, result.stdout
+    err = result.stderr
+    assert "spec.podTemplate.spec: " in err and "containers[0].volumeMount: unknown field (did you mean volumeMounts?)" in err, err
+    assert "volumes[0].emptyDir.sizeLimit: 'lots' is not a quantity" in err, err
+    assert "spec.scheduling.affinity: " in err and "nodeAfinity: unknown field (did you mean nodeAffinity?)" in err, err
+    assert "secretKeyRef.optional: must be a boolean, got str" in err, err

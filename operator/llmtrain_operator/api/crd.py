@@ -18,8 +18,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from . import coretypes
 from . import job as job_api
-from .spec import QUANTITY_PATTERN, LLMTrainJobSpec
+from .coretypes import QUANTITY_PATTERN
+from .spec import LLMTrainJobSpec
 from .status import LLMTrainJobStatus
 
 CRD_FILENAME = "llmtrain.io_llmtrainjobs.yaml"
@@ -62,6 +64,10 @@ def _is_null(schema: dict[str, Any]) -> bool:
 def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     """Translate one pydantic JSON-schema node into a structural OpenAPI v3.0 node."""
     schema = copy.deepcopy(schema)
+    core = schema.pop(coretypes.MARK, None)
+    if core is not None:  # a Kubernetes type: the upstream schema, with the field's description
+        typed = coretypes.structural(core)
+        return {"type": typed.pop("type"), "description": _clean_description(schema["description"]), **typed}
     if "$ref" in schema:
         ref = schema.pop("$ref").split("/")[-1]
         target = copy.deepcopy(defs[ref])

@@ -19,10 +19,8 @@ from llmtrain_contract.config import TrainSpec, valid_world_sizes
 from llmtrain_contract.names import HEALTH_PORT, METRICS_PORT
 from pydantic import Field, field_validator
 
-QUANTITY_PATTERN = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
-    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-)
+from . import coretypes
+from .coretypes import QUANTITY_PATTERN
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 
 
@@ -121,9 +119,14 @@ class EnvVar(CamelModel):
     value: str | None = None
     """Literal value."""
 
-    value_from: dict[str, Any] | None = None
+    value_from: dict[str, Any] | None = Field(None, json_schema_extra=coretypes.field(coretypes.ENV_VAR_SOURCE))
     """A Kubernetes ``EnvVarSource`` (secretKeyRef, configMapKeyRef, fieldRef ...),
-    passed through unchanged."""
+    checked against the upstream schema (field names, types), passed through."""
+
+    @field_validator("value_from")
+    @classmethod
+    def _value_from(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return coretypes.checked(value, coretypes.ENV_VAR_SOURCE)
 
 
 # ------------------------------------------------------------------------ checkpoint
@@ -446,8 +449,9 @@ class SchedulingSpec(CamelModel):
     tolerations: list[Toleration] | None = None
     """Taints the pods tolerate (e.g. ``nvidia.com/gpu:NoSchedule``)."""
 
-    affinity: dict[str, Any] | None = None
-    """A Kubernetes ``Affinity``, passed through unchanged."""
+    affinity: dict[str, Any] | None = Field(None, json_schema_extra=coretypes.field(coretypes.AFFINITY))
+    """A Kubernetes ``Affinity``, checked against the upstream schema (field names,
+    types), passed through."""
 
     priority_class_name: str | None = None
     """PriorityClass for the pods; preemption by higher priorities is handled as a
@@ -459,6 +463,11 @@ class SchedulingSpec(CamelModel):
     gang: GangSpec | None = None
     """Gang scheduling hint. Default none."""
 
+    @field_validator("affinity")
+    @classmethod
+    def _affinity(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return coretypes.checked(value, coretypes.AFFINITY)
+
 
 class PodTemplateSpec(CamelModel):
     """A partial Pod merged over the generated worker pods (see ``podTemplate``)."""
@@ -466,8 +475,15 @@ class PodTemplateSpec(CamelModel):
     metadata: dict[str, Any] | None = None
     """Labels and annotations to add to the worker pods."""
 
-    spec: dict[str, Any] | None = None
-    """A partial PodSpec, passed through (volumes, sidecars, securityContext ...)."""
+    spec: dict[str, Any] | None = Field(None, json_schema_extra=coretypes.field(coretypes.POD_SPEC))
+    """A partial PodSpec (volumes, sidecars, securityContext ...), checked against the
+    upstream schema (field names, types, enums: a misspelt ``volumeMount`` is refused
+    naming it); required fields are checked on the whole pod when it is created."""
+
+    @field_validator("spec")
+    @classmethod
+    def _spec(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return coretypes.checked(value, coretypes.POD_SPEC)
 
 
 class MetricsSpec(CamelModel):
