@@ -1,12 +1,14 @@
-"""What the real API server refuses: a ResourceQuota that holds the job's pods back, and
-Pod Security "restricted" against a job that asks for a hostPath tier. The job says why in
-its status (the server's own words), retries with backoff, and runs once the cause goes."""
+"""What the real API server refuses: a ResourceQuota that holds the job's pods back,
+Pod Security "restricted" against a job that asks for a hostPath tier, and a misspelt
+field in the pod template. The job says why in its status (the server's own words),
+retries with backoff, and runs once the cause goes."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import yaml
 from support.waiting import wait_for
 
 from .jobs import create, event_messages, job_manifest, pods, wait_status
@@ -55,17 +57,26 @@ def test_pod_security_restricted_refuses_a_host_path_tier_naming_it(operator):
 
 
 def test_a_misspelt_field_in_the_pod_template_is_refused_naming_it_not_dropped(operator):
-    """``volumeMount`` for ``volumeMounts``: the podTemplate passes through (it is a partial
-    Pod), and the operator's strict creates make the API server name the field instead of
-    dropping it, so the mount a user asked for is never silently missing."""
-    bed, ns, name = operator, "e2e-strict", "typo"
+    """``volumeMount`` for ``volumeMounts`` in ``podTemplate.spec``: the CRD carries the
+    upstream PodSpec schema, so the API server refuses the job itself, naming the field.
+    ``podTemplate.metadata`` is free-form in the CRD (``label:`` for ``labels:`` passes
+    it): there the operator's strict creates make the API server name the field in the
+    job's status instead of dropping it, so what a user asked for is never silently
+    missing."""
+    bed, ns = operator, "e2e-strict"
     bed.kubectl("create", "namespace", ns, check=False)
     typo = {"spec": {"containers": [{"name": "trainer", "volumeMount": [{"name": "data", "mountPath": "/data"}]}]}}
-    create(bed, ns, job_manifest(name, {"spec.podTemplate": typo}))
+    manifest = job_manifest("typo", {"spec.podTemplate": typo})
+    refused = bed.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(manifest), check=False)
+    assert refused.returncode != 0, refused.stdout
+    assert 'unknown field "spec.podTemplate.spec.containers[0].volumeMount"' in refused.stderr, refused.stderr
+
+    name = "meta-typo"
+    create(bed, ns, job_manifest(name, {"spec.podTemplate": {"metadata": {"label": {"team": "a"}}}}))
     try:
-        refused = wait_status(bed, ns, name, lambda s: (_failure(s) or {}).get("status") == "True", 120, "ReplicaFailure")
-        message = _failure(refused)["message"]
-        assert 'unknown field "spec.containers[0].volumeMount"' in message, message
+        refused_pods = wait_status(bed, ns, name, lambda s: (_failure(s) or {}).get("status") == "True", 120, "ReplicaFailure")
+        message = _failure(refused_pods)["message"]
+        assert 'unknown field "metadata.label"' in message, message
         assert not pods(bed, ns, name)
     finally:
         bed.kubectl("delete", "ltj", name, "-n", ns, "--wait=false")
