@@ -55,6 +55,9 @@ QUANTITY_PATTERN = (
 )
 """A resource.Quantity's text form, here and for the spec's own quantities."""
 
+MAX_REPORTED = 10
+"""Problems named in one error; a hostile template with thousands gets a count."""
+
 _KEPT = ("type", "format", "enum", "properties", "additionalProperties", "items")
 """What a structural node keeps of an upstream one: required, defaults, list and map
 types (a map list needs its keys required or defaulted), patch strategies and unions
@@ -212,5 +215,7 @@ def checked(value: T, name: str) -> T:
     found = problems(value, name)
     if found:
         short = name.rsplit(".", 1)[-1]
-        raise ValueError(f"not a valid Kubernetes {short}: " + "; ".join(found))
+        shown = "; ".join(found[:MAX_REPORTED])
+        more = f"; and {len(found) - MAX_REPORTED} more" if len(found) > MAX_REPORTED else ""
+        raise ValueError(f"not a valid Kubernetes {short}: {shown}{more}")
     return value

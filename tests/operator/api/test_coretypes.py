@@ -48,6 +48,13 @@ def test_hostile_values_are_reported_not_raised():
         assert found and all(isinstance(p, str) for p in found), value
 
 
+def test_an_error_names_the_first_problems_and_counts_the_rest():
+    with pytest.raises(ValueError) as caught:
+        coretypes.checked({f"field{i}": 1 for i in range(25)}, POD)
+    message = str(caught.value)
+    assert message.count("unknown field") == coretypes.MAX_REPORTED and message.endswith("; and 15 more")
+
+
 def test_the_model_refuses_a_typo_with_the_fields_path():
     job = load_job()
     job["spec"]["podTemplate"] = {"spec": {"containers": [{"name": "trainer", "volumeMount": []}]}}
