@@ -29,13 +29,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def follow(read_job: Callable[[], dict[str, Any]], read_log: Callable[[str, str, bool], Iterator[bytes]],
            write: Callable[[bytes], None], say: Callable[[str], None], keep_following: bool, pod: str | None = None,
-           sleep: Callable[[float], None] = time.sleep) -> int:
+           sleep: Callable[[float], None] = time.sleep, identify: Callable[[str], str | None] = lambda name: None) -> int:
     """Print rank 0's log (or ``pod``'s); with ``keep_following``, on until the job has
     ended: a stream that ends early (the pod replaced, a dropped connection) is opened
     again, on rank 0's new pod if it moved, and what was printed already is skipped (a
     container's log only grows); a transient failure to read the job is retried. The exit
-    code: 1 when the job or a log could not be read."""
-    printed: dict[str, int] = {}
+    code: 1 when the job or a log could not be read.
+
+    ``identify``: a pod's uid (None when it cannot be read). A replaced pod keeps its name,
+    and the new one's log starts afresh: what was printed is counted per pod *object*, so
+    the new attempt's log is printed from its first byte, after a line saying so."""
+    printed: dict[tuple[str, str | None], int] = {}
+    uids: dict[str, str | None] = {}
     current: str | None = None
     last_said = ""
     while True:
@@ -62,7 +67,12 @@ def follow(read_job: Callable[[], dict[str, Any]], read_log: Callable[[str, str,
             if current is not None and name != current:
                 say(f"----- rank 0 moved: pod {name} (the job restarted) -----")
             current = name
-            failure = _stream(read_log(name, where.get("container", TRAINER), keep_following and not ended), name, printed, write)
+            uid = identify(name) or uids.get(name)
+            if uids.get(name) is not None and uid != uids[name]:
+                say(f"----- pod {name} was replaced: its new attempt's log -----")
+            uids[name] = uid
+            failure = _stream(read_log(name, where.get("container", TRAINER), keep_following and not ended), name, (name, uid),
+                              printed, write)
             if failure is not None:
                 if failure != last_said:
                     say(failure)
@@ -74,10 +84,12 @@ def follow(read_job: Callable[[], dict[str, Any]], read_log: Callable[[str, str,
         sleep(POLL_SECONDS)
 
 
-def _stream(chunks: Iterator[bytes], pod: str, printed: dict[str, int], write: Callable[[bytes], None]) -> str | None:
-    """Copy a log to ``write`` past the bytes of it printed before; why it failed, or None.
-    Only reading is guarded: a failed write (a closed pipe) ends the command."""
-    skip = printed.get(pod, 0)
+def _stream(chunks: Iterator[bytes], pod: str, key: tuple[str, str | None], printed: dict[tuple[str, str | None], int],
+            write: Callable[[bytes], None]) -> str | None:
+    """Copy a log to ``write`` past the bytes of it printed before (``printed[key]``, key
+    naming the pod object); why it failed, or None. Only reading is guarded: a failed
+    write (a closed pipe) ends the command."""
+    skip = printed.get(key, 0)
     while True:
         try:
             chunk = next(chunks)
@@ -90,7 +102,7 @@ def _stream(chunks: Iterator[bytes], pod: str, printed: dict[str, int], write: C
             chunk, skip = chunk[cut:], skip - cut
         if chunk:
             write(chunk)
-            printed[pod] = printed.get(pod, 0) + len(chunk)
+            printed[key] = printed.get(key, 0) + len(chunk)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         return follow(lambda: read_job(k8s, args.namespace, args.job),
-                      lambda pod, container, f: k8s.pod_log(args.namespace, pod, container, f), write, say, args.follow, args.pod)
+                      lambda pod, container, f: k8s.pod_log(args.namespace, pod, container, f), write, say, args.follow, args.pod,
+                      identify=lambda pod: k8s.pod_uid(args.namespace, pod))
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # the reader went away (`| head`): done, as any filter would be

@@ -122,3 +122,38 @@ def test_a_transient_failure_to_read_the_job_is_retried_while_following_and_a_mi
     said.clear()
     assert follow(missing, lambda p, c, f: iter([]), out.append, said.append, keep_following=True, sleep=lambda s: None) == 1
     assert said == ["no LLMTrainJob gpt in namespace ml"]
+
+
+def test_a_pod_replaced_under_the_same_name_is_printed_from_its_first_byte_after_a_line_saying_so():
+    """Pods keep their names across replacements: counting printed bytes per name would
+    skip the start of the new attempt's log (as long as the old one's)."""
+    from llmtrain_operator.logscli import follow
+
+    attempts = {"uid-1": [b"attempt one: step 5\n"], "uid-2": [b"attempt two: resumed\n"]}
+    current = ["uid-1", "uid-1", "uid-2", "uid-2"]
+    which = []
+
+    def identify(pod):
+        which.append(current.pop(0) if len(current) > 1 else current[0])
+        return which[-1]
+
+    def read_log(pod, container, following):
+        yield from attempts[which[-1]]
+
+    out, said = [], []
+    running = {"phase": "Running", "rankZero": {"pod": "w-0"}}
+    code = follow(_statuses(running, running, running, {"phase": "Succeeded", "rankZero": {"pod": "w-0"}}), read_log, out.append,
+                  said.append, keep_following=True, sleep=lambda s: None, identify=identify)
+    assert code == 0 and b"".join(out) == b"attempt one: step 5\nattempt two: resumed\n", out
+    assert said == ["----- pod w-0 was replaced: its new attempt's log -----"], said
+
+
+def test_an_unreadable_uid_keeps_the_count_of_the_pod_it_had():
+    from llmtrain_operator.logscli import follow
+
+    uids = iter(["uid-1", None, None])
+    out = []
+    running = {"phase": "Running", "rankZero": {"pod": "w-0"}}
+    follow(_statuses(running, running, {"phase": "Succeeded", "rankZero": {"pod": "w-0"}}), lambda p, c, f: iter([b"step 5\n"]),
+           out.append, lambda m: None, keep_following=True, sleep=lambda s: None, identify=lambda pod: next(uids, None))
+    assert b"".join(out) == b"step 5\n", "printed once: a failed uid read is not a new pod"

@@ -346,6 +346,19 @@ class K8s:
         return self._send(lambda: reads[kind](name, namespace, _request_timeout=self.timeout, _preload_content=False),
                           f"read {kind} {namespace}/{name}", tolerated=404)
 
+    def pod_uid(self, namespace: str, pod: str) -> str | None:
+        """The uid of the pod now holding ``pod``'s name; None when there is none or it
+        cannot be read (a caller that only tells pod objects apart carries on without)."""
+        try:
+            response = self.core.read_namespaced_pod(pod, namespace, _request_timeout=self.timeout, _preload_content=False)
+            try:
+                uid = (json.loads(response.data).get("metadata") or {}).get("uid")
+            finally:
+                _release(response)
+        except (ApiException, ValueError, AttributeError, *NETWORK_ERRORS):
+            return None
+        return uid if isinstance(uid, str) and uid else None
+
     def read_object(self, api_version: str, plural: str, namespace: str | None, name: str) -> tuple[bool, dict[str, Any] | None]:
         """(served, the object or None); ``namespace`` None for a cluster-scoped one.
         ``served`` is False when the cluster does not serve that resource at all (its CRD
