@@ -469,10 +469,22 @@ class SchedulingSpec(CamelModel):
         return coretypes.checked(value, coretypes.AFFINITY)
 
 
+class PodTemplateMetadata(CamelModel):
+    """What a template may add to the worker pods' metadata. Nothing else: a template's
+    ``namespace`` would put the pods elsewhere and its ``finalizers`` would keep them from
+    ever being deleted (the operator's name, labels and owner win anyway)."""
+
+    labels: dict[str, str] | None = None
+    """Labels added to the worker pods (the operator's own win a clash)."""
+
+    annotations: dict[str, str] | None = None
+    """Annotations added to the worker pods."""
+
+
 class PodTemplateSpec(CamelModel):
     """A partial Pod merged over the generated worker pods (see ``podTemplate``)."""
 
-    metadata: dict[str, Any] | None = None
+    metadata: PodTemplateMetadata | None = None
     """Labels and annotations to add to the worker pods."""
 
     spec: dict[str, Any] | None = Field(None, json_schema_extra=coretypes.field(coretypes.POD_SPEC))

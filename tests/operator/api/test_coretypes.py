@@ -87,3 +87,18 @@ def test_trim_keeps_the_closure_of_the_roots_without_descriptions():
     del openapi["components"]["schemas"]["X"]
     with pytest.raises(KeyError, match="has no X"):
         coretypes.trim(openapi)
+
+
+@pytest.mark.parametrize(("metadata", "field"), [({"label": {"a": "b"}}, "label"), ({"namespace": "elsewhere"}, "namespace"),
+                                                 ({"finalizers": ["x/keep"]}, "finalizers"), ({"labels": {"a": 1}}, "labels.a")])
+def test_a_pod_templates_metadata_takes_labels_and_annotations_only(metadata, field):
+    """Another namespace would put the pods elsewhere, a finalizer would keep them from
+    ever being deleted (the job could never replace one)."""
+    job = load_job()
+    job["spec"]["podTemplate"] = {"metadata": metadata}
+    with pytest.raises(ValidationError) as caught:
+        LLMTrainJob.model_validate(job)
+    locs = [".".join(map(str, e["loc"])) for e in caught.value.errors()]
+    assert any(loc.startswith(f"spec.podTemplate.metadata.{field}") for loc in locs), locs
+    job["spec"]["podTemplate"] = {"metadata": {"labels": {"team": "nlp"}, "annotations": {"note": "x"}}}
+    LLMTrainJob.model_validate(job)

@@ -107,7 +107,6 @@ def test_preserve_unknown_fields_is_only_on_passthroughs():
     # podTemplate.spec, scheduling.affinity and env[].valueFrom are typed by the upstream
     # schemas (coretypes.py), whose one free-form field is managedFields' fieldsV1.
     assert leaves == [
-        ".spec.podTemplate.metadata",
         ".spec.podTemplate.spec.volumes.items.ephemeral.volumeClaimTemplate.metadata.managedFields.items.fieldsV1",
         ".spec.trainer.builtin.strategy.deepspeedConfig",
     ]
