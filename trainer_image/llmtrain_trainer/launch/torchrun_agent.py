@@ -43,6 +43,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pickle
+import signal
 import sys
 from types import ModuleType
 from collections.abc import Callable, Iterable
@@ -281,9 +282,18 @@ def main() -> None:
     poll_faster()
     if os.environ.get(ADMIT_AFTER_FIRST_STEP):
         admit_after_first_step(os.environ[ADMIT_AFTER_FIRST_STEP])
+    from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: PLC0415
     from torch.distributed.run import main as torchrun  # noqa: PLC0415 - after the patch
 
-    torchrun()
+    try:
+        torchrun()
+    except SignalException as err:
+        # torchrun turns the signal that stops it (the pod's SIGTERM, passed on by the
+        # launcher) into an exception whose 40-line traceback says nothing the launcher
+        # does not: one line, and the exit code an uncaught exception gives (1), which the
+        # launcher reads as it did before.
+        print(f"torchrun agent: stopped by {signal.Signals(err.sigval).name}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
