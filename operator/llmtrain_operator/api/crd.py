@@ -7,7 +7,8 @@ pydantic emits JSON Schema 2020-12; Kubernetes wants a *structural* OpenAPI v3.0
 schema. The translation below: inline every ``$ref``, turn ``X | None`` into an
 optional ``X``, turn ``int | str`` quantities into ``x-kubernetes-int-or-string``,
 free-form ``dict[str, Any]`` into ``x-kubernetes-preserve-unknown-fields``, numeric
-exclusive bounds into the v3.0 boolean form, and drop titles.
+exclusive bounds into the v3.0 boolean form, and drop titles. A field marked as a
+Kubernetes core type (``coretypes.field``) gets upstream's schema (``coretypes.structural``).
 """
 
 from __future__ import annotations
