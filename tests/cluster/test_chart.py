@@ -16,14 +16,15 @@ from pathlib import Path
 import pytest
 import yaml
 from llmtrain_operator.settings import from_env
+from support import chart as support_chart
 from support import scheduler_crds
 from support.specs import ROOT
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
-CHART = str(ROOT / "charts" / "llmtrain-operator")
-CRD = ROOT / "crds" / "llmtrain.io_llmtrainjobs.yaml"
+CHART = str(support_chart.CHART)
+CRD = support_chart.CRD
 CRD_TEMPLATE = Path("templates") / "crds" / CRD.name
 NS = "chart-check"
 
