@@ -2,64 +2,125 @@
 same loss at every step as an uninterrupted run.
 
 Tolerance: 1e-6 absolute. The runs are deterministic (same world size, same reduction
-order, data addressed by global sample index), so in practice the losses are bitwise
-equal; the assertion also reports the largest difference seen.
+order, data addressed by global sample index), and nearly always the losses are bitwise
+equal. Nearly: once in about a hundred runs on this machine, two *uninterrupted* runs of
+the same job part by one float32 ulp at some step (seen from step 4 on, before any
+checkpoint; CI at ``62a6fbd``), and this small model's loss spike at step 16 magnifies
+that to 1e-3 by the end. Such a pair says nothing about resuming, so a mismatch is judged
+before it fails the test (``_judge``): the crashed run must have matched the reference bit
+for bit up to the crash, and a second uninterrupted run must reproduce the first bit for
+bit; otherwise the trial is void, said so in a warning, and run again (at most ``TRIALS``
+times). A resume that restores anything wrong (the optimizer's step count, the Adam
+moments, the RNG, the data position) differs in every trial and fails.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
+from pathlib import Path
+from typing import Any
 
 import pytest
-from support.elastic import base_config, losses_by_step, run_job
+from support.elastic import ElasticJob, base_config, losses_by_step, run_job
 
 pytestmark = pytest.mark.slow  # real multi-process torchrun runs
 
 TOLERANCE = 1e-6
+STEPS = 24
+CRASH_STEP = 13
+TRIALS = 3
 
 CASES = {
     # DDP across two torchrun agents (nodes), one rank each.
-    "ddp": dict(config=base_config(maxSteps=24), nodes=2, procs_per_node=1),
+    "ddp": dict(config=base_config(maxSteps=STEPS), nodes=2, procs_per_node=1),
     # DeepSpeed ZeRO-2 with two ranks on one node.
     "deepspeed-zero2": dict(
-        config=base_config(maxSteps=24, strategy={"kind": "deepspeed", "zeroStage": 2}), nodes=1, procs_per_node=2
+        config=base_config(maxSteps=STEPS, strategy={"kind": "deepspeed", "zeroStage": 2}), nodes=1, procs_per_node=2
     ),
     # ZeRO-3: every rank writes its own model-states file beside its optimizer shard.
     "deepspeed-zero3": dict(
-        config=base_config(maxSteps=24, strategy={"kind": "deepspeed", "zeroStage": 3}), nodes=1, procs_per_node=2
+        config=base_config(maxSteps=STEPS, strategy={"kind": "deepspeed", "zeroStage": 3}), nodes=1, procs_per_node=2
     ),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_sigkill_of_one_rank_resumes_with_identical_losses(tmp_path, name):
-    case = CASES[name]
-    ref_job, ref_codes = run_job(tmp_path / "reference", case["config"], nodes=case["nodes"], procs_per_node=case["procs_per_node"])
-    assert ref_codes == [0] * case["nodes"], ref_job.logs()
-    reference = {r["step"]: r["loss"] for r in ref_job.steps()}
-    assert sorted(reference) == list(range(1, 25))
+    void: list[str] = []
+    for trial in range(TRIALS):
+        why_void = _trial(tmp_path / f"trial-{trial}", name, CASES[name])
+        if why_void is None:
+            for reason in void:
+                warnings.warn(f"void trial of the exact-resume test ({name}): {reason}", stacklevel=1)
+            return
+        void.append(why_void)
+    pytest.fail(f"no valid trial in {TRIALS}: " + "; ".join(void))
 
+
+def _uninterrupted(root: Path, case: dict[str, Any]) -> dict[int, float]:
+    job, codes = run_job(root, case["config"], nodes=case["nodes"], procs_per_node=case["procs_per_node"])
+    assert codes == [0] * case["nodes"], job.logs()
+    losses = {r["step"]: r["loss"] for r in job.steps()}
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    return losses
+
+
+def _trial(root: Path, name: str, case: dict[str, Any]) -> str | None:
+    """One reference run and one crashed run: None when the crashed run's losses match,
+    else why the trial is void; fails the test when the resume is what differs."""
+    reference = _uninterrupted(root / "reference", case)
     job, codes = run_job(
-        tmp_path / "faulty", case["config"], nodes=case["nodes"], procs_per_node=case["procs_per_node"],
-        max_restarts=3, env={"LLMTRAIN_FAULT_INJECT": "crash@step=13,rank=1"},
+        root / "faulty", case["config"], nodes=case["nodes"], procs_per_node=case["procs_per_node"],
+        max_restarts=3, env={"LLMTRAIN_FAULT_INJECT": f"crash@step={CRASH_STEP},rank=1"},
     )
     assert codes == [0] * case["nodes"], job.logs()
     records = job.steps()
     assert max(r["attempt"] for r in records) >= 1, "the crash should have caused a torchrun restart"
     seen = losses_by_step(records)
-    assert sorted(seen) == list(range(1, 25))
+    assert sorted(seen) == list(range(1, STEPS + 1))
     replayed = sorted(s for s, losses in seen.items() if len(losses) > 1)
     # Resumed from a committed checkpoint and replayed exactly the steps after it, up to
     # the crash. Which one: a save is due every 5 steps, but when a rank is still writing
     # the previous one every rank defers it to the next step that is free (a loaded machine
     # moves step 10's save to 11 or 12), and one still in flight at the crash is not used.
     resumed = [int(m) for m in re.findall(r"resumed from step (\d+) ", job.logs())]
-    assert resumed and 5 <= resumed[-1] <= 12, f"resumed from {resumed}"
+    assert resumed and 5 <= resumed[-1] <= CRASH_STEP - 1, f"resumed from {resumed}"
     if name == "ddp":
         # The survivor's replica holds step 12 when its all-reduce fails: it saves a rescue
         # checkpoint of it, and nothing is replayed. (ZeRO shards the optimizer state: the
         # crashed rank's shard is lost, so DeepSpeed resumes from the periodic one.)
-        assert resumed[-1] == 12 and "rescue checkpoint of step 12 saved" in job.logs(), resumed
-    assert replayed == list(range(resumed[-1] + 1, 13)), f"resumed from {resumed}, replayed steps {replayed}"
-    worst = max(abs(loss - reference[step]) for step, losses in seen.items() for loss in losses)
-    assert worst <= TOLERANCE, f"largest loss difference {worst:.3e} exceeds {TOLERANCE}"
+        assert resumed[-1] == CRASH_STEP - 1 and f"rescue checkpoint of step {CRASH_STEP - 1} saved" in job.logs(), resumed
+    assert replayed == list(range(resumed[-1] + 1, CRASH_STEP)), f"resumed from {resumed}, replayed steps {replayed}"
+    differs = _differences(reference, [(r["step"], r["loss"]) for r in records])
+    if not differs:
+        return None
+    return _judge(root, case, reference, job, records, differs)
+
+
+def _differences(reference: dict[int, float], losses: list[tuple[int, float]], tolerance: float = TOLERANCE) -> dict[int, float]:
+    """Step -> the largest difference from ``reference`` beyond ``tolerance``."""
+    out: dict[int, float] = {}
+    for step, loss in losses:
+        diff = abs(loss - reference[step])
+        if diff > tolerance:
+            out[step] = max(diff, out.get(step, 0.0))
+    return out
+
+
+def _judge(root: Path, case: dict[str, Any], reference: dict[int, float], job: ElasticJob,
+           records: list[dict[str, Any]], differs: dict[int, float]) -> str:
+    worst = max(differs, key=differs.__getitem__)
+    seen = f"largest loss difference {differs[worst]:.3e} at step {worst} (first at step {min(differs)})"
+    # Exactly, not within the tolerance: runs that parted by an ulp stay within 1e-6 for
+    # a dozen steps (a reference at one thread against two: the first difference above
+    # 1e-6 at step 15), and the losses are stored with every bit.
+    before_crash = _differences(reference, [(r["step"], r["loss"]) for r in records if r["attempt"] == 0], 0.0)
+    if before_crash:
+        return f"{seen}; the runs had already parted at step {min(before_crash)}, before the crash"
+    again = _uninterrupted(root / "reference-again", case)
+    parted = _differences(reference, sorted(again.items()), 0.0)
+    if parted:
+        return f"{seen}; two uninterrupted runs parted at step {min(parted)}"
+    pytest.fail(f"{seen}: the uninterrupted run reproduces, the crashed run matched it up to the crash, "
+                f"and the resumed attempt differs\n{job.logs()}")
