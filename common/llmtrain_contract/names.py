@@ -180,6 +180,10 @@ class Termination:
     CHECKPOINTS = "checkpoints"
     """Tier -> the newest step the pod's ranks saw committed there (their metrics are gone
     once the pod ends, so the final checkpoint is reported here)."""
+    LAST_STEP = "lastStep"
+    """``{"step": N, "loss": L}``: the newest step the pod's ranks finished and its agreed
+    loss (a job that ends between two scrapes would otherwise keep the loss of an earlier
+    step in its status)."""
     COUNTED_IN_PLACE = "countedInPlace"
     """Present when the pod's last attempt hung and the launcher had already counted it as
     an in-place failure: its ``failed_attempts{cause="hang"}`` including that attempt. An

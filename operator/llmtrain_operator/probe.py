@@ -11,7 +11,6 @@ progress a user's script reported (docs/custom-scripts.md).
 from __future__ import annotations
 
 import asyncio
-import math
 from functools import partial
 import urllib.error
 import urllib.parse
@@ -74,8 +73,8 @@ def parse(text: str) -> TrainerProbe:
             elif sample.name == Metric.LOSS:
                 # Shown, never acted on. A non-finite loss is bad numerics, which the
                 # trainers handle themselves (a rollback): it is left out, not reported.
-                if isinstance(sample.value, (int, float)) and math.isfinite(sample.value) and abs(sample.value) <= untrusted.MAX_COUNT:
-                    loss = float(sample.value)
+                if (sample_loss := untrusted.loss(sample.value)) is not None:
+                    loss = sample_loss
             elif sample.name == Metric.CHECKPOINT_LAST_STEP:
                 tier, step = sample.labels.get("tier", "local"), untrusted.count(sample.value)
                 if tier not in untrusted.TIERS or step is None:

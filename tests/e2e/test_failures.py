@@ -9,6 +9,7 @@ by bench/recovery.py (docs/benchmarks.md), never by timed tests."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -132,6 +133,10 @@ def test_the_job_succeeds_with_each_failure_charged_once(operator, prometheus, j
     loss, tokens = wide[1][column["LOSS"]:column["TOKENS/S"]].strip(), wide[1][column["TOKENS/S"]:column["ETA"]].strip()
     assert float(loss) == done["loss"] and float(tokens) == done["tokensPerSecond"] > 0, wide
     assert wide[1][column["ETA"]:].strip() == "" and "eta" not in done, wide
+    # The loss is step 90's, as rank 0 printed it, though no scrape may have seen step 90:
+    # the pods' termination messages carry it (a job ends between two scrapes).
+    last = re.search(r"step\s+90/90 \| loss ([0-9.]+)", bed.pod_log(NS, done["rankZero"]["pod"]))
+    assert last and float(last.group(1)) == done["loss"], (last and last.group(0), done["loss"])
     # What a user reads next: `llmtrain status` and rank 0's log through the API server
     # (`llmtrain logs -f` returns once the job has ended).
     cli = str(Path(sys.executable).with_name("llmtrain"))

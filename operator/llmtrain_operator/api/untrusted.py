@@ -58,6 +58,14 @@ def seconds(value: Any) -> float | None:
     return value if math.isfinite(value) and 0 <= value <= MAX_COUNT else None
 
 
+def loss(value: Any) -> float | None:
+    """A finite number no larger than ``MAX_COUNT`` either way: a loss (a script's may be
+    negative). Shown, never acted on."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and abs(value) <= MAX_COUNT else None
+
+
 def exit_code(value: Any) -> int | None:
     """A process exit code as a container reports it: 0..255."""
     code = count(value) if not isinstance(value, str) else None
@@ -112,7 +120,17 @@ def termination(message: Any) -> tuple[dict[str, Any], list[str]]:
             take(key, value, lambda v: v[:MAX_MESSAGE] if isinstance(v, str) else None)
         elif key == Termination.CHECKPOINTS:
             take(key, value, _checkpoints)
+        elif key == Termination.LAST_STEP:
+            take(key, value, _last_step)
     return kept, bad
+
+
+def _last_step(value: Any) -> dict[str, Any] | None:
+    """``{"step": N, "loss": L}``: both present and usable, nothing else."""
+    if not isinstance(value, dict) or set(value) != {"step", "loss"}:
+        return None
+    step, value_loss = count(value["step"]) if not isinstance(value["step"], str) else None, loss(value["loss"])
+    return {"step": step, "loss": value_loss} if step is not None and value_loss is not None else None
 
 
 def _checkpoints(value: Any) -> dict[str, int] | None:

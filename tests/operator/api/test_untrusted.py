@@ -56,6 +56,21 @@ def test_a_termination_message_keeps_its_good_fields_and_names_its_bad_ones():
         assert untrusted.termination(message) == ({}, []), message[:20] if message else message
 
 
+def test_the_last_step_is_a_step_and_a_finite_loss_or_nothing():
+    good = {"step": 60, "loss": 2.5}
+    assert untrusted.termination(json.dumps({"code": 0, "lastStep": good})) == ({"code": 0, "lastStep": good}, [])
+    assert untrusted.termination('{"lastStep": {"step": 3, "loss": -1}}')[0] == {"lastStep": {"step": 3, "loss": -1.0}}
+    for bad in ({"step": -1, "loss": 2.5}, {"step": "60", "loss": 2.5}, {"step": 60, "loss": "2.5"}, {"step": 60},
+                {"step": 60, "loss": True}, {"step": 1.5, "loss": 2.5}, {"step": 60, "loss": 1e300}, [60, 2.5], 60,
+                {"step": 60, "loss": 2.5, "extra": 1}):
+        kept, reported = untrusted.termination(json.dumps({"code": 0, "lastStep": bad}))
+        assert kept == {"code": 0} and [r.split(" (")[0] for r in reported] == ["termination message field 'lastStep'"], bad
+    # Python's JSON reader takes NaN and Infinity, which no JSON writer should send
+    for literal in ("NaN", "Infinity", "-Infinity"):
+        kept, reported = untrusted.termination('{"lastStep": {"step": 60, "loss": ' + literal + "}}")
+        assert kept == {} and len(reported) == 1, literal
+
+
 def _pod(labels=None, message=None, exit_code=1, reason="Error"):
     terminated = {"exitCode": exit_code, "reason": reason, "finishedAt": "2026-11-21T11:59:00Z"}
     if message is not None:
@@ -137,7 +152,7 @@ JSONISH = st.recursive(st.one_of(st.none(), st.booleans(), NUMBERS, TEXT),
                        lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(TEXT, inner, max_size=3)),
                        max_leaves=8)
 MESSAGES = st.one_of(TEXT, st.dictionaries(st.sampled_from(["code", "reason", "rank", "step", "message", "checkpoints",
-                                                            "countedInPlace", "other"]), JSONISH, max_size=5)
+                                                            "countedInPlace", "lastStep", "other"]), JSONISH, max_size=5)
                      .map(lambda d: json.dumps(d)))
 SAMPLE_VALUES = st.one_of(NUMBERS.map(repr), st.sampled_from(["NaN", "+Inf", "-Inf", "1e999", "0", "3", "2.5"]))
 METRICS = st.sampled_from(["llmtrain_trainer_step", "llmtrain_trainer_world_size", "llmtrain_trainer_checkpoint_last_step",

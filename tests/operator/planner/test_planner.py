@@ -364,6 +364,31 @@ def test_a_finished_jobs_progress_is_its_last_step_of_max_steps_with_no_time_lef
 
 
 
+def test_a_job_that_ends_between_scrapes_shows_its_last_steps_loss_from_the_termination_message():
+    # The last scrape saw step 56 and its loss; the pods then finished step 60 and exited 0.
+    max_steps = job()["spec"]["trainer"]["builtin"]["maxSteps"]
+    raw = job(status=running_status(step=max_steps - 4, loss=3.0))
+    probes = {W0: TrainerProbe(step=max_steps - 4, world_size=2, loss=3.0)}
+    final = {"code": 0, "lastStep": {"step": max_steps, "loss": 2.46813}}
+    done = [worker(0, phase="Succeeded", exit_code=0, termination=final), worker(1, phase="Succeeded", exit_code=0, termination=final)]
+    _, status, _, _ = run(raw, observed(raw, done, probes=probes))
+    assert status["phase"] == "Succeeded" and status["step"] == max_steps and status["loss"] == 2.4681
+
+
+def test_an_ended_pods_last_step_counts_only_when_it_is_not_behind_or_past_the_end():
+    max_steps = job()["spec"]["trainer"]["builtin"]["maxSteps"]
+    raw = job(status=running_status(step=30, loss=3.0))
+    probes = {W1: TrainerProbe(step=30, world_size=2, loss=3.0)}
+    for last in ({"step": 12, "loss": 5.0}, {"step": max_steps + 1, "loss": 0.5}):
+        # a pod of an earlier attempt, failed at step 12; a message claiming a step past the end
+        failed = worker(0, phase="Failed", exit_code=1, termination={"code": 1, "lastStep": last})
+        _, status, _, _ = run(raw, observed(raw, [failed, worker(1)], probes=probes))
+        assert status["loss"] == 3.0 and status["step"] == 30, last
+    failed = worker(0, phase="Failed", exit_code=1, termination={"code": 1, "lastStep": {"step": 33, "loss": 2.9}})
+    _, status, _, _ = run(raw, observed(raw, [failed, worker(1)], probes=probes))
+    assert status["loss"] == 2.9 and status["step"] == 33
+
+
 def test_the_final_checkpoint_a_finished_pod_reports_is_the_newest_checkpoint():
     # The last scrape saw step 50 committed; the pods then committed step 60 and said so in
     # their termination messages (after the last scrape a probe could see).

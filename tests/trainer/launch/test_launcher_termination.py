@@ -27,6 +27,18 @@ def test_a_failure_keeps_its_cause_and_reports_the_commits_too(tmp_path):
     assert message["checkpoints"] == {"local": 10}
 
 
+def test_the_last_step_and_its_loss_come_from_the_rank_furthest_along(tmp_path):
+    exitrecord.write(tmp_path, 0, 0, 0, 0, "success", 40, loss=2.5)
+    exitrecord.write(tmp_path, 0, 1, 1, 0, "success", 39, loss=2.75)
+    exitrecord.write(tmp_path, 0, 2, 2, 0, "success", 41, loss=float("nan"))  # never written
+    exitrecord.write(tmp_path, 0, 3, 3, 1, "crash", None)  # before its first step
+    assert "loss" not in json.loads((tmp_path / "exit" / "attempt-0" / "local-2.json").read_text())
+    _, message = decide(0, exitrecord.read_attempt(tmp_path, 0))
+    assert message["lastStep"] == {"step": 40, "loss": 2.5}
+    _, without = decide(0, [{"rank": 0, "code": 0, "step": 40}])
+    assert "lastStep" not in without
+
+
 def test_without_records_nothing_is_invented():
     assert decide(0, []) == (0, {"code": 0, "reason": "Completed"})
     code, message = decide(-9, [])

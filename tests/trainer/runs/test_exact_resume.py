@@ -63,6 +63,10 @@ def _uninterrupted(root: Path, case: dict[str, Any]) -> dict[int, float]:
     assert codes == [0] * case["nodes"], job.logs()
     losses = {r["step"]: r["loss"] for r in job.steps()}
     assert sorted(losses) == list(range(1, STEPS + 1))
+    # Every pod's termination message carries the last step and its loss, which the
+    # operator shows when the job ends between two scrapes.
+    for node in range(case["nodes"]):
+        assert job.termination(node)["lastStep"] == {"step": STEPS, "loss": losses[STEPS]}, job.termination(node)
     return losses
 
 

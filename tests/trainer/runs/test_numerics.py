@@ -64,3 +64,6 @@ def test_past_the_rollback_budget_the_job_fails_with_bad_numerics(tmp_path):
     assert codes == [ExitCode.BAD_NUMERICS], job.logs()
     termination = job.termination(0)
     assert termination["reason"] == "BadNumerics" and "step 8" in termination["message"] and "maxRollbacks=0" in termination["message"]
+    # The last good step, not the bad one: its loss is what the status keeps.
+    good = {r["step"]: r["loss"] for r in job.steps()}
+    assert termination["lastStep"] == {"step": 7, "loss": good[7]}, termination

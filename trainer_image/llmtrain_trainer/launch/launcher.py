@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from llmtrain_trainer.pod import exitrecord
 from llmtrain_trainer.rendezvous import leases
@@ -83,7 +85,10 @@ def decide(returncode: int, records: list[dict], agent_hang: str | None = None, 
     (or why the supervisor ended a stopped torchrun agent, or torchrun's own error)."""
     T = Termination  # noqa: N806 - a short alias: the message is built from its keys below
     committed = _checkpoints(records)
-    extra = {T.CHECKPOINTS: committed} if committed else {}
+    extra: dict[str, Any] = {T.CHECKPOINTS: committed} if committed else {}
+    last = _last_step(records)
+    if last is not None:
+        extra[T.LAST_STEP] = last
     if agent_hang is not None:
         code = int(ExitCode.HANG)
         return code, {T.CODE: code, T.REASON: classify_exit(code).reason, T.MESSAGE: agent_hang, **extra}
@@ -108,6 +113,17 @@ def _checkpoints(records: list[dict]) -> dict[str, int]:
             if isinstance(step, int):
                 out[tier] = max(step, out.get(tier, step))
     return out
+
+
+def _last_step(records: list[dict]) -> dict[str, Any] | None:
+    """The newest step a local rank finished and its agreed loss (every rank agreed the
+    same one), or None when no record has one."""
+    known = [(r["step"], r["loss"]) for r in records
+             if isinstance(r.get("step"), int) and isinstance(r.get("loss"), float) and math.isfinite(r["loss"])]
+    if not known:
+        return None
+    step, loss = max(known, key=lambda pair: pair[0])
+    return {"step": step, "loss": loss}
 
 
 def max_restarts(command: list[str]) -> int | None:

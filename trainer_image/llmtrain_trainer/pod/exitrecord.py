@@ -21,6 +21,7 @@ a victim's restart is a consequence of a failure charged where it happened.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import Counter
 from pathlib import Path
@@ -97,11 +98,14 @@ def _cause_of(code: int) -> str:
 
 
 def write(run_dir: Path, attempt: int, rank: int, local_rank: int, code: int, message: str, step: int | None,
-          checkpoints: dict[str, int] | None = None) -> None:
-    """``checkpoints``: tier -> the newest step this rank saw committed there."""
+          checkpoints: dict[str, int] | None = None, loss: float | None = None) -> None:
+    """``checkpoints``: tier -> the newest step this rank saw committed there; ``loss``: the
+    agreed loss of ``step`` (the last step this attempt finished), when it ran one."""
     record = {"rank": rank, "local_rank": local_rank, "code": int(code), "message": message, "step": step, "time": time.time()}
     if checkpoints:
         record["checkpoints"] = dict(checkpoints)
+    if loss is not None and math.isfinite(loss):
+        record["loss"] = float(loss)
     _write_json(_folder(run_dir, attempt) / f"local-{local_rank}.json", record)
 
 

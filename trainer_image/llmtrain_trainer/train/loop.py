@@ -87,6 +87,9 @@ class Trainer:
         self.strategy: EngineClass = engine_class(cfg.strategy.kind)
         self.faults = FaultInjector.from_env(info.rank, info.restart_count, run_dir)
         self.step = 0
+        self.last_loss: float | None = None
+        """The agreed loss of ``step``, once this attempt has finished a step (the exit record
+        reports it: the metrics of the last step may never be scraped)."""
         self.position = DataPosition()
         """Where the data stream is: skipped windows of samples, rollbacks."""
         self.guard = LossGuard(cfg.fault_tolerance.numerics)
@@ -226,6 +229,7 @@ class Trainer:
     def _report(self, loss: float, seconds: float) -> None:
         """Metrics, the step log and, after an attempt's first step, its start-up phases."""
         cfg, info = self.cfg, self.info
+        self.last_loss = loss
         tokens = cfg.global_batch_size * cfg.data.seq_len
         # The global batch splits evenly over the ranks (the world size divides it).
         node_tokens = tokens * info.local_world_size // info.world_size if info.is_node_leader else 0
@@ -317,6 +321,7 @@ class Trainer:
                 self.engine = self.strategy.create(self.cfg, self.info, False)
                 self.ckpt.bind(self.engine)
             self._load(point)
+        self.last_loss = None  # the restored step's loss is not known here
         # The current position, not the checkpoint's: windows skipped since that
         # checkpoint stay skipped.
         skip = self.position.skip(self.step, bad_step, self.cfg.global_batch_size, why)

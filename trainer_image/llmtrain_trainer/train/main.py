@@ -156,7 +156,8 @@ def run(cfg: TrainerConfig, config_dir: Path | None = None) -> int:
         trainer.startup = STARTUP
         code = trainer.run()
         exitrecord.write(run_dir, info.restart_count, info.rank, info.local_rank, code,
-                         trainer.exit_message or ExitCode(code).name.lower(), trainer.step, dict(trainer.ckpt.last_committed))
+                         trainer.exit_message or ExitCode(code).name.lower(), trainer.step, dict(trainer.ckpt.last_committed),
+                         trainer.last_loss)
         if code == ExitCode.SUCCESS:
             distmod.shutdown()
         return int(code)

@@ -1,7 +1,11 @@
 """Training progress from the trainers' metrics: step, world size, the newest
-checkpoint, and the end of a recovery (the first step finished after a failure)."""
+checkpoint, and the end of a recovery (the first step finished after a failure); and from
+an ended pod's termination message, its last step and loss (the last scrape may predate
+them)."""
 
 from __future__ import annotations
+
+from llmtrain_contract.names import Termination
 
 from ...api.observed import TrainerProbe, parse_time
 from ...api.status import RankZero
@@ -32,6 +36,7 @@ def handle(ctx: Pass) -> Verdict:
     if worlds:
         status.world_size = max(worlds)
     _throughput(ctx, probes)
+    _last_step(ctx)
     for probe in probes:
         # Only the tiers a job can have: the labels are scraped, and the status's
         # model refuses any other name (the pass would fail on it).
@@ -57,6 +62,21 @@ def _throughput(ctx: Pass, probes: list[TrainerProbe]) -> None:
         status.loss = round(newest.loss, 4)
     if newest is not None and newest.tokens_per_second:
         status.tokens_per_second = round(newest.tokens_per_second, 1)
+
+
+def _last_step(ctx: Pass) -> None:
+    """The newest step an ended pod's ranks finished, and its loss: a job that ends
+    between two scrapes (every ten seconds) would otherwise show an earlier step's loss
+    for good. Not past a built-in job's ``maxSteps`` (the message is the pod's word)."""
+    status = ctx.status
+    builtin = ctx.spec.trainer.builtin
+    reported = [p.termination.get(Termination.LAST_STEP) for p in ctx.observed.workers()]
+    usable = [r for r in reported if r is not None and (builtin is None or r["step"] <= builtin.max_steps)]
+    newest = max(usable, key=lambda r: r["step"], default=None)
+    if newest is None or newest["step"] < status.step:
+        return
+    status.step = newest["step"]
+    status.loss = round(newest["loss"], 4)
 
 
 def show(ctx: Pass) -> None:
