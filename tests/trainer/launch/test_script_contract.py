@@ -198,8 +198,10 @@ def test_the_bundle_names_a_missing_package(tmp_path, monkeypatch):
 
 def test_a_permanent_exit_ends_torchrun_instead_of_an_endless_in_place_restart(tmp_path):
     """torchrun's own budget is practically unlimited (the operator keeps the job's): a
-    rank exiting 65 would be restarted forever. The launcher's supervisor ends torchrun and
-    the pod exits 65 with the rank's record (a real torchrun, two ranks, the script runner)."""
+    rank exiting 65 would be restarted forever. The patched agent stops the group (the
+    supervisor's kill is the backstop; whichever ends torchrun first), no second attempt
+    starts, and the pod exits 65 with the rank's record (a real torchrun, two ranks, the
+    script runner). The backstop alone: test_supervisor."""
     import time
 
     from llmtrain_contract.command import worker_command
@@ -220,7 +222,9 @@ def test_a_permanent_exit_ends_torchrun_instead_of_an_endless_in_place_restart(t
     assert time.monotonic() - began < 60, "ended at once, not after attempts piled up"
     message = json.loads(term.read_text())
     assert message["reason"] == "DataError" and message["rank"] == 1 and "exited with code 65" in message["message"]
-    assert "permanent code 65" in done.stderr
+    run = tmp_path / "run"
+    assert exitrecord.latest_attempt(run) == 0 and not list((run / "exit").glob("attempt-1*")), "no attempt after a permanent exit"
+    assert [(r["rank"], r["code"]) for r in exitrecord.read_attempt(run, 0)] == [(1, 65)]
 
 
 def test_a_rank_whose_collective_broke_because_a_peer_died_is_a_victim(tmp_path):

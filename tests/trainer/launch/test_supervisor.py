@@ -212,6 +212,35 @@ def test_a_stopped_torchrun_agent_is_ended_with_its_workers(tmp_path, ranks):
     assert code == ExitCode.HANG and message["reason"] == "Hang" and "torchrun agent" in message["message"]
 
 
+def test_a_ranks_permanent_exit_record_ends_the_torchrun_agent_and_its_workers(tmp_path, ranks):
+    """The backstop for a torch whose agent could not be patched (torchrun_agent's
+    stop_on_permanent_exit): the supervisor reads a permanent exit record written after it
+    started and kills the agent and its workers; a retryable code, or a permanent one left
+    by an earlier container of the pod, leaves the agent running."""
+    agent = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        print(child.pid, flush=True)
+        time.sleep(3600)
+    """)], stdout=subprocess.PIPE, text=True)
+    ranks.append(agent)
+    worker = int(agent.stdout.readline())
+    exitrecord.write(tmp_path, 0, rank=3, local_rank=0, code=ExitCode.DATA_ERROR, message="an earlier container", step=None)
+    time.sleep(0.05)
+    sup = Supervisor(tmp_path, agent_pid=agent.pid)
+    exitrecord.write(tmp_path, 1, rank=3, local_rank=0, code=ExitCode.TRANSIENT, message="retryable", step=4)
+    sup.check()
+    assert sup.permanent is None and agent.poll() is None
+    exitrecord.write(tmp_path, 1, rank=4, local_rank=1, code=ExitCode.STORAGE_FULL, message="disk full", step=4)
+    sup.check()
+    assert sup.permanent is not None and sup.permanent[0] == 1 and sup.permanent[1]["code"] == ExitCode.STORAGE_FULL
+    assert agent.wait(timeout=10) == -signal.SIGKILL
+    end = time.monotonic() + 10
+    while (info := proc_info(worker)) is not None and info.state != "Z" and time.monotonic() < end:
+        time.sleep(0.1)
+    assert info is None or info.state == "Z", "the agent's workers are ended too"
+
+
 def test_the_supervisor_survives_a_run_dir_without_heartbeats(tmp_path):
     sup = Supervisor(tmp_path / "missing")
     assert sup.check() == [] and sup.agent_hang is None
