@@ -43,6 +43,9 @@ RANK = textwrap.dedent("""
     if behaviour in ("rescuer", "slow-rescuer"):
         hb.offer_rescue(1.0)  # a victim that can save its last step within a second
     print("ready", flush=True)
+    sys.stdin.readline()  # every rank of the test started: their limits run from here, together
+    hb.beat(4)
+    print("going", flush=True)
     if behaviour == "rescuer":
         while not hb.rescue_requested():
             time.sleep(0.02)
@@ -62,10 +65,19 @@ RANK = textwrap.dedent("""
 """).replace("{timeout}", str(TIMEOUT))
 
 
-def start_rank(run_dir: Path, local: int, behaviour: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", RANK, str(run_dir), str(local), behaviour], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    return proc
+def start_ranks(run_dir: Path, *behaviours: str) -> list[subprocess.Popen]:
+    """One rank process per behaviour (local ranks 0, 1 ...), released together once all
+    have started: a rank started first must not be stale before the last has imported."""
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(run_dir), str(local), behaviour], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for local, behaviour in enumerate(behaviours)]
+    for proc in procs:
+        assert proc.stdout.readline().strip() == "ready"
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    for proc in procs:
+        assert proc.stdout.readline().strip() == "going"
+    return procs
 
 
 def supervise_until_acted(sup: Supervisor, deadline: float = 15.0) -> list:
@@ -133,7 +145,7 @@ def test_an_attempts_first_step_gets_a_longer_limit_then_the_hang_timeout_applie
 
 @pytest.mark.parametrize("behaviour, kind", [("stop", "frozen"), ("gil", "spinning"), ("sleep", "stuck")])
 def test_a_stale_rank_is_the_cause_and_its_peer_in_a_collective_the_victim(tmp_path, ranks, behaviour, kind, capfd):
-    ranks += [start_rank(tmp_path, 0, "collective"), start_rank(tmp_path, 1, behaviour), start_rank(tmp_path, 2, "healthy")]
+    ranks += start_ranks(tmp_path, "collective", behaviour, "healthy")
     sup = Supervisor(tmp_path)
     began = time.monotonic()
     verdicts = supervise_until_acted(sup)
@@ -162,7 +174,7 @@ def supervise_again_is_quiet(sup: Supervisor) -> bool:
 
 
 def test_only_victims_in_this_pod_are_reported_as_victims(tmp_path, ranks):
-    ranks += [start_rank(tmp_path, 0, "collective"), start_rank(tmp_path, 1, "collective")]
+    ranks += start_ranks(tmp_path, "collective", "collective")
     verdicts = supervise_until_acted(Supervisor(tmp_path))
     assert {(v.beat.local_rank, v.cause) for v in verdicts} == {(0, False), (1, False)}
     assert exitrecord.attempt_cause(tmp_path, 0, 2) == "victim"
@@ -420,15 +432,14 @@ def test_a_pod_ending_with_a_hang_counted_in_place_says_so_in_its_termination_me
     """The agent (here a script) ends after its rank hung although restarts were left; an
     operator scrape saw the early count meanwhile: the termination message carries it."""
     import json
-    import socket
     import threading
 
     from llmtrain_operator.probe import scrape_launcher
     from llmtrain_trainer.launch.launcher import main
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from llmtrain_contract.ports import free_ports
+
+    port = free_ports(1)  # below the ephemeral range: no outgoing connection takes it meanwhile
     run_dir = tmp_path / "run"
     agent = textwrap.dedent(f"""
         import os, sys, time
@@ -464,7 +475,7 @@ def test_a_pod_ending_with_a_hang_counted_in_place_says_so_in_its_termination_me
 
 
 def test_a_victim_offering_a_rescue_is_asked_for_it_and_ends_itself_instead_of_being_killed(tmp_path, ranks):
-    ranks += [start_rank(tmp_path, 0, "rescuer"), start_rank(tmp_path, 1, "sleep")]
+    ranks += start_ranks(tmp_path, "rescuer", "sleep")
     verdicts = supervise_until_acted(Supervisor(tmp_path))
     assert {(v.beat.local_rank, v.kind) for v in verdicts} == {(0, "victim"), (1, "stuck")}
     assert ranks[1].wait(5) == -signal.SIGKILL, "the cause is killed at once"
@@ -475,7 +486,7 @@ def test_a_victim_offering_a_rescue_is_asked_for_it_and_ends_itself_instead_of_b
 
 
 def test_a_victim_that_does_not_finish_its_rescue_within_its_budget_is_killed(tmp_path, ranks, capfd):
-    ranks += [start_rank(tmp_path, 0, "slow-rescuer"), start_rank(tmp_path, 1, "sleep")]
+    ranks += start_ranks(tmp_path, "slow-rescuer", "sleep")
     sup = Supervisor(tmp_path)
     supervise_until_acted(sup)
     asked = time.monotonic()
@@ -490,7 +501,7 @@ def test_a_victim_that_does_not_finish_its_rescue_within_its_budget_is_killed(tm
 
 
 def test_a_victim_without_a_rescue_offer_is_killed_with_its_cause(tmp_path, ranks):
-    ranks += [start_rank(tmp_path, 0, "collective"), start_rank(tmp_path, 1, "sleep")]
+    ranks += start_ranks(tmp_path, "collective", "sleep")
     supervise_until_acted(Supervisor(tmp_path))
     assert ranks[0].wait(5) == -signal.SIGKILL and ranks[1].wait(5) == -signal.SIGKILL
     assert not heartbeat.read_all(tmp_path)[0].rescue_requested
@@ -527,7 +538,7 @@ def test_a_rescue_request_for_a_pid_that_moved_on_is_not_written(tmp_path):
 def test_a_rank_saving_its_rescue_checkpoint_is_a_victim_however_much_cpu_it_burns(tmp_path, ranks):
     """A rank whose collective raised saves its rescue checkpoint (hashing and writing: CPU)
     before it ends; the supervisor must not blame it as spinning, nor charge it a hang."""
-    ranks += [start_rank(tmp_path, 0, "rescuing-busy")]
+    ranks += start_ranks(tmp_path, "rescuing-busy")
     (verdict,) = supervise_until_acted(Supervisor(tmp_path))
     assert (verdict.cause, verdict.kind) == (False, "victim"), verdict
     assert "while saving its rescue checkpoint" in verdict.message()

@@ -110,8 +110,10 @@ def test_signals_to_the_stand_in_reach_the_rank_and_a_lost_server_kills_it(tmp_p
     script = _Script(tmp_path, answer)
     proc = _stand_in(script.path)
     deadline = time.monotonic() + 30
-    while not _catches(proc.pid, signal.SIGUSR1) and time.monotonic() < deadline:
-        time.sleep(0.05)  # the stand-in installs its handlers once it has the pid
+    # The stand-in installs its handlers once it has the pid; the rank, once started: a
+    # signal forwarded before the rank's handler would end it by the default action.
+    while not (_catches(proc.pid, signal.SIGUSR1) and _catches(rank.pid, signal.SIGUSR1)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     proc.send_signal(signal.SIGUSR1)
     assert rank.stdout.readline().strip() == "usr1"
     release.set()

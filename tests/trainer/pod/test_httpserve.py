@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler
 
 from llmtrain_trainer.pod import httpserve
 from llmtrain_trainer.train.metrics import TrainerMetrics
+from support.waiting import wait_for
 
 
 class Hello(BaseHTTPRequestHandler):
@@ -77,7 +78,8 @@ def test_the_total_cap_holds_across_peers():
     port = server.server_port
     conns = [socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(f"127.0.0.{i}", 0)) for i in range(3, 9)]
     try:
-        time.sleep(0.3)
+        # The accept thread sorts the six in its own time: wait until it has seen them all.
+        wait_for(lambda: server.open_connections() + server.refused == 6, 5, 0.02, "all six connections accepted or refused")
         assert server.open_connections() == 4 and server.refused == 2
     finally:
         for c in conns:

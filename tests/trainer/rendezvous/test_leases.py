@@ -32,6 +32,14 @@ HOST = socket.gethostname()
 RUN = "job-uid"
 
 
+
+def _said_until(capsys, line: str, timeout: float = 10) -> str:
+    """What was printed until ``line`` was (a server thread prints after its store write,
+    so the write may be seen first); fails naming the line if it never is."""
+    out: list[str] = []
+    wait_for(lambda: (out.append(capsys.readouterr().out) or line in "".join(out)), timeout, 0.05, f"the line {line!r}")
+    return "".join(out)
+
 def _state(complete: bool, *nodes: _NodeDesc, waiting: tuple[_NodeDesc, ...] = ()) -> _RendezvousState:
     state = _RendezvousState()
     state.round, state.complete = 3, complete
@@ -198,7 +206,8 @@ def test_a_lease_that_ends_releases_its_agent_and_one_that_is_held_does_not(stor
         assert set(_read(store).participants) == {A, B}, "held leases release nobody"
         ending.close()
         wait_for(lambda: set(_read(store).participants) == {A}, 10, 0.05, "B released when its lease ended")
-        assert f"the agent {HOST} pid 202 is gone: removed from rendezvous '{RUN}'" in capsys.readouterr().out
+        # The server says so after its store write, from its own thread: read until it has.
+        _said_until(capsys, f"the agent {HOST} pid 202 is gone: removed from rendezvous '{RUN}'")
         time.sleep(0.3)
         assert set(_read(store).participants) == {A}, "A's lease is still held"
 
@@ -280,7 +289,7 @@ def test_the_store_completes_a_round_when_the_last_lease_holder_joins(store, cap
         _write(store, joined)
         wait_for(lambda: _read(store).complete, 5, 0.02, "the round completed by the store")
         assert _read(store).participants == {A: 0, B: 1}
-        assert f"round 3 of rendezvous '{RUN}' complete: all 2 lease holders joined (2 nodes)" in capsys.readouterr().out
+        _said_until(capsys, f"round 3 of rendezvous '{RUN}' complete: all 2 lease holders joined (2 nodes)")
     finally:
         for lease in held:
             lease.close()

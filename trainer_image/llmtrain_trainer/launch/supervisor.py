@@ -260,7 +260,9 @@ class Supervisor:
             beat = verdict.beat
             self._ended.add(beat.pid)
             if not verdict.cause and beat.rescue_budget > 0 and heartbeat.request_rescue(self.run_dir, beat):
-                self._rescuing[beat.pid] = now + beat.rescue_budget + RESCUE_SLACK_SECONDS
+                # From the request, not from the check: the cause's stack dump above may
+                # have taken seconds, and they are not the victim's to lose.
+                self._rescuing[beat.pid] = heartbeat.clock() + beat.rescue_budget + RESCUE_SLACK_SECONDS
                 _write_stderr(f"llmtrain supervisor: asked rank {beat.rank} (pid {beat.pid}) for a rescue checkpoint (its last "
                               f"finished step: {beat.step}; budget {beat.rescue_budget:g}s)\n")
                 continue
