@@ -108,6 +108,9 @@ def _our_job(i: int) -> dict[str, Any]:
         # arithmetic out of the picture. Everything else is example 01 as written.
         "spec.resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
         "spec.trainer.builtin.maxSteps": 1_000_000,
+        # kill_to_delete times the failed pod's delete, as Kubeflow's: by default the pod
+        # would be kept for its log (a label patch) and never deleted.
+        "spec.faultTolerance.keepFailedPods": 0,
     })
     job["metadata"] = {"name": f"job-{i:04d}", "namespace": NS}
     return job

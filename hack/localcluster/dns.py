@@ -81,6 +81,10 @@ class ClusterResolver(BaseResolver):
     def _pod(self, namespace: str, subdomain: str, hostname: str) -> list[str] | None:
         pods = self.core.list_namespaced_pod(namespace)
         for pod in pods.items:
+            # An ended pod is in no EndpointSlice, so CoreDNS has no record of it: a failed
+            # pod kept for its log shares its host name with the pod that replaced it.
+            if pod.status.phase in ("Succeeded", "Failed"):
+                continue
             if pod.spec.hostname == hostname and pod.spec.subdomain == subdomain and pod.status.pod_ip:
                 return [pod.status.pod_ip]
         return None

@@ -1,7 +1,8 @@
-"""``llmtrain logs JOB [-f] [--pod POD]``: the job's step log, which is global rank 0's,
-through the API server. Rank 0 moves when pods are replaced (the status says where it is
-now, ``status.rankZero``); with ``-f`` the command follows it from pod to pod until the
-job ends, saying each time it moves."""
+"""``llmtrain logs JOB [-f] [--pod POD | --failed [N]]``: the job's step log, which is
+global rank 0's, through the API server. Rank 0 moves when pods are replaced (the status
+says where it is now, ``status.rankZero``); with ``-f`` the command follows it from pod to
+pod until the job ends, saying each time it moves. ``--failed N``: the log of the N-th
+newest failed pod the job keeps (``status.keptPods``), as it ended."""
 
 from __future__ import annotations
 
@@ -23,14 +24,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("job", metavar="JOB", help="the LLMTrainJob's name")
     p.add_argument("-n", "--namespace", default="default", help="the job's namespace (default: default)")
     p.add_argument("-f", "--follow", action="store_true", help="follow rank 0 from pod to pod until the job ends")
-    p.add_argument("--pod", help="this worker pod's log instead of rank 0's (its trainer container)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--pod", help="this worker pod's log instead of rank 0's (its trainer container)")
+    which.add_argument("--failed", type=int, nargs="?", const=1, metavar="N",
+                       help="the log of the N-th newest failed pod the job keeps (default 1: the last to fail; status.keptPods)")
     p.set_defaults(func=run)
+
+
+def kept_pod(status: dict[str, Any], nth: int) -> tuple[str | None, str]:
+    """The ``nth`` newest failed pod the job keeps (1: the last), or None and why not."""
+    kept = [p for p in status.get("keptPods") or [] if isinstance(p, str)]
+    if nth < 1:
+        return None, f"--failed counts from 1 (the last pod to fail), not {nth}"
+    if len(kept) < nth:
+        listed = f": {', '.join(kept)}" if kept else ""
+        return None, (f"the job keeps {len(kept)} failed pod(s){listed} (status.keptPods, faultTolerance.keepFailedPods); "
+                      f"there is no #{nth}")
+    return kept[nth - 1], f"----- failed pod {kept[nth - 1]}: its log as it ended -----"
 
 
 def follow(read_job: Callable[[], dict[str, Any]], read_log: Callable[[str, str, bool], Iterator[bytes]],
            write: Callable[[bytes], None], say: Callable[[str], None], keep_following: bool, pod: str | None = None,
-           sleep: Callable[[float], None] = time.sleep, identify: Callable[[str], str | None] = lambda name: None) -> int:
-    """Print rank 0's log (or ``pod``'s); with ``keep_following``, on until the job has
+           sleep: Callable[[float], None] = time.sleep, identify: Callable[[str], str | None] = lambda name: None,
+           failed: int | None = None) -> int:
+    """Print rank 0's log (or ``pod``'s, or the ``failed``-th newest kept failed pod's,
+    ``kept_pod``); with ``keep_following``, on until the job has
     ended: a stream that ends early (the pod replaced, a dropped connection) is opened
     again, on rank 0's new pod if it moved, and what was printed already is skipped (a
     container's log only grows); a transient failure to read the job is retried. The exit
@@ -55,6 +73,13 @@ def follow(read_job: Callable[[], dict[str, Any]], read_log: Callable[[str, str,
             sleep(POLL_SECONDS)
             continue
         status = job.get("status") or {}
+        if failed is not None:
+            # A kept pod has ended: its log is read once, whole, and not followed.
+            pod, line = kept_pod(status, failed)
+            say(line)
+            if pod is None:
+                return 1
+            failed, keep_following = None, False
         ended = status.get("phase") in TERMINAL_PHASES
         where = {"pod": pod, "container": TRAINER} if pod else status.get("rankZero")
         if not where:
@@ -122,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return follow(lambda: read_job(k8s, args.namespace, args.job),
                       lambda pod, container, f: k8s.pod_log(args.namespace, pod, container, f), write, say, args.follow, args.pod,
-                      identify=lambda pod: k8s.pod_uid(args.namespace, pod))
+                      identify=lambda pod: k8s.pod_uid(args.namespace, pod), failed=args.failed)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # the reader went away (`| head`): done, as any filter would be

@@ -55,6 +55,9 @@ def render(job: dict[str, Any], now: datetime) -> list[str]:
         where = ", ".join(f"{k} {failure[k]}" for k in ("pod", "node") if failure.get(k))
         lines.append(f"  last failure: {failure.get('kind')} / {failure.get('reason')}" + (f" ({where})" if where else "")
                      + _ago(failure.get("time"), now) + (f": {failure['message']}" if failure.get("message") else ""))
+    kept = [p for p in status.get("keptPods") or [] if isinstance(p, str)]
+    if kept:
+        lines.append(f"  failed pods:  {', '.join(kept)} (kept with their logs: llmtrain logs JOB --failed [N])")
     ckpt = (status.get("lastCheckpoint") or {}).get("summary")
     tiers = []
     for tier in status.get("checkpointTiers") or []:

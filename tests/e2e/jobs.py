@@ -50,8 +50,11 @@ def status(bed, namespace: str, name: str) -> dict[str, Any]:
     return get(bed, namespace, name).get("status") or {}
 
 
-def pods(bed, namespace: str, name: str, role: str = "worker") -> list[dict[str, Any]]:
-    out = bed.kubectl("get", "pods", "-n", namespace, "-l", f"llmtrain.io/job={name},llmtrain.io/role={role}", "-o", "json")
+def pods(bed, namespace: str, name: str, role: str = "worker", kept: bool = False) -> list[dict[str, Any]]:
+    """The job's pods of ``role``; with ``kept``, only the failed pods kept for their logs
+    (``faultTolerance.keepFailedPods``), which are otherwise left out."""
+    selector = f"llmtrain.io/job={name},llmtrain.io/role={role}," + ("llmtrain.io/kept" if kept else "!llmtrain.io/kept")
+    out = bed.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json")
     return json.loads(out.stdout)["items"]
 
 

@@ -58,6 +58,7 @@ def job(operator):
 def test_a_process_crash_is_charged_to_its_pod_and_recovered(operator, job):
     """Every process of worker-1 is SIGKILLed."""
     bed = operator
+    before = bed.pod_log(NS, f"{NAME}-worker-1", "trainer")
     bed.kill_pod(NS, f"{NAME}-worker-1")
     crashed = wait_status(bed, NS, NAME, lambda s: s.get("restarts", 0) >= 1, 60, "crash detected")
     failure = crashed["lastFailure"]
@@ -65,6 +66,14 @@ def test_a_process_crash_is_charged_to_its_pod_and_recovered(operator, job):
     assert failure["detectSeconds"] <= DETECT_BOUND, failure
     recovered = wait_status(bed, NS, NAME, lambda s: s.get("lastRecoverySeconds") is not None, 180, "recovered from the crash")
     crash_recovery = recovered["lastRecoverySeconds"]
+    # The crashed pod is kept with its log; its slot runs a new pod under the next name
+    # and the same host name (the job's DNS names do not change).
+    assert recovered["keptPods"] == [f"{NAME}-worker-1"], recovered.get("keptPods")
+    (kept,) = pods(bed, NS, NAME, kept=True)
+    assert kept["metadata"]["name"] == f"{NAME}-worker-1" and kept["status"]["phase"] == "Failed"
+    assert bed.pod_log(NS, f"{NAME}-worker-1", "trainer").startswith(before), "the failed attempt's log is kept, as it was"
+    (new,) = [p for p in pods(bed, NS, NAME) if p["metadata"]["labels"]["llmtrain.io/slot"] == "1"]
+    assert new["metadata"]["name"] == f"{NAME}-worker-1-1" and new["spec"]["hostname"] == f"{NAME}-worker-1"
     timings = {"crash_detect_seconds": failure["detectSeconds"], "crash_recovery_seconds": crash_recovery}
     assert crash_recovery <= RECOVERY_BOUND, timings
 
@@ -99,7 +108,8 @@ def test_a_lost_node_is_charged_once_the_survivor_trains_on_and_the_replacement_
     assert resumed and min(r.step for r in resumed) >= before["step"] - 10, (before["step"], resumed)
     # The survivor went on at a smaller world size; the replacement arrives after the
     # backoff, on another node.
-    replacement = wait_for(lambda: [p for p in pods(bed, NS, NAME) if p["metadata"]["name"] == victim["metadata"]["name"]
+    slot = victim["metadata"]["labels"]["llmtrain.io/slot"]
+    replacement = wait_for(lambda: [p for p in pods(bed, NS, NAME) if p["metadata"]["labels"]["llmtrain.io/slot"] == slot
                                     and p["metadata"]["uid"] != victim["metadata"]["uid"] and p["spec"].get("nodeName")],
                            120, what="a replacement scheduled")
     assert replacement[0]["spec"]["nodeName"] != node, "the replacement avoids the failed node"
@@ -149,6 +159,14 @@ def test_the_job_succeeds_with_each_failure_charged_once(operator, prometheus, j
         assert logs.returncode == 0 and "step     90/90" in logs.stdout, logs.stdout[-3000:] + logs.stderr
     else:  # the process bed has no kubelet API: the command names the pod it could not read
         assert logs.returncode == 1 and f"cannot read the log of pod {done['rankZero']['pod']}" in logs.stderr, logs.stderr
+    # The crashed pod's log, kept with it (the node lost took its pod and that log along).
+    failed = subprocess.run([cli, "logs", NAME, "-n", NS, "--failed"], capture_output=True, text=True, env=bed.env(), timeout=60)
+    assert f"----- failed pod {NAME}-worker-1: its log as it ended -----" in failed.stderr, failed.stderr
+    if bed.serves_pod_logs:
+        assert failed.returncode == 0, failed.stderr
+    else:
+        assert failed.returncode == 1 and f"cannot read the log of pod {NAME}-worker-1" in failed.stderr, failed.stderr
+    assert done["keptPods"] == [f"{NAME}-worker-1"], done.get("keptPods")
     # The crash was charged before the node was lost.
     assert "before" in job, "the node-loss test lost no node"
     assert job["before"]["restarts"] >= 1

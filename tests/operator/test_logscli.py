@@ -157,3 +157,25 @@ def test_an_unreadable_uid_keeps_the_count_of_the_pod_it_had():
     follow(_statuses(running, running, {"phase": "Succeeded", "rankZero": {"pod": "w-0"}}), lambda p, c, f: iter([b"step 5\n"]),
            out.append, lambda m: None, keep_following=True, sleep=lambda s: None, identify=lambda pod: next(uids, None))
     assert b"".join(out) == b"step 5\n", "printed once: a failed uid read is not a new pod"
+
+
+def test_failed_reads_a_kept_failed_pods_log_once_and_names_what_is_kept_otherwise():
+    from llmtrain_operator.logscli import follow
+
+    status = {"phase": "Running", "rankZero": {"pod": "w-0-1"}, "keptPods": ["w-0", "w-1"]}
+    read, out, said = [], [], []
+
+    def read_log(pod, container, following):
+        read.append((pod, container, following))
+        yield b"the crash\n"
+
+    assert follow(_statuses(status), read_log, out.append, said.append, keep_following=True, failed=2) == 0
+    assert read == [("w-1", "trainer", False)] and out == [b"the crash\n"], "not followed: it has ended"
+    assert said == ["----- failed pod w-1: its log as it ended -----"]
+    said.clear()
+    assert follow(_statuses(status), read_log, out.append, said.append, keep_following=False, failed=3) == 1
+    assert said == ["the job keeps 2 failed pod(s): w-0, w-1 (status.keptPods, faultTolerance.keepFailedPods); there is no #3"]
+    assert follow(_statuses({"phase": "Running"}), read_log, out.append, said.append, keep_following=False, failed=1) == 1
+    assert "keeps 0 failed pod(s) (status.keptPods" in said[-1]
+    assert follow(_statuses(status), read_log, out.append, said.append, keep_following=False, failed=0) == 1
+    assert "counts from 1" in said[-1]

@@ -26,9 +26,10 @@ def test_a_training_job_says_where_it_is_how_fast_and_that_nothing_is_needed():
               "lastFailure": {"kind": "ProcessCrash", "reason": "Signal9", "pod": "gpt-worker-1", "node": "n1",
                               "message": "killed", "time": "2026-11-28T11:58:00Z"},
               "lastCheckpoint": {"summary": "50@local"}, "checkpointTiers": [{"name": "local", "healthy": True, "lastStep": 50}],
-              "goodput": 0.9, "ettr": 0.85, "activeSeconds": 600}
+              "goodput": 0.9, "ettr": 0.85, "activeSeconds": 600, "keptPods": ["gpt-worker-1"]}
     text = "\n".join(render({**JOB, "status": status}, NOW))
     assert text.startswith("gpt (ml): Running, step 54/60, about 12s left")
+    assert "failed pods:  gpt-worker-1 (kept with their logs: llmtrain logs JOB --failed [N])" in text
     assert "loss 3.2100, 4,200 tokens/s" in text and "restarts:     1 of 5 (Signal9 1)" in text
     assert "(pod gpt-worker-1, node n1) 2m ago: killed" in text and "newest 50@local; tiers: local ok, step 50" in text
     assert text.endswith("what to do:   nothing: it is training")

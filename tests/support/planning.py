@@ -7,8 +7,8 @@ from datetime import datetime, timedelta, UTC
 from typing import Any
 
 from llmtrain_operator.api.observed import ConfigMapView, NodeView, Observed, PodView, TrainerProbe, format_time
-from llmtrain_operator.planner import (CreateObject, DeleteJob, DeleteObject, DeletePod, PatchStatus, ReplaceObject, SetSuspend,
-                                      UpdateSpec)
+from llmtrain_operator.planner import (CreateObject, DeleteJob, DeleteObject, DeletePod, KeepPod, PatchStatus, ReplaceObject,
+                                      SetSuspend, UpdateSpec)
 from llmtrain_operator.planner.manifests import CONFIG_HASH_ANNOTATION, config_map
 from llmtrain_operator.api import parse_job
 from support.specs import apply_set, load_job
@@ -32,11 +32,13 @@ def job(changes: dict[str, Any] | None = None, status: dict[str, Any] | None = N
 
 def worker(slot: int, phase: str = "Running", ready: bool = True, node: str | None = None, generation: int = 0,
            exit_code: int | None = None, reason: str | None = None, deleting: bool = False,
-           disruption: bool = False, termination: dict[str, Any] | None = None, created: datetime = CREATED) -> PodView:
+           disruption: bool = False, termination: dict[str, Any] | None = None, created: datetime = CREATED,
+           incarnation: int = 0, kept: bool = False, finished: datetime | None = None, uid: str = "") -> PodView:
     return PodView(
-        name=f"tiny-elastic-worker-{slot}", role="worker", slot=slot, generation=generation, phase=phase,
-        node=node or f"node-{slot}", ready=ready and phase == "Running", deleting=deleting, created=created,
-        exit_code=exit_code, reason=reason, disruption=disruption, termination=termination or {},
+        name=f"tiny-elastic-worker-{slot}" + (f"-{incarnation}" if incarnation else ""), role="worker", slot=slot,
+        generation=generation, phase=phase, node=node or f"node-{slot}", ready=ready and phase == "Running", deleting=deleting,
+        created=created, exit_code=exit_code, reason=reason, disruption=disruption, termination=termination or {},
+        incarnation=incarnation, kept=kept, finished=finished, uid=uid,
     )
 
 
@@ -69,7 +71,7 @@ def observed(raw: dict[str, Any], pods: list[PodView], nodes: list[NodeView] | N
 
 
 def summary(actions: list[Any]) -> list[str]:
-    """Actions as short strings: ``create Pod/x``, ``delete x``, ``force-delete x``."""
+    """Actions as short strings: ``create Pod/x``, ``delete x``, ``force-delete x``, ``keep x``."""
     out = []
     for a in actions:
         if isinstance(a, CreateObject):
@@ -78,6 +80,8 @@ def summary(actions: list[Any]) -> list[str]:
             out.append(f"replace {a.manifest['kind']}/{a.manifest['metadata']['name']}")
         elif isinstance(a, DeletePod):
             out.append(f"{'force-delete' if a.force else 'delete'} {a.name}")
+        elif isinstance(a, KeepPod):
+            out.append(f"keep {a.name}")
         elif isinstance(a, UpdateSpec):
             out.append(f"update {a.manifest['kind']}/{a.manifest['metadata']['name']}")
         elif isinstance(a, DeleteObject):

@@ -33,8 +33,8 @@ SINGULAR = "llmtrainjob"
 SHORT_NAMES = ["ltj"]
 
 NAME_MAX_LENGTH = 40
-"""Pod names are ``<job>-worker-<slot>`` and double as DNS labels (<= 63 chars), so the
-job name is capped well below that."""
+"""Host names are ``<job>-worker-<slot>`` and pod names ``<job>-worker-<slot>[-<n>]``,
+DNS labels (<= 63 chars), so the job name is capped well below that."""
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 

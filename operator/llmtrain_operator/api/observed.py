@@ -31,10 +31,19 @@ LABEL_JOB = "llmtrain.io/job"
 LABEL_ROLE = "llmtrain.io/role"
 LABEL_SLOT = "llmtrain.io/slot"
 LABEL_GENERATION = "llmtrain.io/generation"
+LABEL_INCARNATION = "llmtrain.io/incarnation"
+"""Which of a slot's pods this is: 0 for the first, one more for each replacement (its
+name ends ``-<n>``, so a failed pod can be kept with its log while the next one runs)."""
+LABEL_KEPT = "llmtrain.io/kept"
+"""``"true"`` on a failed worker pod the operator keeps for its log: it has been charged
+and replaced, and no policy acts on it but the retention of ``faultTolerance.keepFailedPods``."""
 ROLE_WORKER = "worker"
 ROLE_STORE = "rendezvous"
 CADENCE_ANNOTATION = "llmtrain.io/cadence-failures"
 """On the job's ConfigMap: the failure count its ``cadence.json`` holds (auto cadence)."""
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -94,6 +103,11 @@ class PodView:
     ``CreateContainerConfigError`` for a missing Secret or key."""
     waiting_message: str | None = None
     """The kubelet's words for it (``state.waiting.message``)."""
+    incarnation: int = 0
+    """``LABEL_INCARNATION``: 0 for a slot's first pod, one more for each replacement."""
+    kept: bool = False
+    """An ended worker pod kept for its log (``LABEL_KEPT``); the label on a pod that has
+    not ended is refused (``rejected``), so no live pod can be hidden from the operator."""
 
     @property
     def active(self) -> bool:
@@ -200,6 +214,13 @@ def pod_view(pod: dict[str, Any]) -> PodView:
     slot = untrusted.count(labels[LABEL_SLOT]) if isinstance(labels.get(LABEL_SLOT), str) else None
     if LABEL_SLOT in labels and slot is None:
         rejected.append(f"label {LABEL_SLOT} ({untrusted.shown(labels[LABEL_SLOT])})")
+    incarnation = untrusted.count(labels.get(LABEL_INCARNATION, "0") or "0")
+    if incarnation is None:
+        rejected.append(f"label {LABEL_INCARNATION} ({untrusted.shown(labels.get(LABEL_INCARNATION))})")
+    phase = status.get("phase") or PodPhase.PENDING
+    kept = LABEL_KEPT in labels and labels.get(LABEL_ROLE) == ROLE_WORKER and phase in (PodPhase.SUCCEEDED, PodPhase.FAILED)
+    if LABEL_KEPT in labels and not kept:
+        rejected.append(f"label {LABEL_KEPT} ({untrusted.shown(labels[LABEL_KEPT])}) on a pod that has not ended")
     waiting = (cstatus.get("state") or {}).get("waiting") or {}
     unschedulable = sched.get("status") == "False" and sched.get("reason") == "Unschedulable"
     return PodView(
@@ -207,7 +228,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         role=labels.get(LABEL_ROLE, ""),
         slot=slot,
         generation=generation or 0,
-        phase=status.get("phase") or PodPhase.PENDING,
+        phase=phase,
         uid=meta.get("uid") or "",
         node=(pod.get("spec") or {}).get("nodeName"),
         ready=(conditions.get("Ready") or {}).get("status") == "True",
@@ -226,6 +247,8 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         ip=status.get("podIP"),
         waiting_reason=waiting.get("reason"),
         waiting_message=waiting.get("message"),
+        incarnation=incarnation or 0,
+        kept=kept,
     )
 
 
@@ -488,7 +511,22 @@ class Observed:
     """A queued job's Kueue Workload; None for a job without the queue label."""
 
     def workers(self) -> list[PodView]:
-        return [p for p in self.pods if p.role == ROLE_WORKER]
+        """The job's worker pods but those kept for their logs (``kept_workers``): every
+        policy acts on these; a kept pod was charged and replaced already."""
+        return [p for p in self.pods if p.role == ROLE_WORKER and not p.kept]
+
+    def kept_workers(self) -> list[PodView]:
+        """Failed worker pods kept for their logs, newest first (``policies/kept.py``)."""
+        kept = [p for p in self.pods if p.role == ROLE_WORKER and p.kept]
+        return sorted(kept, key=lambda p: (p.finished or p.created or _EPOCH, p.incarnation, p.name), reverse=True)
+
+    def next_incarnation(self, slot: int) -> int:
+        """The incarnation of a new pod for ``slot``: one more than any pod of the slot
+        still here (kept ones included, so a kept pod's name is never asked for again);
+        0 when none is. Deterministic: a pass that plans again from the same pods asks for
+        the same name, and the API server's AlreadyExists keeps a slot to one pod."""
+        mine = [p.incarnation for p in self.pods if p.role == ROLE_WORKER and p.slot == slot]
+        return max(mine) + 1 if mine else 0
 
     def worker_probes(self) -> list[TrainerProbe]:
         """The probes of the job's current worker pods (a probe of a pod gone is not)."""

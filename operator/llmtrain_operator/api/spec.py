@@ -396,6 +396,15 @@ class FaultToleranceSpec(Ruled):
     ``hangTimeoutSeconds``. A ``trainer.command`` script is watched only once it has
     reported a step (``LLMTRAIN_PROGRESS_FILE``, docs/custom-scripts.md)."""
 
+    keep_failed_pods: int = Field(3, ge=0, le=50)
+    """Failed worker pods kept, with their logs, after they were replaced (as a Job keeps
+    its failed pods): each replacement is a new pod (``<job>-worker-<slot>-<n>``), the
+    failed one is labelled ``llmtrain.io/kept=true`` and listed in ``status.keptPods``, and
+    the oldest beyond this many are deleted. A kept pod has ended, so it holds no CPU,
+    memory or GPU; its log stays until it is deleted (with the job at the latest). 0..50.
+    Default 3; 0 deletes a failed pod once it is charged. Pods lost with their node (their
+    logs went with it) are not kept, nor the healthy pods a ``RestartAll`` ends."""
+
     backoff: BackoffSpec = Field(default_factory=BackoffSpec)
     """Delay between successive restarts."""
 

@@ -243,6 +243,9 @@ class LLMTrainJobStatus(CamelModel):
     restart_generation: int = 0
     """Bumped by every ``RestartAll``; pods of an older generation are recreated."""
     last_failure: FailureRecord | None = None
+    kept_pods: list[str] = Field(default_factory=list)
+    """Failed worker pods kept with their logs (``faultTolerance.keepFailedPods``), newest
+    first: ``kubectl logs <pod>`` or ``llmtrain logs JOB --failed [N]`` reads one."""
     last_checkpoint: CheckpointRecord | None = None
     checkpoint_tiers: list[TierHealth] = Field(default_factory=list)
     """Each configured tier's health and newest step (condition ``CheckpointsDegraded``)."""

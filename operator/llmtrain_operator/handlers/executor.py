@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..k8s.client import K8s, PermanentApiError, TransientApiError
-from ..planner import (Action, CreateObject, DeleteJob, DeleteObject, DeletePod, PatchStatus, ReplaceObject, SetSuspend,
+from ..planner import (Action, CreateObject, DeleteJob, DeleteObject, DeletePod, KeepPod, PatchStatus, ReplaceObject, SetSuspend,
                        UpdateSpec)
+from ..planner.manifests import kept_pod_patch
 
 A = TypeVar("A")
 
@@ -96,6 +97,9 @@ APPLIERS: Mapping[type, Applier[Any]] = {
     DeletePod: Applier[DeletePod](
         lambda k8s, ns, job, a: k8s.delete_pod(ns, a.name, a.grace_seconds, a.force),
         lambda a: f"{'force-delete' if a.force else 'delete'} Pod {a.name}", Round.AFTER_STATUS),
+    KeepPod: Applier[KeepPod](
+        lambda k8s, ns, job, a: k8s.patch_pod_metadata(ns, a.name, kept_pod_patch(a.uid)),
+        lambda a: f"keep Pod {a.name} for its log", Round.AFTER_STATUS),
     DeleteObject: Applier[DeleteObject](
         lambda k8s, ns, job, a: k8s.delete_object(a.api_version, a.kind, ns, a.name, a.uid),
         lambda a: f"delete {a.kind} {a.name}", Round.AFTER_STATUS),

@@ -259,6 +259,13 @@ class K8s:
                                                                   _preload_content=False),
                           f"delete Pod {namespace}/{name}", tolerated=404)
 
+    def patch_pod_metadata(self, namespace: str, name: str, patch: dict[str, Any]) -> bool:
+        """A JSON merge patch of a pod's metadata (labels, annotations; a ``uid`` in it is a
+        precondition). False when the pod is gone (404)."""
+        return self._send(lambda: self.core.patch_namespaced_pod(name, namespace, patch, _request_timeout=self.timeout,
+                                                                 _preload_content=False, _content_type="application/merge-patch+json"),
+                          f"patch Pod {namespace}/{name}", tolerated=404)
+
     def delete_job(self, namespace: str, name: str) -> None:
         self._send(lambda: self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
                                                                        propagation_policy="Background",

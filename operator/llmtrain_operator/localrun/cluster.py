@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
@@ -32,10 +32,11 @@ from llmtrain_contract.ports import free_ports
 
 from ..api.job import LLMTrainJob
 from ..api.observed import (
-    LABEL_GENERATION, LABEL_ROLE, LABEL_SLOT, ROLE_STORE, ROLE_WORKER, ConfigMapView, NodeView, Observed, PodView, TrainerProbe,
+    LABEL_GENERATION, LABEL_INCARNATION, LABEL_ROLE, LABEL_SLOT, ROLE_STORE, ROLE_WORKER, ConfigMapView, NodeView, Observed, PodView,
+    TrainerProbe,
 )
 from ..api.vocabulary import PodPhase
-from ..planner import CreateObject, DeleteJob, DeletePod, ReplaceObject
+from ..planner import CreateObject, DeleteJob, DeletePod, KeepPod, ReplaceObject
 from ..planner.environment import worker_env
 from ..planner.manifests import TORCHRUN_MAX_RESTARTS
 from ..planner.render import config_text, tier_paths, trainer_config
@@ -98,8 +99,14 @@ class LocalPod:
     uid: str = field(default_factory=lambda: uuid.uuid4().hex)
     health_port: int | None = None
     """The launcher's /healthz and /metrics (its failed attempts), on loopback."""
+    incarnation: int = 0
+    kept: PodView | None = None
+    """Its view when the planner kept it for its log (``KeepPod``): the slot's folder is
+    the next pod's now, the log (``<name>.log``) stays this pod's."""
 
     def view(self) -> PodView:
+        if self.kept is not None:
+            return replace(self.kept, deleting=self.deleting)
         code = self.proc.poll()
         termination: dict[str, Any] = {}
         term = self.folder / "termination-log"
@@ -114,6 +121,7 @@ class LocalPod:
             name=self.name, role=self.role, slot=self.slot, generation=self.generation, phase=phase, uid=self.uid,
             node=f"local-{self.slot}" if self.slot is not None else "local", ready=False, deleting=self.deleting,
             created=self.created, exit_code=exit_code, reason="Error" if code else None, termination=termination,
+            incarnation=self.incarnation,
         )
 
 
@@ -156,9 +164,12 @@ class LocalCluster:
                     self._start_store(manifest["metadata"]["name"])
                 else:
                     labels = manifest["metadata"]["labels"]
-                    self._start_worker(manifest["metadata"]["name"], int(labels[LABEL_SLOT]), int(labels[LABEL_GENERATION]))
+                    self._start_worker(manifest["metadata"]["name"], int(labels[LABEL_SLOT]), int(labels[LABEL_GENERATION]),
+                                       int(labels.get(LABEL_INCARNATION, "0")))
             elif isinstance(action, DeletePod):
                 self.delete(action.name, force=action.force)
+            elif isinstance(action, KeepPod):
+                self.keep(action.name)
             elif isinstance(action, (ReplaceObject, DeleteJob)):
                 pass  # configs are rendered per process start; the job itself lives in memory
 
@@ -193,7 +204,7 @@ class LocalCluster:
         self.store_port = free_ports(1 + RDZV_LEASE_PORT_OFFSET)  # the store's and its leases'
         self._spawn(name, ROLE_STORE, None, 0, store_command(PY, self.store_port, "127.0.0.1"), {})
 
-    def _start_worker(self, name: str, slot: int, generation: int) -> None:
+    def _start_worker(self, name: str, slot: int, generation: int, incarnation: int = 0) -> None:
         spec = self.job.spec
         folder = self.slot_dir(slot)
         run_dir = folder / "run"
@@ -225,6 +236,7 @@ class LocalCluster:
         health_port = free_ports()
         cmd = worker_command(PY, str(run_dir), flags, program, str(folder / "termination-log"), health_port, "127.0.0.1")
         self._spawn(name, ROLE_WORKER, slot, generation, cmd, self.worker_environment(name, slot), health_port)
+        self.pods[name].incarnation = incarnation
 
     def worker_environment(self, name: str, slot: int) -> dict[str, str]:
         """The pod's environment (``planner.environment.worker_env``, the same function
@@ -248,6 +260,14 @@ class LocalCluster:
             self._signal(pod, signal.SIGKILL if force else signal.SIGTERM)
             grace = 0 if force else self.job.spec.checkpoint.sigterm_budget_seconds + 15
             pod.kill_at = time.monotonic() + grace
+
+    def keep(self, name: str) -> None:
+        """A failed pod kept for its log: its processes have ended (only an ended pod is
+        kept); what the planner saw of it stays, and its log file with it."""
+        pod = self.pods.get(name)
+        if pod is None or pod.kept is not None or pod.proc.poll() is None:
+            return
+        pod.kept = replace(pod.view(), kept=True)
 
     def kill_node(self, slot: int) -> str | None:
         """Fault injection: the node dies with everything on it (SIGKILL, no grace)."""

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ..api.vocabulary import Reason
-from .context import DeletePod, Pass
+from .context import Pass
 from .decisions import RestartCharged
-from .outcome import finish
+from .outcome import finish, retire
 
 
 def backoff_seconds(ctx: Pass, restarts: int) -> float:
@@ -45,4 +45,4 @@ def restart_all(ctx: Pass, message: str) -> None:
     ctx.event(Reason.RESTART_ALL, f"{message}; restarting every worker (generation {ctx.status.restart_generation})", warning=True)
     for pod in ctx.observed.workers():
         if not pod.deleting:
-            ctx.actions.append(DeletePod(pod.name))
+            retire(ctx, pod)  # the failed one kept for its log, the others deleted

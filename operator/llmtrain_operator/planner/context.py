@@ -52,6 +52,18 @@ class DeletePod:
 
 
 @dataclass(frozen=True)
+class KeepPod:
+    """Keep an ended worker pod for its log instead of deleting it: label it
+    ``llmtrain.io/kept`` and take it out of its gang, so that no policy acts on it again
+    and its slot takes a new pod (``policies/kept.py`` deletes the oldest beyond
+    ``faultTolerance.keepFailedPods``)."""
+
+    name: str
+    uid: str = ""
+    """The uid read this pass: another pod of that name is refused (a precondition)."""
+
+
+@dataclass(frozen=True)
 class UpdateSpec:
     """Merge the manifest's ``spec`` into an object the operator owns (a PodGroup whose
     ``minMember`` changed with the job's spec); fields others added stay."""
@@ -96,7 +108,7 @@ class DeleteJob:
     reason: str
 
 
-Action = CreateObject | ReplaceObject | UpdateSpec | PatchStatus | SetSuspend | DeletePod | DeleteObject | DeleteJob
+Action = CreateObject | ReplaceObject | UpdateSpec | PatchStatus | SetSuspend | DeletePod | KeepPod | DeleteObject | DeleteJob
 
 
 class Verdict(enum.Enum):

@@ -14,7 +14,7 @@ from llmtrain_contract.names import (CONFIG_HASH_ANNOTATION, GANG_MIN_AVAILABLE_
 
 from ..api.job import API_VERSION, KIND, LLMTrainJob
 from ..api.spec import LLMTrainJobSpec
-from ..api.observed import CADENCE_ANNOTATION, LABEL_ROLE, ROLE_WORKER
+from ..api.observed import CADENCE_ANNOTATION, LABEL_KEPT, LABEL_ROLE, ROLE_WORKER
 from ..api.status import CadenceHistory
 from ..settings import DEFAULT_RUNTIME_IMAGE
 from . import names
@@ -336,8 +336,27 @@ def readiness_probe(job: LLMTrainJob) -> dict[str, Any]:
     return {"httpGet": {"path": "/metrics", "port": job.spec.metrics.port}, "periodSeconds": 2}
 
 
+GANG_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+"""Volcano's: the PodGroup a pod belongs to."""
+GANG_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+"""scheduler-plugins' coscheduling's."""
+
+
+def kept_pod_patch(uid: str = "") -> dict[str, Any]:
+    """The JSON merge patch that keeps an ended worker pod for its log (``KeepPod``): the
+    kept label, and out of its gang (a scheduler counting the group's pods must not count
+    it). With ``uid``, a precondition: another pod of that name is refused (409)."""
+    meta: dict[str, Any] = {"labels": {LABEL_KEPT: "true", GANG_GROUP_LABEL: None},
+                            "annotations": {GANG_GROUP_ANNOTATION: None, GANG_MIN_AVAILABLE_ANNOTATION: None}}
+    if uid:
+        meta["uid"] = uid
+    return {"metadata": meta}
+
+
 def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: Sequence[str] = (),
-               runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> dict[str, Any]:
+               runtime_image: str = DEFAULT_RUNTIME_IMAGE, incarnation: int = 0) -> dict[str, Any]:
+    """``incarnation``: which of the slot's pods this is (``Observed.next_incarnation``):
+    its name and label; the host name is the slot's, whichever pod holds it."""
     spec = job.spec
     job_name = job.metadata.name
     volumes, mounts = _volumes(job)
@@ -371,10 +390,10 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: Sequen
     }
     # Prometheus' kubernetes_sd convention: scrape local rank 0's trainer endpoint.
     annotations: dict[str, str] = {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.metrics.port)}
-    labels = names.worker_labels(job_name, slot, generation)
+    labels = names.worker_labels(job_name, slot, generation, incarnation)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # the operator (and torchrun inside) decide restarts
-        "hostname": names.worker_pod(job_name, slot),
+        "hostname": names.worker_host(job_name, slot),
         "subdomain": names.workers_service(job_name),
         "terminationGracePeriodSeconds": spec.checkpoint.sigterm_budget_seconds + 15,
         # Nothing in a worker calls the API server: no token for a compromised rank to use.
@@ -398,8 +417,8 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: Sequen
             pod_spec["schedulerName"] = sched.scheduler_name
         if sched.gang is not None:
             # Hints understood by Volcano and by scheduler-plugins' coscheduling.
-            annotations["scheduling.k8s.io/group-name"] = job_name
-            labels["scheduling.x-k8s.io/pod-group"] = job_name
+            annotations[GANG_GROUP_ANNOTATION] = job_name
+            labels[GANG_GROUP_LABEL] = job_name
             annotations[GANG_MIN_AVAILABLE_ANNOTATION] = str(sched.gang.min_available)
     if avoid_nodes:
         term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": sorted(avoid_nodes)}]}
@@ -415,7 +434,7 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: Sequen
     pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _meta(job, names.worker_pod(job_name, slot), labels, annotations),
+        "metadata": _meta(job, names.worker_pod(job_name, slot, incarnation), labels, annotations),
         "spec": pod_spec,
     }
     if spec.pod_template is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from llmtrain_contract.names import RDZV_PORT
 
-from ..api.observed import LABEL_GENERATION, LABEL_JOB, LABEL_ROLE, LABEL_SLOT, ROLE_STORE, ROLE_WORKER
+from ..api.observed import LABEL_GENERATION, LABEL_INCARNATION, LABEL_JOB, LABEL_KEPT, LABEL_ROLE, LABEL_SLOT, ROLE_STORE, ROLE_WORKER
 
 CONFIG_MOUNT = "/etc/llmtrain"
 CONFIG_FILE = "config.yaml"
@@ -21,12 +21,19 @@ RUNTIME_VOLUME = "llmtrain-runtime"
 RUNTIME_INIT_CONTAINER = "llmtrain-runtime"
 
 
-def worker_pod(job: str, slot: int) -> str:
+def worker_pod(job: str, slot: int, incarnation: int = 0) -> str:
+    """A slot's first pod is ``<job>-worker-<slot>``; each replacement gets a name of its
+    own (``-<incarnation>``), so a failed pod can be kept with its log beside it."""
+    return f"{job}-worker-{slot}" + (f"-{incarnation}" if incarnation else "")
+
+
+def worker_host(job: str, slot: int) -> str:
+    """The slot's host name, the same for every incarnation of its pod (its DNS name)."""
     return f"{job}-worker-{slot}"
 
 
 def workers_service(job: str) -> str:
-    """Headless Service: gives each worker a DNS name ``<pod>.<job>-workers``."""
+    """Headless Service: gives each worker a DNS name ``<host>.<job>-workers`` (``worker_host``)."""
     return f"{job}-workers"
 
 
@@ -57,12 +64,13 @@ TRAINER_CONTAINER = "trainer"
 
 def worker_selector(job: str) -> str:
     """The job's worker pods as a label selector string (``status.selector``: the scale
-    subresource's, which an autoscaler reads)."""
-    return f"{LABEL_JOB}={job},{LABEL_ROLE}={ROLE_WORKER}"
+    subresource's, which an autoscaler reads); not the failed pods kept for their logs."""
+    return f"{LABEL_JOB}={job},{LABEL_ROLE}={ROLE_WORKER},!{LABEL_KEPT}"
 
 
-def worker_labels(job: str, slot: int, generation: int) -> dict[str, str]:
-    return {**job_labels(job), LABEL_ROLE: ROLE_WORKER, LABEL_SLOT: str(slot), LABEL_GENERATION: str(generation)}
+def worker_labels(job: str, slot: int, generation: int, incarnation: int = 0) -> dict[str, str]:
+    return {**job_labels(job), LABEL_ROLE: ROLE_WORKER, LABEL_SLOT: str(slot), LABEL_GENERATION: str(generation),
+            LABEL_INCARNATION: str(incarnation)}
 
 
 def store_labels(job: str) -> dict[str, str]:

@@ -27,6 +27,7 @@ from .policies import (
     deadline,
     gang,
     in_place,
+    kept,
     memory,
     node_health,
     node_failures,
@@ -62,6 +63,7 @@ FAILURES: tuple[Policy, ...] = (
                            # (before completion: a finished job's final commits count too)
     completion.handle,
     pod_failures.handle,
+    kept.handle,           # failed pods kept for their logs: the oldest beyond the limit deleted
     node_health.handle,    # a node a health agent reports sick: drained before a rank fails there
     node_failures.handle,
     in_place.handle,

@@ -80,9 +80,9 @@ def node(name: str, ready: str = "True", since: float = 3600, unreachable: bool 
             "status": {"conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": ago(since)}]}}
 
 
-async def started_job(api, k8s, status_extra: dict[str, Any] | None = None) -> None:
+async def started_job(api, k8s, status_extra: dict[str, Any] | None = None, changes: dict[str, Any] | None = None) -> None:
     """A job after its first pass, with both workers running on healthy nodes."""
-    put_job(api, job())
+    put_job(api, job(changes))
     await one_pass(api, k8s, now=NOW - timedelta(seconds=60))
     for name in ("tiny-elastic-worker-0", "tiny-elastic-worker-1"):
         api.objects["v1/pods", NS, name] = pod(name, int(name[-1]), node=f"node-{name[-1]}")
@@ -120,27 +120,33 @@ async def test_a_new_job_creates_exactly_its_children_writes_status_once_and_pos
     assert stored_job(api)["status"]["phase"] == "Created"
 
 
-async def test_a_pod_failure_deletes_the_pod_counts_a_restart_and_recreates_it_after_the_backoff(api, k8s):
+async def test_a_pod_failure_keeps_the_pod_counts_a_restart_and_creates_the_next_one_after_the_backoff(api, k8s):
     await started_job(api, k8s)
-    api.objects["v1/pods", NS, "tiny-elastic-worker-0"] = pod(
-        "tiny-elastic-worker-0", 0, phase="Failed", ready=False,
-        terminated={"exitCode": 137, "reason": "Error", "finishedAt": ago(1)})
+    failed = pod("tiny-elastic-worker-0", 0, phase="Failed", ready=False,
+                 terminated={"exitCode": 137, "reason": "Error", "finishedAt": ago(1)})
+    failed["metadata"]["uid"] = "uid-w0"
+    api.objects["v1/pods", NS, "tiny-elastic-worker-0"] = failed
     before = len(api)
     await one_pass(api, k8s)
-    # The decision is recorded before the failed pod (its evidence) is deleted.
+    # The decision is recorded before the failed pod (its evidence) is marked kept.
     assert writes(requests_since(api, before)) == [
         ("PATCH", STATUS),
-        ("DELETE", "/api/v1/namespaces/ml/pods/tiny-elastic-worker-0"),
+        ("PATCH", "/api/v1/namespaces/ml/pods/tiny-elastic-worker-0"),
         ("POST", "/api/v1/namespaces/ml/events"),
     ]
+    keep = next(r for r in list(api)[before:] if str(r.method).endswith("PATCH") and r.url.path.endswith("/pods/tiny-elastic-worker-0"))
+    assert keep.headers["Content-Type"] == "application/merge-patch+json"
+    assert keep.data["metadata"]["uid"] == "uid-w0" and keep.data["metadata"]["labels"]["llmtrain.io/kept"] == "true"
     status = stored_job(api)["status"]
     assert status["restarts"] == 1 and status["lastFailure"]["reason"] == "Signal9"
     assert status["lastFailure"]["detectSeconds"] == 1.0
     before = len(api)
-    await one_pass(api, k8s, now=NOW + timedelta(seconds=5))  # the deleted pod is gone, backoff (1s) over
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=5))  # backoff (1s) over
     calls = writes(requests_since(api, before))
-    assert calls[0] == ("POST", "/api/v1/namespaces/ml/pods")
-    assert api.objects["v1/pods", NS, "tiny-elastic-worker-0"].raw["spec"]["containers"][0]["name"] == "trainer"
+    assert calls.count(("POST", "/api/v1/namespaces/ml/pods")) == 1
+    assert api.objects["v1/pods", NS, "tiny-elastic-worker-0-1"].raw["spec"]["hostname"] == "tiny-elastic-worker-0"
+    assert api.objects["v1/pods", NS, "tiny-elastic-worker-0"].raw["status"]["phase"] == "Failed", "the failed pod is kept"
+    assert stored_job(api)["status"]["keptPods"] == ["tiny-elastic-worker-0"]
 
 
 async def test_a_failed_node_gets_its_pods_force_deleted(api, k8s):
@@ -291,7 +297,7 @@ async def test_500_on_a_create_is_transient_the_status_is_recorded_and_the_retry
     assert api.objects["v1/configmaps", NS, "tiny-elastic-config"].raw["metadata"]["name"] == "tiny-elastic-config"
 
 
-async def test_500_on_the_status_patch_deletes_nothing_and_the_next_pass_counts_the_failure_once(api, k8s):
+async def test_500_on_the_status_patch_touches_no_pod_and_the_next_pass_counts_the_failure_once(api, k8s):
     await started_job(api, k8s)
     api.objects["v1/pods", NS, "tiny-elastic-worker-0"] = pod(
         "tiny-elastic-worker-0", 0, phase="Failed", ready=False, terminated={"exitCode": 137, "reason": "Error"})
@@ -301,26 +307,31 @@ async def test_500_on_the_status_patch_deletes_nothing_and_the_next_pass_counts_
     before = len(api)
     with pytest.raises(TransientApiError, match="HTTP 500"):
         await one_pass(api, k8s)
-    assert writes(requests_since(api, before)) == [("PATCH", STATUS)], "no delete before the decision is recorded"
+    assert writes(requests_since(api, before)) == [("PATCH", STATUS)], "no keep before the decision is recorded"
     put_job(api, unchanged)  # kmock stores a patch even when it answers 500; a real server would not
     before = len(api)
     await one_pass(api, k8s, now=NOW + timedelta(seconds=1))
-    assert writes(requests_since(api, before))[:2] == [("PATCH", STATUS), ("DELETE", "/api/v1/namespaces/ml/pods/tiny-elastic-worker-0")]
+    assert writes(requests_since(api, before))[:2] == [("PATCH", STATUS), ("PATCH", "/api/v1/namespaces/ml/pods/tiny-elastic-worker-0")]
     assert stored_job(api)["status"]["restarts"] == 1
 
 
-async def test_a_failed_delete_is_retried_without_counting_the_failure_twice(api, k8s):
-    await started_job(api, k8s)
+KEEP_OR_DELETE = [("PATCH", {}), ("DELETE", {"spec.faultTolerance.keepFailedPods": 0})]
+"""How a failed pod leaves its slot: kept for its log (the default), or deleted."""
+
+
+@pytest.mark.parametrize(("verb", "changes"), KEEP_OR_DELETE, ids=["keep", "delete"])
+async def test_a_failed_keep_or_delete_is_retried_without_counting_the_failure_twice(api, k8s, verb, changes):
+    await started_job(api, k8s, changes=changes)
     failed = pod("tiny-elastic-worker-0", 0, phase="Failed", ready=False, terminated={"exitCode": 137, "reason": "Error"})
     api.objects["v1/pods", NS, "tiny-elastic-worker-0"] = failed
-    api["delete /api/v1/namespaces/ml/pods/tiny-elastic-worker-0"][:1] << 500
+    api[f"{verb.lower()} /api/v1/namespaces/ml/pods/tiny-elastic-worker-0"][:1] << 500
     with pytest.raises(TransientApiError, match="HTTP 500"):
         await one_pass(api, k8s)
     assert stored_job(api)["status"]["restarts"] == 1
-    api.objects["v1/pods", NS, "tiny-elastic-worker-0"] = failed  # kmock deletes even when it answers 500
+    api.objects["v1/pods", NS, "tiny-elastic-worker-0"] = failed  # kmock applies a request even when it answers 500
     before = len(api)
     await one_pass(api, k8s, now=NOW + timedelta(seconds=1))
-    assert ("DELETE", "/api/v1/namespaces/ml/pods/tiny-elastic-worker-0") in writes(requests_since(api, before))
+    assert (verb, "/api/v1/namespaces/ml/pods/tiny-elastic-worker-0") in writes(requests_since(api, before))
     assert stored_job(api)["status"]["restarts"] == 1
 
 
@@ -439,11 +450,12 @@ async def test_a_refusal_that_lasts_backs_off_to_five_minutes():
     assert [Refusal(n, (), NOW).retry_after for n in (1, 2, 3, 8, 9, 50)] == [2.0, 4.0, 8.0, 256.0, 300.0, 300.0]
 
 
-async def test_403_on_a_delete_stays_a_permanent_error(api, k8s):
-    await started_job(api, k8s)
+@pytest.mark.parametrize(("verb", "changes"), KEEP_OR_DELETE, ids=["keep", "delete"])
+async def test_403_on_a_keep_or_delete_stays_a_permanent_error(api, k8s, verb, changes):
+    await started_job(api, k8s, changes=changes)
     api.objects["v1/pods", NS, "tiny-elastic-worker-0"] = pod(
         "tiny-elastic-worker-0", 0, phase="Failed", ready=False, terminated={"exitCode": 137, "reason": "Error", "finishedAt": ago(1)})
-    api["delete /api/v1/namespaces/ml/pods/tiny-elastic-worker-0"] << 403
+    api[f"{verb.lower()} /api/v1/namespaces/ml/pods/tiny-elastic-worker-0"] << 403
     with pytest.raises(PermanentApiError, match="HTTP 403"):
         await one_pass(api, k8s)
 

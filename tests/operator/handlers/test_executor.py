@@ -11,7 +11,7 @@ from typing import get_args
 
 import pytest
 from llmtrain_operator.handlers.executor import APPLIERS, Round, UnknownAction, describe, write
-from llmtrain_operator.planner import (Action, CreateObject, DeleteJob, DeleteObject, DeletePod, PatchStatus, Plan, ReplaceObject,
+from llmtrain_operator.planner import (Action, CreateObject, DeleteJob, DeleteObject, DeletePod, KeepPod, PatchStatus, Plan, ReplaceObject,
                                        SetSuspend, UpdateSpec)
 from support.planning import job
 
@@ -47,6 +47,7 @@ TABLE = [
     (SetSuspend(True), "set spec.suspend=true", Round.AFTER_STATUS),
     (DeletePod("tiny-elastic-worker-1"), "delete Pod tiny-elastic-worker-1", Round.AFTER_STATUS),
     (DeletePod("tiny-elastic-worker-1", grace_seconds=0, force=True), "force-delete Pod tiny-elastic-worker-1", Round.AFTER_STATUS),
+    (KeepPod("tiny-elastic-worker-1", "uid-1"), "keep Pod tiny-elastic-worker-1 for its log", Round.AFTER_STATUS),
     (DeleteObject("scheduling.x-k8s.io/v1alpha1", "PodGroup", NAME), "delete PodGroup tiny-elastic", Round.AFTER_STATUS),
     (DeleteJob("ttlSecondsAfterFinished"), "delete the job (ttlSecondsAfterFinished)", Round.AFTER_STATUS),
 ]

@@ -44,7 +44,7 @@ def posts(api, suffix):
     return [r for r in api if str(r.method).endswith("POST") and r.url.path.endswith(suffix)]
 
 
-async def test_the_operator_creates_children_and_replaces_a_failed_pod(api, operator_env):
+async def test_the_operator_creates_children_and_replaces_a_failed_pod_keeping_it(api, operator_env):
     import llmtrain_operator.handlers  # noqa: F401 - registers the handlers
 
     # Cluster-wide: kmock cannot serve the namespace listing that namespaced mode reads.
@@ -67,7 +67,11 @@ async def test_the_operator_creates_children_and_replaces_a_failed_pod(api, oper
         await wait_for(lambda: (api.objects[JOBS, NS, NAME].raw.get("status") or {}).get("restarts") == 1)
         status = api.objects[JOBS, NS, NAME].raw["status"]
         assert status["lastFailure"]["reason"] == "OOMKilled"
-        await wait_for(lambda: any(str(r.method).endswith("DELETE") and r.url.path.endswith("/tiny-elastic-worker-0") for r in api))
+        # Kept for its log (labelled, not deleted), and its slot gets the next pod.
+        await wait_for(lambda: (api.objects["v1/pods", NS, "tiny-elastic-worker-0"].raw["metadata"].get("labels") or {})
+                       .get("llmtrain.io/kept") == "true")
+        await wait_for(lambda: "tiny-elastic-worker-0-1" in {(r.data or {}).get("metadata", {}).get("name") for r in posts(api, "/pods")})
+        assert not any(str(r.method).endswith("DELETE") and "/pods/" in r.url.path for r in api)
         # Only the job's status is written: no finalizer, no kopf annotations (a second
         # replica would write those too, outside the leader Lease).
         job_path = f"/apis/llmtrain.io/v1alpha1/namespaces/{NS}/llmtrainjobs/{NAME}"

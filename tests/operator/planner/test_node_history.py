@@ -39,7 +39,7 @@ def test_a_node_that_keeps_killing_the_jobs_pods_is_charged_once_and_quarantined
     quarantined = [r for r in results if "NodeQuarantined" in [e.reason for e in r.events]]
     assert quarantined and quarantined[0] is results[1]  # at the second kill (threshold 2)
     for r in results:
-        assert f"delete {W0}" in summary(r.actions)  # every failed pod is replaced
+        assert f"keep {W0}" in summary(r.actions)  # every failed pod is replaced (and kept for its log)
     assert any("the same episode" in e.message for e in results[2].events)
 
 

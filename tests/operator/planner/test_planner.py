@@ -91,10 +91,10 @@ def test_worker_exit_is_classified(code, reason, term, klass, why, counts):
         assert failed["status"] == "True" and failed["reason"] == why
     elif klass == "disruption":
         assert (status["disruptions"], status["restarts"]) == (1, 0)
-        assert actions == [f"delete {W0}"]
+        assert actions == [f"keep {W0}"]  # kept for its log; its slot gets a new pod
     else:
         assert status["restarts"] == 1 and status["restartsByReason"] == {why: 1}
-        assert actions == [f"delete {W0}"] and status["nextRestartTime"]
+        assert actions == [f"keep {W0}"] and status["nextRestartTime"]
         assert status["lastFailure"]["kind"] == ("Hang" if why == "Hang" else "ProcessCrash")
     assert ("PodFailed" in events) == counts
 
@@ -104,7 +104,7 @@ def test_an_eviction_is_a_disruption_not_a_crash():
     pods = [worker(0, phase="Failed", exit_code=143, reason="Evicted", disruption=True), worker(1)]
     _, status, actions, events = run(raw, observed(raw, pods))
     assert (status["disruptions"], status["restarts"]) == (1, 0)
-    assert actions == [f"delete {W0}"] and "PodDisrupted" in events
+    assert actions == [f"keep {W0}"] and "PodDisrupted" in events
     assert status["lastFailure"]["kind"] == "Eviction"
 
 
@@ -165,7 +165,7 @@ def test_restart_all_bumps_the_generation_and_replaces_every_worker():
     raw = job({"spec.faultTolerance.restartPolicy": "RestartAll"}, status=running_status())
     _, status, actions, events = run(raw, observed(raw, [worker(0, phase="Failed", exit_code=137), worker(1)]))
     assert status["restartGeneration"] == 1 and status["restarts"] == 1
-    assert sorted(actions) == [f"delete {W0}", f"delete {W1}"]
+    assert sorted(actions) == [f"delete {W1}", f"keep {W0}"]  # the failed pod kept for its log
     assert "RestartAll" in events
 
 
@@ -707,7 +707,7 @@ def test_a_pod_that_ends_with_a_hang_its_launcher_counted_in_place_is_replaced_w
     later = {**raw, "status": first.status}
     second = plan(later, observed(later, ended), NOW + timedelta(seconds=3))
     assert second.status["restarts"] == 1 and second.status["restartsByReason"] == {"Hang": 1}
-    assert "delete tiny-elastic-worker-0" in summary(second.actions)
+    assert "keep tiny-elastic-worker-0" in summary(second.actions)
     assert any(e.reason == "PodFailed" and "already charged" in e.message for e in second.events)
     # Never seen (the launcher counted while nobody scraped): the exit is charged.
     unseen = plan(raw, observed(raw, ended), NOW)
@@ -734,7 +734,7 @@ def test_a_status_written_by_an_earlier_version_keeps_its_bookkeeping():
     raw = job(status=legacy)
     failed = PodView(name=W0, role="worker", slot=0, generation=0, phase="Failed", uid="uid-0", node="node-0", exit_code=137)
     _, status, actions, _ = run(raw, observed(raw, [failed, worker(1)]))
-    assert status["restarts"] == 1 and actions == [f"delete {W0}"]  # already charged: only the delete is repeated
+    assert status["restarts"] == 1 and actions == [f"keep {W0}"]  # already charged: only the keep is repeated
     assert status["internal"]["chargedFailures"] == ["pod:uid-0"]
     assert not {"countedFailures", "torchrunRestarts", "hangsSeen", "expectedInPlace", "notReadySince"} & set(status)
 

@@ -42,6 +42,9 @@ def test_the_demo_job_recovers_from_a_crash_and_a_node_loss_and_succeeds(tmp_pat
     reasons = {json.loads(line)["reason"] for line in (workdir / "events.jsonl").read_text().splitlines()}
     assert {"Created", "RestartedInPlace", "InjectedNodeLoss", "PodFailed", "Completed"} <= reasons, reasons
     assert "StoreRestarted" not in reasons, "the rendezvous store must survive a run with no store fault"
+    # The killed node's pod is kept with its log; its slot ran the next pod under a new name.
+    assert status["keptPods"] == ["tiny-elastic-worker-1"], status.get("keptPods")
+    assert (workdir / "tiny-elastic-worker-1.log").stat().st_size and (workdir / "tiny-elastic-worker-1-1.log").stat().st_size
     logs = "".join(f"----- {p.name}\n{p.read_text()}" for p in sorted(workdir.glob("tiny-elastic-worker-*.log")))
     # On failure, everything needed to tell why: each worker's whole log (a restart that
     # found no committed checkpoint says "starting from step 0") and the Events.

@@ -98,8 +98,9 @@ def reconcile_workers(ctx: Pass, admission: Admission, may_create: bool = True) 
             ctx.event(Reason.SCALED_DOWN, f"deleting {pod.name}: replicas.max is {spec.replicas.max}")
         elif pod.generation < status.restart_generation:
             ctx.actions.append(DeletePod(pod.name))
-    # Pod names are stable, so any pod object still holding a slot's name (running,
-    # finished, failed or being deleted) blocks its replacement until it is gone.
+    # Any pod still holding a slot (running, finished, failed or being deleted) blocks its
+    # replacement until it is gone or kept for its log (``workers`` leaves kept pods out):
+    # one live pod per slot, so one pod per host name.
     occupied = {p.slot for p in workers if p.slot is not None}
     missing = [s for s in range(spec.replicas.max) if s not in occupied]
     if not missing:
@@ -113,9 +114,12 @@ def reconcile_workers(ctx: Pass, admission: Admission, may_create: bool = True) 
         ctx.after(wait)
         return
     avoid = active_quarantine(ctx)
+    created = []
     for slot in missing:
-        ctx.actions.append(CreateObject(place(manifests.worker_pod(ctx.job, slot, status.restart_generation, avoid, ctx.runtime_image),
-                                              admission)))
-    pods = ", ".join(names.worker_pod(ctx.job.metadata.name, s) for s in missing)
+        incarnation = ctx.observed.next_incarnation(slot)
+        ctx.actions.append(CreateObject(place(manifests.worker_pod(ctx.job, slot, status.restart_generation, avoid, ctx.runtime_image,
+                                                                   incarnation), admission)))
+        created.append(names.worker_pod(ctx.job.metadata.name, slot, incarnation))
+    pods = ", ".join(created)
     extra = f" (avoiding quarantined nodes {', '.join(avoid)})" if avoid else ""
     ctx.event(Reason.CREATED_WORKERS, f"created {pods} for generation {status.restart_generation}{extra}")

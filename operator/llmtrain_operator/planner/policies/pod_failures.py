@@ -1,5 +1,6 @@
 """Failed worker pods, classified by their exit (the launcher's termination message,
-the kubelet's reason) with the shared exit-code table:
+the kubelet's reason) with the shared exit-code table. A replaced pod is kept for its log
+(``outcome.retire``, ``policies/kept.py``) unless the job keeps none:
 
 | exit                                | action                                  |
 |-------------------------------------|-----------------------------------------|
@@ -22,9 +23,9 @@ from ...api.observed import PodView
 from ...api.vocabulary import FailureKind, PodPhase, Reason
 from ..accounting import charged, pod_key, record_failure, remember
 from ..budget import count_restart, restart_all
-from ..context import DeletePod, Pass, Verdict
+from ..context import Pass, Verdict
 from ..decisions import DisruptionCounted
-from ..outcome import finish
+from ..outcome import finish, retire
 from .. import node_history
 
 
@@ -60,7 +61,7 @@ def handle(ctx: Pass) -> Verdict:
         if pod.phase != PodPhase.FAILED or pod.deleting:
             continue
         if charged(ctx, key):
-            ctx.actions.append(DeletePod(pod.name))  # an earlier delete did not go through
+            retire(ctx, pod)  # an earlier keep or delete did not go through
             continue
         remember(ctx, key)
         verdict = classify_pod(pod)
@@ -81,13 +82,13 @@ def handle(ctx: Pass) -> Verdict:
             record_failure(ctx, FailureKind.EVICTION, verdict.reason, pod, exit_code=code, message=detail)
             ctx.event(Reason.POD_DISRUPTED, f"{where} was disrupted ({verdict.reason}); replacing it (not counted as a restart)",
                       warning=True)
-            ctx.actions.append(DeletePod(pod.name))
+            retire(ctx, pod)
             continue
         kind = FailureKind.HANG if verdict.reason == classify_exit(ExitCode.HANG).reason else FailureKind.PROCESS_CRASH
         if kind == FailureKind.HANG and _charged_in_place(ctx, pod, key):
             ctx.event(Reason.POD_FAILED, f"{where} failed (exit {code}, {verdict.reason}), the hang already charged when "
                       "it was detected; replacing it", warning=True)
-            ctx.actions.append(DeletePod(pod.name))
+            retire(ctx, pod)
             continue
         record_failure(ctx, kind, verdict.reason, pod, exit_code=code, message=detail)
         if pod.node and node_history.points_at_node(pod):
@@ -102,7 +103,7 @@ def handle(ctx: Pass) -> Verdict:
                 if ctx.spec.fault_tolerance.restart_policy == "RestartAll":
                     restart_all(ctx, f"{where} failed")
                 else:
-                    ctx.actions.append(DeletePod(pod.name))
+                    retire(ctx, pod)
                 continue
         ctx.event(Reason.POD_FAILED, f"{where} failed (exit {code}, {verdict.reason}); replacing it", warning=True)
         if not count_restart(ctx, verdict.reason):
@@ -110,5 +111,5 @@ def handle(ctx: Pass) -> Verdict:
         if ctx.spec.fault_tolerance.restart_policy == "RestartAll":
             restart_all(ctx, f"{where} failed")
         else:
-            ctx.actions.append(DeletePod(pod.name))
+            retire(ctx, pod)
     return Verdict.CONTINUE
