@@ -27,13 +27,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--pod", help="this worker pod's log instead of rank 0's (its trainer container)")
     which.add_argument("--failed", type=int, nargs="?", const=1, metavar="N",
-                       help="the log of the N-th newest failed pod the job keeps (default 1: the last to fail; status.keptPods)")
+                       help="the log of the N-th newest failed pod the job keeps (default 1: the last to fail; status.keptPods, "
+                            "after the pod that failed a failed job)")
     p.set_defaults(func=run)
 
 
 def kept_pod(status: dict[str, Any], nth: int) -> tuple[str | None, str]:
-    """The ``nth`` newest failed pod the job keeps (1: the last), or None and why not."""
+    """The ``nth`` newest failed pod the job keeps (1: the last), or None and why not. A
+    job that failed keeps the pod that failed it as it is (not labelled kept): it counts
+    first."""
     kept = [p for p in status.get("keptPods") or [] if isinstance(p, str)]
+    last = (status.get("lastFailure") or {}).get("pod")
+    if status.get("phase") == "Failed" and isinstance(last, str) and last and last not in kept:
+        kept.insert(0, last)
     if nth < 1:
         return None, f"--failed counts from 1 (the last pod to fail), not {nth}"
     if len(kept) < nth:

@@ -179,3 +179,12 @@ def test_failed_reads_a_kept_failed_pods_log_once_and_names_what_is_kept_otherwi
     assert "keeps 0 failed pod(s) (status.keptPods" in said[-1]
     assert follow(_statuses(status), read_log, out.append, said.append, keep_following=False, failed=0) == 1
     assert "counts from 1" in said[-1]
+
+
+def test_failed_of_a_failed_job_starts_with_the_pod_that_failed_it():
+    from llmtrain_operator.logscli import kept_pod
+
+    status = {"phase": "Failed", "lastFailure": {"pod": "w-1-2"}, "keptPods": ["w-1-1", "w-0"]}
+    assert [kept_pod(status, n)[0] for n in (1, 2, 3)] == ["w-1-2", "w-1-1", "w-0"]
+    running = {**status, "phase": "Running", "lastFailure": {"pod": "w-1-1"}}
+    assert kept_pod(running, 1)[0] == "w-1-1", "a running job's last failure is its newest kept pod"

@@ -27,6 +27,9 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_LABELS = (GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL)
 GPU_RESOURCE = "nvidia.com/gpu"
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+OPERATOR_LABEL_PREFIX = "llmtrain.io/"
+"""Every label the operator puts on its pods is under this prefix; a job's podTemplate may
+not set one (``spec.PodTemplateMetadata``)."""
 LABEL_JOB = "llmtrain.io/job"
 LABEL_ROLE = "llmtrain.io/role"
 LABEL_SLOT = "llmtrain.io/slot"
@@ -34,6 +37,8 @@ LABEL_GENERATION = "llmtrain.io/generation"
 LABEL_INCARNATION = "llmtrain.io/incarnation"
 """Which of a slot's pods this is: 0 for the first, one more for each replacement (its
 name ends ``-<n>``, so a failed pod can be kept with its log while the next one runs)."""
+MAX_INCARNATION = 1_000_000
+"""Above this an incarnation label is refused (read as 0): no operator writes one so high."""
 LABEL_KEPT = "llmtrain.io/kept"
 """``"true"`` on a failed worker pod the operator keeps for its log: it has been charged
 and replaced, and no policy acts on it but the retention of ``faultTolerance.keepFailedPods``."""
@@ -106,8 +111,9 @@ class PodView:
     incarnation: int = 0
     """``LABEL_INCARNATION``: 0 for a slot's first pod, one more for each replacement."""
     kept: bool = False
-    """An ended worker pod kept for its log (``LABEL_KEPT``); the label on a pod that has
-    not ended is refused (``rejected``), so no live pod can be hidden from the operator."""
+    """A failed worker pod kept for its log (``LABEL_KEPT``); the label on any other pod is
+    refused (``rejected``), so no live or finished pod can be hidden from the operator (a
+    kept pod nobody charged is charged all the same: ``policies/pod_failures.py``)."""
 
     @property
     def active(self) -> bool:
@@ -215,12 +221,14 @@ def pod_view(pod: dict[str, Any]) -> PodView:
     if LABEL_SLOT in labels and slot is None:
         rejected.append(f"label {LABEL_SLOT} ({untrusted.shown(labels[LABEL_SLOT])})")
     incarnation = untrusted.count(labels.get(LABEL_INCARNATION, "0") or "0")
+    if incarnation is not None and incarnation > MAX_INCARNATION:
+        incarnation = None
     if incarnation is None:
         rejected.append(f"label {LABEL_INCARNATION} ({untrusted.shown(labels.get(LABEL_INCARNATION))})")
     phase = status.get("phase") or PodPhase.PENDING
-    kept = LABEL_KEPT in labels and labels.get(LABEL_ROLE) == ROLE_WORKER and phase in (PodPhase.SUCCEEDED, PodPhase.FAILED)
+    kept = labels.get(LABEL_KEPT) == "true" and labels.get(LABEL_ROLE) == ROLE_WORKER and phase == PodPhase.FAILED
     if LABEL_KEPT in labels and not kept:
-        rejected.append(f"label {LABEL_KEPT} ({untrusted.shown(labels[LABEL_KEPT])}) on a pod that has not ended")
+        rejected.append(f"label {LABEL_KEPT} ({untrusted.shown(labels[LABEL_KEPT])}) on a pod that has not failed")
     waiting = (cstatus.get("state") or {}).get("waiting") or {}
     unschedulable = sched.get("status") == "False" and sched.get("reason") == "Unschedulable"
     return PodView(

@@ -21,6 +21,7 @@ from pydantic import Field, field_validator
 
 from . import coretypes
 from .coretypes import QUANTITY_PATTERN
+from .observed import OPERATOR_LABEL_PREFIX
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 
 
@@ -484,10 +485,21 @@ class PodTemplateMetadata(CamelModel):
     ever being deleted (the operator's name, labels and owner win anyway)."""
 
     labels: dict[str, str] | None = None
-    """Labels added to the worker pods (the operator's own win a clash)."""
+    """Labels added to the worker pods (the operator's own win a clash). Keys under
+    ``llmtrain.io/`` are the operator's (which slot, which incarnation, kept for its log)
+    and are refused."""
 
     annotations: dict[str, str] | None = None
     """Annotations added to the worker pods."""
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        owned = sorted(key for key in value or {} if key.startswith(OPERATOR_LABEL_PREFIX))
+        if owned:
+            raise ValueError(f"{', '.join(owned)}: labels under {OPERATOR_LABEL_PREFIX} are the operator's (a pod's slot, "
+                             "incarnation, whether it is kept for its log); a template may not set them")
+        return value
 
 
 class PodTemplateSpec(CamelModel):

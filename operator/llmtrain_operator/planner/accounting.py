@@ -12,17 +12,18 @@ from datetime import datetime
 from ..api.observed import PodView, format_time
 from ..api.status import FailureRecord
 from ..api.vocabulary import FailureKind
-from .context import Pass
+from .context import DeletePod, Pass
 from .decisions import FailureRecorded
 
 MAX_CHARGED = 200
 """Failure keys kept in status (oldest dropped first). Only a key whose pod still exists
-matters, and a failed pod is deleted right after its failure is charged."""
+matters: a failed pod is deleted or kept right after its failure is charged, and a kept
+pod is then known by its name in ``status.keptPods`` (at most 50) as well."""
 
 
 def pod_key(pod: PodView) -> str:
-    """The identity of a pod's failure: its uid (a replacement under the same stable name
-    is another pod, so another failure)."""
+    """The identity of a pod's failure: its uid (a replacement that took a deleted pod's
+    name is another pod, so another failure)."""
     return f"pod:{pod.uid}" if pod.uid else f"pod:{pod.name}@{pod.created.isoformat() if pod.created else ''}"
 
 
@@ -93,3 +94,15 @@ def record_failure(ctx: Pass, kind: FailureKind, reason: str, pod: PodView | Non
     )
     ctx.status.last_failure = record
     ctx.decide(FailureRecorded(record.kind, record.reason, record.pod, record.node, record.exit_code, record.detect_seconds))
+
+
+def unhandled_kept(ctx: Pass) -> list[PodView]:
+    """Pods labelled kept whose failure this operator never handled (someone else set the
+    label before the charge): neither charged nor listed in the status's ``keptPods``
+    (which only ever lists handled ones, ``policies/kept.py``). Judged as failures all the
+    same, so that a label cannot make a failure go uncounted."""
+    listed = set(ctx.status.kept_pods)
+    # Kept pods this pass already deletes (beyond the limit) leave the list, but not unhandled.
+    deleting = {a.name for a in ctx.actions if isinstance(a, DeletePod)}
+    return [p for p in ctx.observed.kept_workers()
+            if p.name not in listed and p.name not in deleting and not p.deleting and not charged(ctx, pod_key(p))]

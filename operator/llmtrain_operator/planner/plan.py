@@ -51,6 +51,7 @@ from .timekeeping import account_time
 Policy = Callable[[Pass], Verdict]
 
 FIRST: tuple[Policy, ...] = (
+    kept.handle,           # failed pods kept for their logs: listed; the oldest beyond the limit deleted
     terminal.handle,       # a finished job: only stragglers and the TTL
     validity.handle,       # a missing Secret/PVC blocks; a fixed spec clears Invalid
 )
@@ -63,7 +64,6 @@ FAILURES: tuple[Policy, ...] = (
                            # (before completion: a finished job's final commits count too)
     completion.handle,
     pod_failures.handle,
-    kept.handle,           # failed pods kept for their logs: the oldest beyond the limit deleted
     node_health.handle,    # a node a health agent reports sick: drained before a rank fails there
     node_failures.handle,
     in_place.handle,

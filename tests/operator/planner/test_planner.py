@@ -741,10 +741,11 @@ def test_a_status_written_by_an_earlier_version_keeps_its_bookkeeping():
 
 def test_the_pod_template_merges_over_the_worker_pod_and_operator_fields_win():
     from llmtrain_operator.api import parse_job
+    from llmtrain_operator.api.job import SpecInvalid
     from llmtrain_operator.planner.manifests import worker_pod
 
     raw = job({"spec.podTemplate": {
-        "metadata": {"labels": {"team": "nlp", "llmtrain.io/slot": "7"}, "annotations": {"note": "x"}},
+        "metadata": {"labels": {"team": "nlp", "app.kubernetes.io/name": "mine"}, "annotations": {"note": "x"}},
         "spec": {"volumes": [{"name": "data", "emptyDir": {}}],
                  "containers": [{"name": "trainer", "command": ["evil"],
                                  "env": [{"name": "EXTRA", "value": "1"}, {"name": "LLMTRAIN_JOB", "value": "hijack"}],
@@ -753,7 +754,11 @@ def test_the_pod_template_merges_over_the_worker_pod_and_operator_fields_win():
                  "restartPolicy": "Always"}}})
     pod = worker_pod(parse_job(raw), 1, 0)
     labels, spec = pod["metadata"]["labels"], pod["spec"]
-    assert labels["team"] == "nlp" and labels["llmtrain.io/slot"] == "1"  # the operator's label wins
+    assert labels["team"] == "nlp" and labels["app.kubernetes.io/name"] == "llmtrain"  # the operator's label wins
+    assert labels["llmtrain.io/slot"] == "1"
+    # The operator's own label keys are refused outright: they say which pod holds a slot.
+    with pytest.raises(SpecInvalid, match=r"spec.podTemplate.metadata.labels: llmtrain.io/slot: labels under llmtrain.io/"):
+        parse_job(job({"spec.podTemplate": {"metadata": {"labels": {"llmtrain.io/slot": "7"}}}}))
     assert pod["metadata"]["annotations"]["note"] == "x"
     # Volumes and mounts merge by key (strategic merge): the operator's own stay.
     assert {v["name"] for v in spec["volumes"]} == {"run", "dshm", "tmp", "config", "ckpt-local", "data"}

@@ -115,8 +115,11 @@ def reconcile_workers(ctx: Pass, admission: Admission, may_create: bool = True) 
         return
     avoid = active_quarantine(ctx)
     created = []
+    taken = {p.name for p in ctx.observed.pods}
     for slot in missing:
         incarnation = ctx.observed.next_incarnation(slot)
+        while names.worker_pod(ctx.job.metadata.name, slot, incarnation) in taken:
+            incarnation += 1  # a pod whose incarnation label was changed holds that name
         ctx.actions.append(CreateObject(place(manifests.worker_pod(ctx.job, slot, status.restart_generation, avoid, ctx.runtime_image,
                                                                    incarnation), admission)))
         created.append(names.worker_pod(ctx.job.metadata.name, slot, incarnation))

@@ -6,11 +6,16 @@ here the oldest kept pods beyond the limit are deleted and the rest listed in
 
 from __future__ import annotations
 
+from ..accounting import unhandled_kept
 from ..context import DeletePod, Pass, Verdict
 
 
 def handle(ctx: Pass) -> Verdict:
-    kept = [p for p in ctx.observed.kept_workers() if not p.deleting]
+    """First in every pass (a finished job's list stays true too). A pod labelled kept
+    that this operator never handled is left to ``pod_failures`` (charged there, listed
+    from the next pass on)."""
+    foreign = {p.name for p in unhandled_kept(ctx)}
+    kept = [p for p in ctx.observed.kept_workers() if not p.deleting and p.name not in foreign]
     limit = ctx.spec.fault_tolerance.keep_failed_pods
     for pod in kept[limit:]:
         ctx.actions.append(DeletePod(pod.name))

@@ -21,7 +21,7 @@ from llmtrain_contract.names import Termination
 
 from ...api.observed import PodView
 from ...api.vocabulary import FailureKind, PodPhase, Reason
-from ..accounting import charged, pod_key, record_failure, remember
+from ..accounting import charged, pod_key, record_failure, remember, unhandled_kept
 from ..budget import count_restart, restart_all
 from ..context import Pass, Verdict
 from ..decisions import DisruptionCounted
@@ -46,7 +46,9 @@ def classify_pod(pod: PodView) -> Classification:
 
 
 def handle(ctx: Pass) -> Verdict:
-    for pod in ctx.observed.workers():
+    # Every worker but those kept for their logs, and any pod labelled kept that this
+    # operator never handled (``accounting.unhandled_kept``).
+    for pod in ctx.observed.workers() + unhandled_kept(ctx):
         key = pod_key(pod)
         if pod.deleting and pod.disruption and not charged(ctx, key):
             # Evicted through the Eviction API (drain, preemption): the pod is already on

@@ -1,6 +1,7 @@
 """``spec.suspend`` (or Kueue holding a queued job, ``policies/queueing.py``): delete
-every pod (the store too), keep status and checkpoints; unsuspending recreates them and
-training resumes from the newest checkpoint."""
+every pod (the store too) but the failed ones kept for their logs, which hold nothing;
+keep status and checkpoints; unsuspending recreates them and training resumes from the
+newest checkpoint."""
 
 from __future__ import annotations
 
