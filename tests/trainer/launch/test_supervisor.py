@@ -196,15 +196,28 @@ def test_a_heartbeat_older_than_its_pid_is_a_leftover_and_ignored(tmp_path, rank
     assert newer.poll() is None
 
 
-def test_a_stopped_torchrun_agent_is_ended_with_its_workers(tmp_path, ranks):
+def start_agent(procs: list[subprocess.Popen]) -> tuple[subprocess.Popen, int]:
+    """A stand-in torchrun agent with one worker process: (the agent, the worker's pid)."""
     agent = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import subprocess, sys, time
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
         print(child.pid, flush=True)
         time.sleep(3600)
     """)], stdout=subprocess.PIPE, text=True)
-    ranks.append(agent)
-    worker = int(agent.stdout.readline())
+    procs.append(agent)
+    return agent, int(agent.stdout.readline())
+
+
+def ended(pid: int, timeout: float = 10) -> bool:
+    """Whether ``pid`` is gone (or a zombie) within ``timeout``."""
+    end = time.monotonic() + timeout
+    while (info := proc_info(pid)) is not None and info.state != "Z" and time.monotonic() < end:
+        time.sleep(0.1)
+    return info is None or info.state == "Z"
+
+
+def test_a_stopped_torchrun_agent_is_ended_with_its_workers(tmp_path, ranks):
+    agent, worker = start_agent(ranks)
     Heartbeat(tmp_path, 0, 0, 0, TIMEOUT)  # a rank published its timeout
     sup = Supervisor(tmp_path, agent_pid=agent.pid)
     sup.check()
@@ -216,10 +229,7 @@ def test_a_stopped_torchrun_agent_is_ended_with_its_workers(tmp_path, ranks):
         time.sleep(0.2)
     assert sup.agent_hang is not None and "torchrun agent" in sup.agent_hang
     assert agent.wait(timeout=10) == -signal.SIGKILL
-    end = time.monotonic() + 10
-    while (info := proc_info(worker)) is not None and info.state != "Z" and time.monotonic() < end:
-        time.sleep(0.1)
-    assert info is None or info.state == "Z", "the agent's workers are ended too"
+    assert ended(worker), "the agent's workers are ended too"
     code, message = decide(-9, [], sup.agent_hang)
     assert code == ExitCode.HANG and message["reason"] == "Hang" and "torchrun agent" in message["message"]
 
@@ -229,14 +239,7 @@ def test_a_ranks_permanent_exit_record_ends_the_torchrun_agent_and_its_workers(t
     stop_on_permanent_exit): the supervisor reads a permanent exit record written after it
     started and kills the agent and its workers; a retryable code, or a permanent one left
     by an earlier container of the pod, leaves the agent running."""
-    agent = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
-        import subprocess, sys, time
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
-        print(child.pid, flush=True)
-        time.sleep(3600)
-    """)], stdout=subprocess.PIPE, text=True)
-    ranks.append(agent)
-    worker = int(agent.stdout.readline())
+    agent, worker = start_agent(ranks)
     exitrecord.write(tmp_path, 0, rank=3, local_rank=0, code=ExitCode.DATA_ERROR, message="an earlier container", step=None)
     time.sleep(0.05)
     sup = Supervisor(tmp_path, agent_pid=agent.pid)
@@ -247,10 +250,7 @@ def test_a_ranks_permanent_exit_record_ends_the_torchrun_agent_and_its_workers(t
     sup.check()
     assert sup.permanent is not None and sup.permanent[0] == 1 and sup.permanent[1]["code"] == ExitCode.STORAGE_FULL
     assert agent.wait(timeout=10) == -signal.SIGKILL
-    end = time.monotonic() + 10
-    while (info := proc_info(worker)) is not None and info.state != "Z" and time.monotonic() < end:
-        time.sleep(0.1)
-    assert info is None or info.state == "Z", "the agent's workers are ended too"
+    assert ended(worker), "the agent's workers are ended too"
 
 
 def test_the_supervisor_survives_a_run_dir_without_heartbeats(tmp_path):
