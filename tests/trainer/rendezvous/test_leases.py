@@ -33,12 +33,11 @@ RUN = "job-uid"
 
 
 
-def _said_until(capsys, line: str, timeout: float = 10) -> str:
-    """What was printed until ``line`` was (a server thread prints after its store write,
-    so the write may be seen first); fails naming the line if it never is."""
+def _said_until(capsys, line: str, timeout: float = 10) -> None:
+    """Wait until ``line`` was printed (a server thread prints after its store write, so
+    the write may be seen first); fails naming the line if it never is."""
     out: list[str] = []
     wait_for(lambda: (out.append(capsys.readouterr().out) or line in "".join(out)), timeout, 0.05, f"the line {line!r}")
-    return "".join(out)
 
 def _state(complete: bool, *nodes: _NodeDesc, waiting: tuple[_NodeDesc, ...] = ()) -> _RendezvousState:
     state = _RendezvousState()
