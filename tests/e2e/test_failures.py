@@ -87,6 +87,19 @@ def test_a_lost_node_is_charged_once_the_survivor_trains_on_and_the_replacement_
     # node lost meanwhile (the replacement's) would cost the survivor nothing to restore.
     wait_status(bed, NS, NAME, lambda s: s.get("phase") == "Running" and s.get("worldSize") == 2
                 and (s.get("restarts", 0) == 0 or s.get("lastRecoverySeconds") is not None), 240, "two workers training")
+    # Which pod holds which rank (status.ranks), and `llmtrain logs --rank 1` reads that pod's log.
+    placed = wait_status(bed, NS, NAME, lambda s: [(h["first"], h["last"]) for h in s.get("ranks", [])] == [(0, 0), (1, 1)],
+                         60, "both ranks placed in the status")
+    holder = placed["ranks"][1]["pod"]
+    assert {h["pod"] for h in placed["ranks"]} <= {p["metadata"]["name"] for p in pods(bed, NS, NAME)}, placed["ranks"]
+    assert placed["ranks"][0]["pod"] == placed["rankZero"]["pod"] != holder, placed
+    cli = str(Path(sys.executable).with_name("llmtrain"))
+    shown = subprocess.run([cli, "logs", NAME, "-n", NS, "--rank", "1"], capture_output=True, text=True, env=bed.env(), timeout=60)
+    if bed.serves_pod_logs:
+        assert shown.returncode == 0 and shown.stdout, shown.stderr
+        assert bed.pod_log(NS, holder, "trainer").startswith(shown.stdout), "rank 1's log is its pod's"
+    else:  # the process bed has no kubelet API: the command names the pod it could not read
+        assert shown.returncode == 1 and f"cannot read the log of pod {holder}" in shown.stderr, shown.stderr
     # Choose a worker's node that does not also host the rendezvous store (and, where
     # there is one, not the crashed pod kept for its log: read at the end, through its
     # node's kubelet on real nodes).
@@ -172,6 +185,12 @@ def test_the_job_succeeds_with_each_failure_charged_once(operator, prometheus, j
     else:  # no kubelet API (the process bed), or the kept pod's node is the one still down
         assert failed.returncode == 1 and f"cannot read the log of pod {NAME}-worker-1" in failed.stderr, failed.stderr
     assert done["keptPods"] == [f"{NAME}-worker-1"], done.get("keptPods")
+    # Attempt 0 of slot 1, from its pod now (the slot's newest): the crashed pod, kept.
+    (current,) = [p["metadata"]["name"] for p in pods(bed, NS, NAME) if p["metadata"]["labels"]["llmtrain.io/slot"] == "1"]
+    first = subprocess.run([cli, "logs", NAME, "-n", NS, "--pod", current, "--attempt", "0"], capture_output=True, text=True,
+                           env=bed.env(), timeout=60)
+    assert f"----- pod {NAME}-worker-1: attempt 0 of worker slot 1 (Failed, kept) -----" in first.stderr, first.stderr
+    assert first.returncode == failed.returncode and first.stdout == failed.stdout, first.stderr
     # The crash was charged before the node was lost.
     assert "before" in job, "the node-loss test lost no node"
     assert job["before"]["restarts"] >= 1

@@ -188,3 +188,82 @@ def test_failed_of_a_failed_job_starts_with_the_pod_that_failed_it():
     assert [kept_pod(status, n)[0] for n in (1, 2, 3)] == ["w-1-2", "w-1-1", "w-0"]
     running = {**status, "phase": "Running", "lastFailure": {"pod": "w-1-1"}}
     assert kept_pod(running, 1)[0] == "w-1-1", "a running job's last failure is its newest kept pod"
+
+
+RANKS = [{"pod": "j-worker-1-1", "first": 0, "last": 1}, {"pod": "j-worker-0", "first": 2, "last": 3}]
+
+
+def test_rank_r_reads_the_pod_holding_it_and_follows_it_when_it_moves():
+    from llmtrain_operator.logscli import follow
+
+    logs = {"j-worker-0": [b"rank 2 and 3\n"], "j-worker-2": [b"rank 2 again\n"]}
+    read = []
+
+    def read_log(pod, container, following):
+        read.append(pod)
+        yield from logs[pod]
+
+    out, said = [], []
+    moved = [{"pod": "j-worker-1-1", "first": 0, "last": 1}, {"pod": "j-worker-2", "first": 2, "last": 3}]
+    code = follow(_statuses({"phase": "Running", "ranks": RANKS}, {"phase": "Running", "ranks": moved},
+                            {"phase": "Succeeded", "ranks": moved}),
+                  read_log, out.append, said.append, keep_following=True, sleep=lambda s: None, rank=3)
+    assert code == 0 and b"".join(out) == b"rank 2 and 3\nrank 2 again\n"
+    assert read[0] == "j-worker-0" and set(read[1:]) == {"j-worker-2"}
+    assert said == ["----- rank 3 moved: pod j-worker-2 (the job restarted) -----"]
+    # A rank no pod holds (past the world size, or not yet scraped) says so, with the world size.
+    said.clear()
+    assert follow(_statuses({"phase": "Running", "ranks": RANKS, "worldSize": 4}), read_log, out.append, said.append,
+                  keep_following=False, rank=4) == 1
+    assert said == ["no pod holds global rank 4 now (status.ranks; world size 4, ranks 0-3); -f waits for one"]
+
+
+def test_rank_zero_comes_from_rank_zero_and_a_forged_ranks_entry_is_not_believed():
+    from llmtrain_operator.logscli import rank_holder
+
+    status = {"rankZero": {"pod": "a", "container": "trainer"}, "ranks": RANKS}
+    assert rank_holder(status, 0)["pod"] == "a"
+    assert rank_holder(status, 1)["pod"] == "j-worker-1-1" and rank_holder(status, 3)["pod"] == "j-worker-0"
+    hostile = {"ranks": [{"pod": 7, "first": 0, "last": 9}, {"pod": "x", "first": "0", "last": 9}, "junk",
+                         {"pod": "y", "first": 0, "last": None}]}
+    assert all(rank_holder(hostile, r) is None for r in range(10))
+
+
+def _pod(name, slot, attempt, phase="Running", kept=False):
+    labels = {"llmtrain.io/slot": str(slot), "llmtrain.io/incarnation": str(attempt)}
+    if kept:
+        labels["llmtrain.io/kept"] = "true"
+    return {"metadata": {"name": name, "labels": labels}, "status": {"phase": phase}}
+
+
+PODS = [_pod("j-worker-0", 0, 0), _pod("j-worker-1", 1, 0, "Failed", kept=True), _pod("j-worker-1-1", 1, 1),
+        _pod("j-worker-1-2", 1, "2x")]
+
+
+def test_attempt_names_the_slots_nth_pod_for_the_rank_or_the_pod_given():
+    from llmtrain_operator.logscli import attempt_pod
+
+    status = {"ranks": RANKS, "rankZero": {"pod": "j-worker-1-1"}}
+    # Rank 0 lives in slot 1's attempt 1; its attempt 0 failed and is kept with its log.
+    assert attempt_pod(status, PODS, 0, 0, None) == (
+        "j-worker-1", "----- pod j-worker-1: attempt 0 of worker slot 1 (Failed, kept) -----", True)
+    assert attempt_pod(status, PODS, 1, 1, None) == (
+        "j-worker-1-1", "----- pod j-worker-1-1: attempt 1 of worker slot 1 (Running) -----", False)
+    # From a kept pod to the attempt after it; from another slot.
+    assert attempt_pod(status, PODS, 1, 0, "j-worker-1")[0] == "j-worker-1-1"
+    assert attempt_pod(status, PODS, 0, 2, None)[0] == "j-worker-0"
+    # An attempt that is gone names those left (a label that is not a number is not one).
+    pod, line, _ = attempt_pod(status, PODS, 2, 0, None)
+    assert pod is None and "worker slot 1 has no attempt 2 left: it has 0 (j-worker-1), 1 (j-worker-1-1)" in line
+    assert "keepFailedPods" in line
+
+
+def test_attempt_refuses_what_names_no_pod_of_the_job():
+    from llmtrain_operator.logscli import attempt_pod
+
+    status = {"ranks": RANKS, "rankZero": {"pod": "j-worker-1-1"}, "worldSize": 4}
+    assert attempt_pod(status, PODS, -1, 0, None)[:2] == (None, "--attempt counts from 0 (a slot's first pod), not -1")
+    assert attempt_pod(status, PODS, 0, 0, "other-job-worker-0")[:2] == (
+        None, "pod other-job-worker-0 is not one of the job's worker pods")
+    assert attempt_pod(status, PODS, 0, 9, None)[1] == "no pod holds global rank 9 now (status.ranks; world size 4, ranks 0-3)"
+    assert attempt_pod(status, [{"metadata": {}}, {"status": {}}, _pod("j-worker-1-1", 1, 1)], 0, 0, None)[0] is None

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from llmtrain_contract.base import CamelModel
 from pydantic import Field, ValidationError
 
+from .spec import MAX_NODES
 from .vocabulary import ConditionType, FailureKind, Phase
 
 CONDITION_TYPES: tuple[str, ...] = tuple(ConditionType)
@@ -27,7 +28,7 @@ class Condition(CamelModel):
 
     type: ConditionType
     status: Literal["True", "False", "Unknown"]
-    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024)
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=MAX_NODES)
     """CamelCase machine-readable reason, e.g. ``PodFailed`` or ``BackoffLimitExceeded``."""
     message: str = Field("", max_length=32768)
     """Human-readable details."""
@@ -40,6 +41,15 @@ class Condition(CamelModel):
 class RankZero(CamelModel):
     pod: str
     container: str = "trainer"
+
+
+class RankHolder(CamelModel):
+    """A worker pod and the global ranks it runs now (``procsPerNode`` of them)."""
+
+    pod: str
+    first: int = Field(ge=0)
+    """Its local rank 0's global rank, from its metrics page."""
+    last: int = Field(ge=0)
 
 
 class WorkerCounts(CamelModel):
@@ -232,6 +242,9 @@ class LLMTrainJobStatus(CamelModel):
     rank_zero: RankZero | None = None
     """Where global rank 0 runs now: its log is the job's step log (``llmtrain logs``).
     It moves when pods are replaced."""
+    ranks: list[RankHolder] = Field(default_factory=list, max_length=MAX_NODES)
+    """Which worker pod holds which global ranks now, by first rank (``llmtrain logs JOB
+    --rank R``); from each pod's metrics page, so a pod not yet scraped is missing."""
     eta: str | None = None
     """Time left to ``maxSteps`` at the current throughput (``1h5m``); absent when unknown."""
     restarts: int = 0

@@ -352,6 +352,22 @@ def test_the_status_shows_step_of_max_steps_loss_throughput_and_the_time_left():
     assert [duration(s) for s in (45, 750, 3 * 3600 + 301, 2 * 86400 + 4 * 3600, 400 * 86400)] == ["45s", "12m30s", "3h5m", "2d4h", None]
 
 
+def test_the_status_says_which_live_pod_holds_which_ranks_from_their_pages():
+    # Two ranks a pod; worker-1's replacement holds ranks 0-1, worker-0 ranks 2-3. The
+    # failed pod kept for its log, a page past the world size (read before a re-rendezvous)
+    # and a pod not yet scraped are left out.
+    raw = job({"spec.procsPerNode": 2}, status=running_status(step=20))
+    w1_1, w2 = "tiny-elastic-worker-1-1", "tiny-elastic-worker-2"
+    pods = [worker(0), worker(1, phase="Failed", exit_code=1, kept=True), worker(1, incarnation=1), worker(2), worker(3)]
+    probes = {W0: TrainerProbe(step=20, world_size=4, rank=2), W1: TrainerProbe(step=20, world_size=4, rank=0),
+              w1_1: TrainerProbe(step=20, world_size=4, rank=0), w2: TrainerProbe(step=20, world_size=4, rank=6)}
+    _, status, _, _ = run(raw, observed(raw, pods, probes=probes))
+    assert status["ranks"] == [{"pod": w1_1, "first": 0, "last": 1}, {"pod": W0, "first": 2, "last": 3}]
+    assert status["rankZero"]["pod"] == w1_1
+    _, gone, _, _ = run(raw, observed(raw, [worker(0)], probes=probes))
+    assert gone["ranks"] == [{"pod": W0, "first": 2, "last": 3}], "the pods gone hold nothing"
+
+
 def test_a_finished_jobs_progress_is_its_last_step_of_max_steps_with_no_time_left():
     # The trainers' last scrape saw a step short of the end; the pods then exited 0.
     max_steps = job()["spec"]["trainer"]["builtin"]["maxSteps"]

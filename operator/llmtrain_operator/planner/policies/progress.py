@@ -8,7 +8,7 @@ from __future__ import annotations
 from llmtrain_contract.names import Termination
 
 from ...api.observed import TrainerProbe, parse_time
-from ...api.status import RankZero
+from ...api.status import RankHolder, RankZero
 from ...api.vocabulary import Phase
 from ..context import Pass, Verdict
 from ..decisions import RecoveryMeasured
@@ -56,12 +56,30 @@ def _throughput(ctx: Pass, probes: list[TrainerProbe]) -> None:
         status.rank_zero = RankZero(pod=holders[0], container=TRAINER_CONTAINER)
     elif status.rank_zero is not None and status.rank_zero.pod not in workers:
         status.rank_zero = None  # its pod is gone; the next to hold rank 0 will say so
+    status.ranks = _rank_holders(ctx, workers)
     # Only a trainer past its first step: a fresh process serves step 0 and a loss of 0.
     newest = max((p for p in probes if p.step), key=lambda p: p.step or 0, default=None)
     if newest is not None and newest.loss is not None:
         status.loss = round(newest.loss, 4)
     if newest is not None and newest.tokens_per_second:
         status.tokens_per_second = round(newest.tokens_per_second, 1)
+
+
+def _rank_holders(ctx: Pass, workers: set[str]) -> list[RankHolder]:
+    """Each live worker's ranks, by its page's rank (its local rank 0's): torchrun gives a
+    pod ``procsPerNode`` consecutive ranks. A pod whose page is not read yet, or names a
+    rank past the world size it reports (a page from before a re-rendezvous), is left out
+    rather than guessed."""
+    per_pod = ctx.spec.procs_per_node
+    held = []
+    for name in workers:
+        probe = ctx.observed.probes.get(name)
+        first = getattr(probe, "rank", None)
+        world = getattr(probe, "world_size", None)
+        if first is None or (world and first >= world):
+            continue
+        held.append(RankHolder(pod=name, first=first, last=first + per_pod - 1))
+    return sorted(held, key=lambda h: (h.first, h.pod))
 
 
 def _last_step(ctx: Pass) -> None:
