@@ -29,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("logs", help="a job's step log (global rank 0's pod), following it across replaced pods with -f")
     p.add_argument("job", metavar="JOB", help="the LLMTrainJob's name")
     p.add_argument("-n", "--namespace", default="default", help="the job's namespace (default: default)")
-    p.add_argument("-f", "--follow", action="store_true", help="follow rank 0 from pod to pod until the job ends")
+    p.add_argument("-f", "--follow", action="store_true", help="follow the rank (0 unless --rank) from pod to pod until the job ends")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--rank", type=int, default=0, metavar="R",
                        help="the log of the pod holding global rank R now (default 0; status.ranks), followed across replacements with -f")
@@ -211,6 +211,12 @@ def run(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"llmtrain logs: {line}", file=sys.stderr, flush=True)
 
+    if args.rank < 0:
+        say(f"--rank counts from 0 (global rank 0 writes the step log), not {args.rank}")
+        return 2
+    if args.attempt is not None and args.failed is not None:
+        say("--attempt picks a pod of a worker slot, --failed one of the kept failed pods: give one of them")
+        return 2
     try:
         k8s = connect()
     except Unreadable as err:
@@ -221,15 +227,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(chunk)
         sys.stdout.flush()
 
-    if args.rank < 0:
-        say(f"--rank counts from 0 (global rank 0 writes the step log), not {args.rank}")
-        return 2
     pod, keep_following = args.pod, args.follow
     try:
         if args.attempt is not None:
-            if args.failed is not None:
-                say("--attempt picks a pod of a worker slot, --failed one of the kept failed pods: give one of them")
-                return 2
             status = read_job(k8s, args.namespace, args.job).get("status") or {}
             try:
                 pods = k8s.list_pods(args.namespace, f"{LABEL_JOB}={args.job},{LABEL_ROLE}={ROLE_WORKER}")

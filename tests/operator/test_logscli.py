@@ -267,3 +267,17 @@ def test_attempt_refuses_what_names_no_pod_of_the_job():
         None, "pod other-job-worker-0 is not one of the job's worker pods")
     assert attempt_pod(status, PODS, 0, 9, None)[1] == "no pod holds global rank 9 now (status.ranks; world size 4, ranks 0-3)"
     assert attempt_pod(status, [{"metadata": {}}, {"status": {}}, _pod("j-worker-1-1", 1, 1)], 0, 0, None)[0] is None
+
+
+def test_the_command_refuses_a_negative_rank_and_attempt_with_failed_before_reaching_any_cluster(capsys, monkeypatch):
+    import argparse
+
+    from llmtrain_operator import logscli
+
+    monkeypatch.setattr(logscli, "connect", lambda: (_ for _ in ()).throw(AssertionError("no cluster is asked")))
+    parser = argparse.ArgumentParser()
+    logscli.add_parser(parser.add_subparsers())
+    assert logscli.run(parser.parse_args(["logs", "j", "--rank", "-1"])) == 2
+    assert "--rank counts from 0" in capsys.readouterr().err
+    assert logscli.run(parser.parse_args(["logs", "j", "--failed", "2", "--attempt", "0"])) == 2
+    assert "give one of them" in capsys.readouterr().err
