@@ -162,6 +162,13 @@ class LauncherMetric:
     absent until one does (the built-in trainer reports ``Metric.STEP`` itself)."""
     LAST_STEP_TIMESTAMP = f"{PREFIX}_last_step_timestamp_seconds"
     """Gauge: when the script last reported a step."""
+    OOM_KILLS = f"{PREFIX}_oom_kills"
+    """Counter: processes the kernel's OOM killer ended in this container (its memory
+    cgroup's count) since the launcher started; absent when the cgroup cannot be read."""
+    MEMORY_PEAK = f"{PREFIX}_memory_peak_bytes"
+    """Gauge: the container's memory peak (its cgroup's high-water mark)."""
+    MEMORY_LIMIT = f"{PREFIX}_memory_limit_bytes"
+    """Gauge: the container's memory limit; absent when it has none."""
 
 
 FAILED_ATTEMPT_CAUSES = ("crash", "hang", "victim", "preempted", "permanent")
@@ -184,6 +191,10 @@ class Termination:
     """``{"step": N, "loss": L}``: the newest step the pod's ranks finished and its agreed
     loss (a job that ends between two scrapes would otherwise keep the loss of an earlier
     step in its status)."""
+    OOM = "oom"
+    """Present when the pod ended because the kernel's OOM killer ended a rank:
+    ``{"kills": N, "peakBytes": P, "limitBytes": L}`` (the container's memory cgroup; peak
+    or limit null when unknown or unlimited). The reason is then ``OOMKilled``."""
     COUNTED_IN_PLACE = "countedInPlace"
     """Present when the pod's last attempt hung and the launcher had already counted it as
     an in-place failure: its ``failed_attempts{cause="hang"}`` including that attempt. An

@@ -3,7 +3,8 @@
 
 Inside the pod's private mount and UTS namespaces (the agent put it in the container's
 cgroup already) it sets the pod hostname, bind-mounts the volumes at their mount paths,
-makes the root read-only if the container's securityContext asks, and execs the command,
+shows the container its memory cgroup (read-only, as a runtime does), makes the root
+read-only if the container's securityContext asks, and execs the command,
 so the command's PID is what the agent signals (like PID 1 of a real container).
 
 Mount points that do not exist on the host are created as empty directories (or files)
@@ -35,6 +36,8 @@ def main(spec_path: str) -> None:
         subprocess.run(["mount", "--bind", src, dst], check=True)
         if mount.get("readOnly"):
             subprocess.run(["mount", "-o", "remount,bind,ro", dst], check=True)
+    if spec.get("memoryCgroup"):
+        _show_memory_cgroup()
     if spec.get("readOnlyRoot"):
         # securityContext.readOnlyRootFilesystem: the host's root, which stands in for the
         # image's, read-only in this mount namespace alone; the volumes (mounts of their
@@ -48,6 +51,17 @@ def main(spec_path: str) -> None:
         # Like a runtime's "executable file not found": exit 127 with the reason.
         print(f"localcluster: cannot exec {argv[0]!r}: {err.strerror}", file=sys.stderr, flush=True)
         os._exit(127)
+
+
+def _show_memory_cgroup() -> None:
+    """Mount the memory cgroup hierarchy read-only at ``/sys/fs/cgroup/memory``, as a
+    runtime shows a container its cgroup: ``ip netns exec`` remounted ``/sys`` for the
+    pod's network namespace, which hid the host's. The container's launcher reads its OOM
+    kills, peak and limit there (its own folder, by ``/proc/self/cgroup``)."""
+    os.makedirs("/sys/fs/cgroup", exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=755", "cgroup", "/sys/fs/cgroup"], check=True)
+    os.makedirs("/sys/fs/cgroup/memory")
+    subprocess.run(["mount", "-t", "cgroup", "-o", "ro,memory", "cgroup", "/sys/fs/cgroup/memory"], check=True)
 
 
 if __name__ == "__main__":

@@ -204,7 +204,8 @@ class PodRunner:
         c.cgroup = self._cgroup(c)
         launch = {"hostname": (self.pod.get("spec") or {}).get("hostname") or self.pod["metadata"]["name"][:63],
                   "mounts": mounts, "env": env, "argv": argv, "workingDir": spec.get("workingDir"),
-                  "readOnlyRoot": bool((spec.get("securityContext") or {}).get("readOnlyRootFilesystem"))}
+                  "readOnlyRoot": bool((spec.get("securityContext") or {}).get("readOnlyRootFilesystem")),
+                  "memoryCgroup": c.cgroup is not None}
         spec_file = self.folder / f"{c.name}.json"
         spec_file.write_text(json.dumps(launch))
         logfile = (self.folder / f"{c.name}.log").open("ab")

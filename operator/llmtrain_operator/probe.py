@@ -22,11 +22,12 @@ from llmtrain_contract.names import FAILED_ATTEMPT_CAUSES, LauncherMetric, Metri
 from prometheus_client.parser import text_string_to_metric_families
 
 from .api import untrusted
-from .api.observed import TrainerProbe
+from .api.observed import ContainerMemory, TrainerProbe
 
 RESTARTS = Metric.total(Metric.WORKER_GROUP_RESTARTS)
 FAILED_ATTEMPTS = Metric.total(Metric.FAILED_ATTEMPTS)
 LAUNCHER_FAILED_ATTEMPTS = Metric.total(LauncherMetric.FAILED_ATTEMPTS)
+LAUNCHER_OOM_KILLS = Metric.total(LauncherMetric.OOM_KILLS)
 READ = (Metric.STEP, Metric.WORLD_SIZE, RESTARTS, Metric.LAST_STEP_TIMESTAMP, Metric.CHECKPOINT_INTERVAL_STEPS,
         Metric.CHECKPOINT_COST_SECONDS, Metric.CHECKPOINT_LATENCY_SECONDS, Metric.CHECKPOINT_MTBF_SECONDS,
         Metric.CHECKPOINT_CADENCE_STEP_SECONDS, Metric.NUMERICS_ROLLBACKS, Metric.TOKENS_PER_SECOND)
@@ -153,6 +154,8 @@ class LauncherReport:
     step: int | None = None
     """The step a user's script reported (``LLMTRAIN_PROGRESS_FILE``), if it did."""
     last_step_time: float | None = None
+    memory: ContainerMemory | None = None
+    """The container's OOM kills, memory peak and limit; None when the page has none."""
     rejected: tuple[str, ...] = ()
     """Values on the page that were unusable and ignored, each named."""
 
@@ -179,11 +182,20 @@ def parse_launcher(text: str) -> LauncherReport:
                     bad(sample)
                 else:
                     values[sample.name] = sample.value
+            elif sample.name in (LAUNCHER_OOM_KILLS, LauncherMetric.MEMORY_PEAK, LauncherMetric.MEMORY_LIMIT):
+                if untrusted.count(sample.value) is None:
+                    bad(sample)
+                else:
+                    values[sample.name] = sample.value
     step = values.get(LauncherMetric.STEP)
+    kills = values.get(LAUNCHER_OOM_KILLS)
+    peak, limit = values.get(LauncherMetric.MEMORY_PEAK), values.get(LauncherMetric.MEMORY_LIMIT)
+    memory = ContainerMemory(int(kills), int(peak) if peak is not None else None,
+                             int(limit) if limit is not None else None) if kills is not None else None
     return LauncherReport(failed, workers_running=values.get(LauncherMetric.WORKERS_RUNNING, 0) >= 1,
                           step=untrusted.count(step) if step is not None else None,
                           last_step_time=values.get(LauncherMetric.LAST_STEP_TIMESTAMP) or None,
-                          rejected=tuple(rejected))
+                          memory=memory, rejected=tuple(rejected))
 
 
 def combine(trainers: dict[str, TrainerProbe], launchers: dict[str, LauncherReport]
@@ -201,6 +213,11 @@ def combine(trainers: dict[str, TrainerProbe], launchers: dict[str, LauncherRepo
         if report.rejected:
             rejected[pod] = rejected.get(pod, ()) + report.rejected
     return probes, {pod: report.failed for pod, report in launchers.items()}, rejected
+
+
+def memory_of(launchers: dict[str, LauncherReport]) -> dict[str, ContainerMemory]:
+    """Pod -> its container's memory figures, for the pods whose launcher served them."""
+    return {pod: report.memory for pod, report in launchers.items() if report.memory is not None}
 
 
 def scrape(url: str, timeout: float = 2.0) -> TrainerProbe | None:

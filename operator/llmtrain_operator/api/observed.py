@@ -320,6 +320,16 @@ def _gpus(resources: Any) -> int | None:
 
 
 @dataclass(frozen=True)
+class ContainerMemory:
+    """A worker container's memory cgroup as its launcher reads it (``memcg.py``)."""
+
+    oom_kills: int
+    """Processes the kernel's OOM killer ended in the container since the launcher started."""
+    peak_bytes: int | None = None
+    limit_bytes: int | None = None
+
+
+@dataclass(frozen=True)
 class TrainerProbe:
     """What one worker's trainer reported on its metrics endpoint."""
 
@@ -503,6 +513,9 @@ class Observed:
     """Pod name -> failed attempts by cause, as the pod's launcher counts them: the same
     count as the trainer's ``TrainerProbe.failed_attempts``, known seconds sooner (and
     while the restarted trainer is not up yet)."""
+    launcher_memory: dict[str, ContainerMemory] = field(default_factory=dict)
+    """Pod name -> its container's OOM kills, memory peak and limit, as its launcher reads
+    them (a rank the OOM killer ended is restarted in place and looks like any crash)."""
     rejected_values: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Pod name -> values its trainer's or launcher's endpoint served that were unusable
     and ignored, each named (``probe.parse``): reported once as an Event."""

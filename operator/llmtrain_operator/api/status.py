@@ -173,7 +173,8 @@ class Internal(CamelModel):
     of passes (bounded, oldest dropped first)."""
     attempts_seen: dict[str, int] = Field(default_factory=dict)
     """``pod:<uid>/<cause>`` -> the failed attempts of that cause (``crash``, ``hang``) the
-    pod's trainer last reported; each new one is charged once."""
+    pod's trainer last reported; each new one is charged once. ``pod:<uid>/oom``: the OOM
+    kills its launcher counted that have named a crash ``OOMKilled``."""
     stragglers_seen: list[str] = Field(default_factory=list)
     """``pod:<uid>/<rank>`` of stragglers already announced (and, with ``Replace``,
     replaced): each is acted on once."""

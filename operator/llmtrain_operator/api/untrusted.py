@@ -122,7 +122,20 @@ def termination(message: Any) -> tuple[dict[str, Any], list[str]]:
             take(key, value, _checkpoints)
         elif key == Termination.LAST_STEP:
             take(key, value, _last_step)
+        elif key == Termination.OOM:
+            take(key, value, _oom)
     return kept, bad
+
+
+def _oom(value: Any) -> dict[str, Any] | None:
+    """``{"kills": N, "peakBytes": P, "limitBytes": L}``: a count of at least one kill,
+    byte counts or null, nothing else."""
+    if not isinstance(value, dict) or set(value) != {"kills", "peakBytes", "limitBytes"}:
+        return None
+    whole = {key: count(v) if not isinstance(v, str) and v is not None else None for key, v in value.items()}
+    if not whole["kills"] or any(whole[key] is None and value[key] is not None for key in ("peakBytes", "limitBytes")):
+        return None
+    return whole
 
 
 def _last_step(value: Any) -> dict[str, Any] | None:

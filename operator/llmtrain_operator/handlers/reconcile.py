@@ -24,15 +24,15 @@ from llmtrain_contract.names import HEALTH_PORT
 
 from .. import metrics
 from ..api.job import LLMTrainJob, Received, receive
-from ..api.observed import (LABEL_JOB, ROLE_WORKER, ConfigMapView, Observed, PodGroupView, WorkloadView, assigned_flavors,
-                            node_view, parse_time, pod_group_view, pod_view, workload_view)
+from ..api.observed import (LABEL_JOB, ROLE_WORKER, ConfigMapView, ContainerMemory, Observed, PodGroupView, WorkloadView,
+                            assigned_flavors, node_view, parse_time, pod_group_view, pod_view, workload_view)
 from ..api.observed import owned_by as is_owned_by
 from ..api.vocabulary import TERMINAL_PHASES, ConditionType, Phase, PodPhase, Reason
 from ..k8s.client import K8s, PermanentApiError, TransientApiError
 from ..k8s.patches import merge_patch
 from ..planner import Plan, plan_received, podgroup, queue
 from ..planner.podpolicy import PodPolicy
-from ..probe import AsyncProber, LauncherReport, combine, trainer_url
+from ..probe import AsyncProber, LauncherReport, combine, memory_of, trainer_url
 from ..settings import OperatorSettings
 from .executor import Refused, WriteGate, check, describe, write
 from .slots import Slots, no_slot
@@ -308,6 +308,7 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
     before = await source(ns, name)
     probes: dict[str, Any] = {}
     attempts: dict[str, dict[str, int]] = {}
+    memory: dict[str, ContainerMemory] = {}
     rejected: dict[str, tuple[str, ...]] = {}
     job = received.job
     if settings.probes_enabled and job is not None:  # the plan of an invalid job reads no probe
@@ -318,13 +319,15 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
         trainers, launchers = await asyncio.gather(probe_workers(trainer_pods, job.spec.metrics.port, timeout),
                                                    probe_launchers(pods, timeout))
         probes, attempts, rejected = combine(trainers, launchers)
+        memory = memory_of(launchers)
     probed = time.perf_counter()
     async with slots.held(urgent, key) if slots is not None else no_slot() as waited:
         # A watch-fed source costs nothing to read again; a listing one (tests) is read once.
         children = await source(ns, name) if before.body is not None else before
         if children.body is not None and children.body is not body:
             body, received = children.body, receive(children.body)
-        observed = children.owned_by(job_uid(body)).observed(probes=probes, launcher_attempts=attempts, rejected_values=rejected,
+        observed = children.owned_by(job_uid(body)).observed(probes=probes, launcher_attempts=attempts, launcher_memory=memory,
+                                                                 rejected_values=rejected,
                                                                  **refused_before(ns, name))
         try:
             return await _decide_and_write(k8s, body, received, settings, now or datetime.now(UTC), started + waited,

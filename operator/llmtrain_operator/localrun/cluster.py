@@ -40,7 +40,7 @@ from ..planner import CreateObject, DeleteJob, DeletePod, KeepPod, ReplaceObject
 from ..planner.environment import worker_env
 from ..planner.manifests import TORCHRUN_MAX_RESTARTS
 from ..planner.render import config_text, tier_paths, trainer_config
-from ..probe import combine, scrape, scrape_launcher, trainer_url
+from ..probe import combine, memory_of, scrape, scrape_launcher, trainer_url
 
 PY = sys.executable
 
@@ -322,7 +322,7 @@ class LocalCluster:
                       for o in self.objects if o.startswith("ConfigMap/") and self.configmap is not None}
         probes, attempts, rejected = combine(trainers, launchers)
         return Observed(pods=tuple(views), nodes=nodes, services=services, configmaps=configmaps, probes=probes,
-                        launcher_attempts=attempts, rejected_values=rejected)
+                        launcher_attempts=attempts, launcher_memory=memory_of(launchers), rejected_values=rejected)
 
     def _probe(self, pod: LocalPod) -> TrainerProbe | None:
         info = pod.folder / "run" / "metrics-local-rank-0.json"

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from llmtrain_operator.api import untrusted
 from llmtrain_operator.api.observed import pod_view
 from llmtrain_operator.planner import plan
-from llmtrain_operator.probe import combine, parse, parse_launcher
+from llmtrain_operator.api.observed import ContainerMemory
+from llmtrain_operator.probe import combine, memory_of, parse, parse_launcher
 from support.planning import NOW, job, observed, running_status, worker
 
 CONDITION_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
@@ -69,6 +70,29 @@ def test_the_last_step_is_a_step_and_a_finite_loss_or_nothing():
     for literal in ("NaN", "Infinity", "-Infinity"):
         kept, reported = untrusted.termination('{"lastStep": {"step": 60, "loss": ' + literal + "}}")
         assert kept == {} and len(reported) == 1, literal
+
+
+def test_an_oom_report_is_a_kill_count_and_byte_counts_or_nothing():
+    good = {"kills": 1, "peakBytes": 3 << 30, "limitBytes": None}
+    assert untrusted.termination(json.dumps({"code": 137, "oom": good})) == ({"code": 137, "oom": good}, [])
+    for bad in ({"kills": 0, "peakBytes": 1, "limitBytes": 2}, {"kills": 1, "peakBytes": -1, "limitBytes": 2},
+                {"kills": 1, "peakBytes": "1", "limitBytes": 2}, {"kills": True, "peakBytes": 1, "limitBytes": 2},
+                {"kills": 1, "peakBytes": 1}, {"kills": 1, "peakBytes": 1, "limitBytes": 2, "more": 3}, [1], "yes",
+                {"kills": 1, "peakBytes": 1e300, "limitBytes": 2}):
+        kept, reported = untrusted.termination(json.dumps({"code": 137, "oom": bad}))
+        assert kept == {"code": 137} and [r.split(" (")[0] for r in reported] == ["termination message field 'oom'"], bad
+
+
+def test_a_launchers_memory_figures_are_whole_byte_counts_or_left_out():
+    page = ("llmtrain_launcher_oom_kills_total 2\nllmtrain_launcher_memory_peak_bytes 3.221225472e+09\n"
+            "llmtrain_launcher_memory_limit_bytes 4294967296\n")
+    assert parse_launcher(page).memory == ContainerMemory(2, 3 << 30, 4 << 30)
+    assert parse_launcher("llmtrain_launcher_workers_running 1\n").memory is None, "no cgroup read: no figures"
+    hostile = parse_launcher("llmtrain_launcher_oom_kills_total -3\nllmtrain_launcher_memory_peak_bytes NaN\n"
+                             "llmtrain_launcher_memory_limit_bytes 1.5\n")
+    assert hostile.memory is None and len(hostile.rejected) == 3, hostile.rejected
+    no_limit = parse_launcher("llmtrain_launcher_oom_kills_total 0\nllmtrain_launcher_memory_peak_bytes +Inf\n")
+    assert no_limit.memory == ContainerMemory(0, None, None) and len(no_limit.rejected) == 1
 
 
 def _pod(labels=None, message=None, exit_code=1, reason="Error"):
@@ -152,7 +176,7 @@ JSONISH = st.recursive(st.one_of(st.none(), st.booleans(), NUMBERS, TEXT),
                        lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(TEXT, inner, max_size=3)),
                        max_leaves=8)
 MESSAGES = st.one_of(TEXT, st.dictionaries(st.sampled_from(["code", "reason", "rank", "step", "message", "checkpoints",
-                                                            "countedInPlace", "lastStep", "other"]), JSONISH, max_size=5)
+                                                            "countedInPlace", "lastStep", "oom", "other"]), JSONISH, max_size=5)
                      .map(lambda d: json.dumps(d)))
 SAMPLE_VALUES = st.one_of(NUMBERS.map(repr), st.sampled_from(["NaN", "+Inf", "-Inf", "1e999", "0", "3", "2.5"]))
 METRICS = st.sampled_from(["llmtrain_trainer_step", "llmtrain_trainer_world_size", "llmtrain_trainer_checkpoint_last_step",
@@ -160,7 +184,9 @@ METRICS = st.sampled_from(["llmtrain_trainer_step", "llmtrain_trainer_world_size
                            "llmtrain_trainer_straggler", "llmtrain_trainer_skipped_samples",
                            "llmtrain_trainer_last_step_timestamp_seconds", "llmtrain_trainer_checkpoint_interval_steps",
                            "llmtrain_trainer_checkpoint_cost_seconds", "llmtrain_trainer_numerics_rollbacks",
-                           "llmtrain_trainer_worker_group_restarts_total"])
+                           "llmtrain_trainer_worker_group_restarts_total", "llmtrain_launcher_oom_kills_total",
+                           "llmtrain_launcher_memory_peak_bytes", "llmtrain_launcher_memory_limit_bytes",
+                           "llmtrain_launcher_failed_attempts_total"])
 LABEL_KEYS = st.sampled_from(["tier", "reason", "cause", "rank", "first_step", "last_step", "first_sample", "end_sample"])
 LABEL_VALUES = st.one_of(st.sampled_from(["local", "shared", "s3", "NoSpace", "crash", "hang", "1", "0"]),
                          st.text(alphabet=st.characters(blacklist_characters='"\\\n'), max_size=12))
@@ -186,10 +212,12 @@ def test_no_value_from_a_pod_makes_a_pass_raise_or_write_what_the_api_server_ref
     body = _pod(labels={"llmtrain.io/generation": generation, "llmtrain.io/slot": slot}, message=message,
                 exit_code=exit_code, reason=reason)
     body["status"]["phase"] = phase
-    probe = parse_or_none(page)
+    probe, launcher = parse_or_none(page), parse_or_none(page, parse_launcher)
     view = pod_view(body)
-    probes, attempts, rejected = combine({view.name: probe} if probe else {}, {})
-    result = plan(raw, observed(raw, [worker(0), view], probes=probes, launcher_attempts=attempts, rejected_values=rejected), NOW)
+    launchers = {view.name: launcher} if launcher else {}
+    probes, attempts, rejected = combine({view.name: probe} if probe else {}, launchers)
+    result = plan(raw, observed(raw, [worker(0), view], probes=probes, launcher_attempts=attempts,
+                                launcher_memory=memory_of(launchers), rejected_values=rejected), NOW)
     json.dumps(result.status, allow_nan=False)  # what the API server takes: no NaN, no Infinity
     for condition in result.status.get("conditions", []):
         assert CONDITION_REASON.match(condition["reason"]), condition
@@ -199,8 +227,8 @@ def test_no_value_from_a_pod_makes_a_pass_raise_or_write_what_the_api_server_ref
     assert len(warned) == len(fields), (named, warned)
 
 
-def parse_or_none(page):
+def parse_or_none(page, parser=parse):
     try:
-        return parse(page)
+        return parser(page)
     except ValueError:  # not Prometheus' format at all: the probes treat it as no answer
         return None

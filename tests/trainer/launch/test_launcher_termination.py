@@ -76,3 +76,23 @@ def test_the_launcher_runs_torchrun_as_the_agent_that_leaves_the_rendezvous_open
     assert Path(command[1]).name == "torchrun_agent.py" and Path(command[1]).is_file()
     other = ["/usr/bin/python3", "train.py"]
     assert agent_command(other) == other
+
+
+def test_a_rank_the_oom_killer_ended_names_the_pods_end_with_the_peak_and_the_limit(tmp_path):
+    from llmtrain_trainer.pod.memcg import Memory
+
+    # Local rank 1 died without a record; rank 0 then timed out in a collective (a victim).
+    exitrecord.write(tmp_path, 2, 0, 0, 83, "collective timed out", 30, {"local": 20})
+    records = exitrecord.read_attempt(tmp_path, 2)
+    code, message = decide(1, records, oom=(1, Memory(1, 3 << 30, 4 << 30)))
+    assert code == 137 and message["reason"] == "OOMKilled"
+    assert message["oom"] == {"kills": 1, "peakBytes": 3 << 30, "limitBytes": 4 << 30}
+    assert "memory peak 3.0 GiB of its limit 4.0 GiB" in message["message"] and "resources.limits.memory" in message["message"]
+    assert message["checkpoints"] == {"local": 20}
+    # No limit: the node ran out; no peak known (v2 before Linux 5.19).
+    _, unlimited = decide(1, [], oom=(2, Memory(5, None, None)))
+    assert "2 kills" in unlimited["message"] and "peak unknown (it has no limit" in unlimited["message"]
+    # A permanent error or a hang explains the failure better than a kill; no kill, no claim.
+    exitrecord.write(tmp_path, 3, 1, 1, 80, "no step progress", 31)
+    assert decide(1, exitrecord.read_attempt(tmp_path, 3), oom=(1, Memory(1, 1, 2)))[1]["reason"] == "Hang"
+    assert "oom" not in decide(1, records, oom=(0, Memory(0, 1, 2)))[1]

@@ -36,11 +36,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llmtrain_trainer.pod import exitrecord
+from llmtrain_trainer.pod import exitrecord, memcg
 from llmtrain_trainer.rendezvous import leases
 from llmtrain_trainer.launch import zygote
 from llmtrain_trainer.launch.attempts import AttemptTracker
 from llmtrain_trainer.launch.supervisor import Supervisor, serve_health
+from llmtrain_contract import oom as oom_words
 from llmtrain_contract.command import torchrun_flag
 from llmtrain_contract.exitcodes import ExitCode, FailureClass, classify_exit
 from llmtrain_contract.names import TERMINATION_LOG, Env, Termination
@@ -80,9 +81,15 @@ def agent_error(path: Path) -> str | None:
     return text or None
 
 
-def decide(returncode: int, records: list[dict], agent_hang: str | None = None, torchrun_error: str | None = None) -> tuple[int, dict]:
+def decide(returncode: int, records: list[dict], agent_hang: str | None = None, torchrun_error: str | None = None,
+           oom: tuple[int, memcg.Memory] | None = None) -> tuple[int, dict]:
     """The pod's exit code and termination message from torchrun's code and the records
-    (or why the supervisor ended a stopped torchrun agent, or torchrun's own error)."""
+    (or why the supervisor ended a stopped torchrun agent, or torchrun's own error).
+
+    ``oom``: the container's OOM kills since the launcher started and its memory figures,
+    given when a local rank of the last attempt died without a record (a signal). A kill
+    then explains the failure better than the survivors' records (a peer's timeout, a
+    SIGTERM from torchrun), though not better than a permanent error or a hang."""
     T = Termination  # noqa: N806 - a short alias: the message is built from its keys below
     committed = _checkpoints(records)
     extra: dict[str, Any] = {T.CHECKPOINTS: committed} if committed else {}
@@ -95,6 +102,15 @@ def decide(returncode: int, records: list[dict], agent_hang: str | None = None, 
     if returncode == 0:
         return 0, {T.CODE: 0, T.REASON: "Completed", **extra}
     best = exitrecord.most_significant(records)
+    explained = best is not None and best["code"] != 0 and (
+        best["code"] == ExitCode.HANG or classify_exit(int(best["code"])).failure_class == FailureClass.PERMANENT)
+    if oom is not None and oom[0] > 0 and not explained:
+        kills, memory = oom
+        code = 128 + int(signal.SIGKILL)
+        extra[T.OOM] = {"kills": kills, "peakBytes": memory.peak_bytes, "limitBytes": memory.limit_bytes}
+        said = (f"the kernel's OOM killer ended a rank ({kills} kill{'s' if kills != 1 else ''} in this container): "
+                + oom_words.figures(memory.peak_bytes, memory.limit_bytes))
+        return code, {T.CODE: code, T.REASON: oom_words.REASON, T.MESSAGE: said, **extra}
     if best is not None and best["code"] != 0:
         code = int(best["code"])
         return code, {T.CODE: code, T.REASON: classify_exit(code).reason, T.RANK: best["rank"],
@@ -135,6 +151,12 @@ def max_restarts(command: list[str]) -> int | None:
         return None
 
 
+def local_world_size(command: list[str], tracker: AttemptTracker) -> int:
+    """torchrun's ``--nproc-per-node`` when it is a number, else what the tracker saw."""
+    value = torchrun_flag(command, "--nproc-per-node")
+    return int(value) if value is not None and value.isdigit() else tracker.local_world_size
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
@@ -172,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     error_file = Path(env["TORCHELASTIC_ERROR_FILE"])
     supervisor = Supervisor(run_dir, started=started)
     tracker = AttemptTracker(run_dir, max_restarts=max_restarts(command))
+    memory = memcg.Watch.start()
     try:
-        health = serve_health(args.health_port, supervisor, tracker, args.health_host) if args.health_port else None
+        health = serve_health(args.health_port, supervisor, tracker, args.health_host, memory) if args.health_port else None
     except OSError as err:
         print(f"llmtrain launcher: cannot serve /healthz on port {args.health_port}: {err}", file=sys.stderr, flush=True)
         return int(ExitCode.CONFIG_ERROR)
@@ -216,7 +239,16 @@ def main(argv: list[str] | None = None) -> int:
     attempt = supervisor.permanent[0] if supervisor.permanent is not None else exitrecord.latest_attempt(run_dir)
     records = [r for r in exitrecord.read_attempt(run_dir, attempt)] if attempt is not None else []
     records = [r for r in records if r.get("time", 0) >= started]  # ignore an older container's
-    code, message = decide(returncode, records, supervisor.agent_hang, agent_error(error_file) if returncode else None)
+    # A local rank of the last attempt without a record (or no rank's record at all) died
+    # of a signal, and the agent recorded no exception of its own (torch's @record writes
+    # none for a child killed by a signal; it does for a failed rendezvous): the OOM
+    # killer's, if it killed since the launcher started. A kill in an earlier attempt of
+    # this container was a crash in place, counted then; it can only be told apart by
+    # time, which the cgroup does not keep.
+    torchrun_error = agent_error(error_file) if returncode else None
+    silent = len({r.get("local_rank") for r in records}) < local_world_size(command, tracker) and torchrun_error is None
+    oom = memory.now() if memory is not None and returncode != 0 and silent else None
+    code, message = decide(returncode, records, supervisor.agent_hang, torchrun_error, oom)
     if code == ExitCode.HANG and attempt is not None and tracker.counted_early(attempt):
         message[Termination.COUNTED_IN_PLACE] = tracker.failed_attempts()["hang"]
     try:

@@ -60,7 +60,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from llmtrain_trainer.launch import attempts
 from llmtrain_trainer.pod import exitrecord, httpserve
-from llmtrain_trainer.pod import heartbeat
+from llmtrain_trainer.pod import heartbeat, memcg
 from llmtrain_trainer.pod import progress
 from llmtrain_trainer.pod.heartbeat import WAITING_STATES, Beat, State
 
@@ -322,17 +322,18 @@ def _write_stderr(text: str) -> None:
 
 
 def serve_health(port: int, supervisor: Supervisor, tracker: attempts.AttemptTracker | None = None,
-                 host: str = "") -> httpserve.BoundedHTTPServer:
+                 host: str = "", memory: memcg.Watch | None = None) -> httpserve.BoundedHTTPServer:
     """``GET /healthz`` for the pod's liveness probe: 200 while the supervisor checks.
     ``GET /readyz`` for a user script's readiness probe: 200 while torchrun's workers run
     (the built-in trainer's pods are ready once its own metrics answer instead).
-    ``GET /metrics``: the pod's failed attempts (``attempts.py``) and a script's reported
-    progress (``progress.py``), for the operator."""
+    ``GET /metrics``: the pod's failed attempts (``attempts.py``), a script's reported
+    progress (``progress.py``) and the container's OOM kills, memory peak and limit
+    (``memcg.py``), for the operator."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path == "/metrics" and tracker is not None:
-                self._answer(200, render_metrics(tracker), CONTENT_TYPE_LATEST)
+                self._answer(200, render_metrics(tracker, memory), CONTENT_TYPE_LATEST)
                 return
             if self.path == "/readyz" and tracker is not None:
                 running = tracker.workers_running()
@@ -357,7 +358,7 @@ def serve_health(port: int, supervisor: Supervisor, tracker: attempts.AttemptTra
     return httpserve.serve(host, port, Handler, "launcher-health")
 
 
-def render_metrics(tracker: attempts.AttemptTracker) -> bytes:
+def render_metrics(tracker: attempts.AttemptTracker, memory: memcg.Watch | None = None) -> bytes:
     failed = tracker.failed_attempts()
     counter = CounterMetricFamily(LauncherMetric.FAILED_ATTEMPTS, "Failed attempts in this pod, by cause, counted when "
                                   "torchrun starts the next attempt", labels=["cause"])
@@ -368,6 +369,17 @@ def render_metrics(tracker: attempts.AttemptTracker) -> bytes:
     running = GaugeMetricFamily(LauncherMetric.WORKERS_RUNNING, "1 while torchrun's worker processes run",
                                 value=int(tracker.workers_running()))
     families: list[Metric] = [counter, attempt, running]
+    seen = memory.now() if memory is not None else None
+    if seen is not None:
+        kills, figures = seen
+        families.append(CounterMetricFamily(LauncherMetric.OOM_KILLS, "Processes the kernel's OOM killer ended in this "
+                                            "container since the launcher started", value=kills))
+        if figures.peak_bytes is not None:
+            families.append(GaugeMetricFamily(LauncherMetric.MEMORY_PEAK, "The container's memory peak (its cgroup's)",
+                                              value=figures.peak_bytes))
+        if figures.limit_bytes is not None:
+            families.append(GaugeMetricFamily(LauncherMetric.MEMORY_LIMIT, "The container's memory limit",
+                                              value=figures.limit_bytes))
     reported = progress.read(tracker.run_dir)
     if reported is not None:
         families.append(GaugeMetricFamily(LauncherMetric.STEP, "The largest step the script reported in LLMTRAIN_PROGRESS_FILE",

@@ -23,6 +23,9 @@ Off unless the environment variable ``LLMTRAIN_FAULT_INJECT`` is set. Its value 
                                   SIGSTOP the torchrun agent (target=launcher: the launcher)
     gil@step=15,rank=1            hold the GIL in native code: a catastrophic regular
                                   expression that runs for hours without releasing it
+    oom@step=15,rank=1            grow this process until the kernel's OOM killer ends it
+                                  (the container's memory limit; refused without one, so
+                                  that a test never fills the machine)
     nan@step=15,rank=0            set a parameter of this rank to NaN before step 15:
                                   its loss, then every rank's gradients, weights and
                                   loss turn NaN (bad numerics)
@@ -52,9 +55,11 @@ from pathlib import Path
 
 from llmtrain_contract.names import Env
 
+from llmtrain_trainer.pod import memcg
+
 ENV = Env.FAULT_INJECT
 STATE_ENV = Env.FAULT_STATE_DIR
-KINDS = {"crash", "hang", "slow", "exit", "sigterm", "stop", "gil", "nan"}
+KINDS = {"crash", "hang", "slow", "exit", "sigterm", "stop", "gil", "nan", "oom"}
 TARGETS = ("self", "agent", "launcher")
 """What ``stop`` freezes: this rank, its torchrun agent (the parent), or the launcher."""
 
@@ -160,10 +165,26 @@ class FaultInjector:
             os.kill(pid, signal.SIGSTOP)
         elif fault.kind == "nan":
             self.poison = True
+        elif fault.kind == "oom":
+            _grow_until_killed()
         elif fault.kind == "gil":
             # Nested quantifiers on a non-matching subject: exponential backtracking inside
             # the regex engine, which never releases the GIL (2**40 steps: hours).
             re.match(r"(a+)+$", "a" * 40 + "b")
+
+
+def _grow_until_killed() -> None:
+    """Touch 64 MiB more at a time (a repeated byte is written, so the pages count against
+    the cgroup) until the OOM killer ends this process at the container's limit."""
+    place = memcg.own()
+    memory = memcg.read(place) if place is not None else None
+    if memory is None or memory.limit_bytes is None:
+        print("llmtrain: FAULT INJECTION: oom needs a container memory limit (resources.limits.memory); none found",
+              file=sys.stderr, flush=True)
+        os._exit(1)
+    hoard = []
+    while True:
+        hoard.append(b"\x01" * (64 << 20))
 
 
 def _agent() -> int:

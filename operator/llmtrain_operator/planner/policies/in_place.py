@@ -6,10 +6,20 @@ Each new ``crash`` or ``hang`` attempt of a pod is one failure, charged once (ke
 pod uid and cause). A ``victim`` attempt (every rank failed because a peer elsewhere
 vanished) is the consequence of a failure charged where it happened (a pod crash, a node
 loss, a hang), so it is never charged itself.
+
+A crash whose rank the kernel's OOM killer ended looks like any signal death to torchrun;
+the launcher reads the container's memory cgroup, and each OOM kill it counts (not yet
+used) names one new crash of that pod ``OOMKilled``, with the memory peak and the limit.
+The kernel kills before torchrun sees its rank gone, and the launcher's page gives its
+crash count before it reads the cgroup, so a page that shows the crash shows the kill. A
+crash first reported by the restarted trainer in a pass whose launcher page did not
+answer is named ``RestartedInPlace`` (its kill is then used by the pod's next crash, if
+any: the count cannot say which crash it was).
 """
 
 from __future__ import annotations
 
+from llmtrain_contract import oom
 from llmtrain_contract.exitcodes import ExitCode, classify_exit
 
 from ...api.observed import PodView
@@ -39,17 +49,46 @@ def handle(ctx: Pass) -> Verdict:
             # endpoint) charges at most what ends the budget, not a list of that length.
             charges += [(cause, pod)] * min(max(0, count - seen.get(slot, 0)), ctx.spec.fault_tolerance.max_restarts + 1)
             seen[slot] = max(count, seen.get(slot, 0))
-    book.attempts_seen = seen
+    # Which of the new crashes the OOM killer explains, decided (and its kills marked
+    # used) before any charge: the budget may end the pass at any one of them.
+    oom_kills = _new_oom_kills(ctx, live, seen)
+    named: list[tuple[str, PodView, str, str]] = []
     for cause, pod in charges:
-        reason, kind = CHARGED_CAUSES[cause]
+        reason, _ = CHARGED_CAUSES[cause]
         where = f"pod {pod.name}" + (f" on node {pod.node}" if pod.node else "")
-        record_failure(ctx, kind, reason, pod, message=f"a rank in {where} {'hung' if cause == 'hang' else 'failed'} "
-                       "and torchrun restarted the worker group in place")
+        message = f"a rank in {where} {'hung' if cause == 'hang' else 'failed'} and torchrun restarted the worker group in place"
+        memory = ctx.observed.launcher_memory.get(pod.name)
+        if cause == "crash" and memory is not None and oom_kills.get(pod_key(pod), 0) > 0:
+            oom_kills[pod_key(pod)] -= 1
+            seen[f"{pod_key(pod)}/{OOM}"] = seen.get(f"{pod_key(pod)}/{OOM}", 0) + 1
+            reason = oom.REASON
+            message = (f"the kernel's OOM killer ended a rank in {where} (torchrun restarted the worker group in place): "
+                       + oom.figures(memory.peak_bytes, memory.limit_bytes))
+        named.append((cause, pod, reason, message))
+    book.attempts_seen = seen
+    for cause, pod, reason, message in named:
+        kind = CHARGED_CAUSES[cause][1]
+        where = f"pod {pod.name}" + (f" on node {pod.node}" if pod.node else "")
+        record_failure(ctx, kind, reason, pod, message=message)
         ctx.event(Reason.RESTARTED_IN_PLACE, f"a rank in {where} failed ({reason}); torchrun restarted the worker groups in place",
                   warning=True)
         if not charge_budget(ctx, reason):
             return Verdict.FINISHED
     return Verdict.CONTINUE
+
+
+OOM = "oom"
+"""The ``attempts_seen`` slot of the OOM kills already used to name a crash."""
+
+
+def _new_oom_kills(ctx: Pass, live: dict[str, PodView], seen: dict[str, int]) -> dict[str, int]:
+    """Pod key -> OOM kills its launcher counts that no charged crash has used yet."""
+    out = {}
+    for key, pod in live.items():
+        memory = ctx.observed.launcher_memory.get(pod.name)
+        if memory is not None:
+            out[key] = max(0, memory.oom_kills - seen.get(f"{key}/{OOM}", 0))
+    return out
 
 
 def _failed_attempts(ctx: Pass, pod: str) -> dict[str, int]:

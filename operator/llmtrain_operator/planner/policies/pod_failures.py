@@ -16,6 +16,7 @@ ended instead) is replaced without a second charge, if this operator saw that co
 
 from __future__ import annotations
 
+from llmtrain_contract import oom
 from llmtrain_contract.exitcodes import Classification, ExitCode, FailureClass, classify_exit
 from llmtrain_contract.names import Termination
 
@@ -39,6 +40,8 @@ def _charged_in_place(ctx: Pass, pod: PodView, key: str) -> bool:
 def classify_pod(pod: PodView) -> Classification:
     if pod.disruption:
         return Classification(FailureClass.DISRUPTION, Reason.EVICTED if pod.reason == "Evicted" else Reason.DISRUPTION_TARGET)
+    if pod.termination.get(Termination.OOM):
+        return Classification(FailureClass.RETRYABLE, oom.REASON)  # its launcher saw the OOM killer end a rank
     code = pod.termination.get(Termination.CODE, pod.exit_code)
     if code is None:
         return Classification(FailureClass.RETRYABLE, pod.reason or Reason.POD_FAILED)
@@ -69,7 +72,13 @@ def handle(ctx: Pass) -> Verdict:
         verdict = classify_pod(pod)
         code = pod.termination.get(Termination.CODE, pod.exit_code)
         detail = pod.termination.get(Termination.MESSAGE) or pod.message or ""
-        if not pod.termination and code == 128 + 9:
+        if verdict.reason == oom.REASON and not pod.termination.get(Termination.OOM):
+            # The whole container went (the kubelet's OOMKilled; memory.oom.group under
+            # cgroup v2): no launcher was left to read the peak, the limit is the spec's.
+            limit = (ctx.spec.resources.limits or {}).get("memory")
+            detail = (f"the kernel's OOM killer ended the container at its memory limit ({limit}). " if limit
+                      else "the kernel's OOM killer ended the container (no memory limit: the node ran out). ") + oom.ADVICE
+        elif not pod.termination and code == 128 + 9:
             # The launcher reports every exit it sees; a SIGKILL from outside leaves it no time.
             detail = detail or ("killed (SIGKILL) before the launcher could report: a failed liveness probe "
                                 "(a frozen launcher or pod), the OOM killer, or a user")

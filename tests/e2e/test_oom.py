@@ -1,0 +1,37 @@
+"""A rank that grows past its container's memory limit, on the cluster: the kernel's OOM
+killer ends it (the container's memory cgroup; one process under cgroup v1), torchrun
+restarts the group in place, and the operator names the failure ``OOMKilled`` with the
+container's memory peak and its limit, from the launcher's reading of that cgroup. The
+job resumes and succeeds."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .jobs import create, event_messages, job_manifest, wait_status
+
+pytestmark = pytest.mark.e2e
+
+NS = "e2e-oom"
+NAME = "oom"
+
+
+def test_a_rank_the_oom_killer_ends_is_charged_as_oom_killed_with_the_peak_and_the_limit(operator):
+    bed = operator
+    create(bed, NS, job_manifest(NAME, {
+        "spec.trainer.builtin.maxSteps": 30, "spec.checkpoint.intervalSteps": 5,
+        "spec.resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "3Gi"}},
+        "spec.env": [{"name": "LLMTRAIN_FAULT_INJECT", "value": "oom@step=12,rank=1"}],
+    }))
+    done = wait_status(bed, NS, NAME, lambda s: s.get("phase") in ("Succeeded", "Failed"), 400, "finished")
+    assert done["phase"] == "Succeeded", done
+    assert done["restartsByReason"] == {"OOMKilled": 1}, done["restartsByReason"]
+    failure = done["lastFailure"]
+    assert (failure["kind"], failure["reason"]) == ("ProcessCrash", "OOMKilled"), failure
+    assert "the kernel's OOM killer ended a rank in pod" in failure["message"], failure
+    peak = re.search(r"memory peak ([0-9.]+) GiB of its limit 3\.0 GiB", failure["message"])
+    assert peak and 2.0 <= float(peak.group(1)) <= 3.0, failure["message"]
+    assert any(reason == "RestartedInPlace" and "(OOMKilled)" in message
+               for reason, message in event_messages(bed, NS, NAME)), event_messages(bed, NS, NAME)
