@@ -195,6 +195,13 @@ class Termination:
     """Present when the pod ended because the kernel's OOM killer ended a rank:
     ``{"kills": N, "peakBytes": P, "limitBytes": L}`` (the container's memory cgroup; peak
     or limit null when unknown or unlimited). The reason is then ``OOMKilled``."""
+    FAILED_ATTEMPTS = "failedAttempts"
+    """cause -> the pod's failed attempts before its last (``failed_attempts_total``'s
+    count at the end): an in-place restart just before the pod ended may have had no
+    scrape to show it."""
+    MEMORY = "memory"
+    """``{"oomKills": N, "peakBytes": P, "limitBytes": L}``: the container's memory cgroup
+    at the end (``LauncherMetric.OOM_KILLS`` and the gauges), whatever the exit."""
     COUNTED_IN_PLACE = "countedInPlace"
     """Present when the pod's last attempt hung and the launcher had already counted it as
     an in-place failure: its ``failed_attempts{cause="hang"}`` including that attempt. An

@@ -84,7 +84,7 @@ for _ in $(seq 60); do "$DOCKER" exec "$name" ctr version >/dev/null 2>&1 && bre
   --label=io.cri-containerd.pinned=pinned --all-platforms --no-unpack --digests - >/dev/null
 "$DOCKER" exec "$name" ctr --namespace=k8s.io images list -q | grep -v '^sha256:' | sort >&2
 "$DOCKER" exec "$name" sh -c 'pkill containerd; while pgrep containerd >/dev/null; do sleep 0.2; done; rm -f /var/log/containerd-build.log'
-"$DOCKER" commit --change 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' --change 'CMD []' \
+"$DOCKER" commit --change 'ENTRYPOINT ["/usr/local/bin/llmtrain-node-entry.sh", "/usr/local/bin/entrypoint", "/sbin/init"]' --change 'CMD []' \
   --change "LABEL llmtrain.inputs=$inputs" "$name" "$TAG" >/dev/null
 "$DOCKER" rm -f "$name" >/dev/null
 "$DOCKER" rmi "$TAG-bare" >/dev/null

@@ -23,7 +23,10 @@ def test_a_rank_the_oom_killer_ends_is_charged_as_oom_killed_with_the_peak_and_t
     create(bed, NS, job_manifest(NAME, {
         "spec.trainer.builtin.maxSteps": 30, "spec.checkpoint.intervalSteps": 5,
         "spec.resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "3Gi"}},
-        "spec.env": [{"name": "LLMTRAIN_FAULT_INJECT", "value": "oom@step=12,rank=1"}],
+        # Paced after the kill (every step >= 1 s), so the restart in place is scraped while
+        # the job runs; a pod's end reports it too (its termination message), but that is
+        # the unit tests' case, not this one.
+        "spec.env": [{"name": "LLMTRAIN_FAULT_INJECT", "value": "oom@step=12,rank=1;slow@step=13,seconds=1,steps=17"}],
     }))
     done = wait_status(bed, NS, NAME, lambda s: s.get("phase") in ("Succeeded", "Failed"), 400, "finished")
     assert done["phase"] == "Succeeded", done

@@ -16,7 +16,7 @@ import math
 import re
 from typing import Any
 
-from llmtrain_contract.names import TIER_REASONS, Termination
+from llmtrain_contract.names import FAILED_ATTEMPT_CAUSES, TIER_REASONS, Termination
 
 MAX_COUNT = 2**53
 """Steps, ranks and counters above this are not real (and lose precision as floats)."""
@@ -124,7 +124,29 @@ def termination(message: Any) -> tuple[dict[str, Any], list[str]]:
             take(key, value, _last_step)
         elif key == Termination.OOM:
             take(key, value, _oom)
+        elif key == Termination.MEMORY:
+            take(key, value, _memory)
+        elif key == Termination.FAILED_ATTEMPTS:
+            take(key, value, _failed_attempts)
     return kept, bad
+
+
+def _memory(value: Any) -> dict[str, Any] | None:
+    """``{"oomKills": N, "peakBytes": P, "limitBytes": L}``: counts, the bytes maybe null."""
+    if not isinstance(value, dict) or set(value) != {"oomKills", "peakBytes", "limitBytes"}:
+        return None
+    whole = {key: count(v) if not isinstance(v, str) and v is not None else None for key, v in value.items()}
+    if whole["oomKills"] is None or any(whole[key] is None and value[key] is not None for key in ("peakBytes", "limitBytes")):
+        return None
+    return whole
+
+
+def _failed_attempts(value: Any) -> dict[str, int] | None:
+    """cause -> count, every cause a known one (``FAILED_ATTEMPT_CAUSES``)."""
+    if not isinstance(value, dict) or any(cause not in FAILED_ATTEMPT_CAUSES for cause in value):
+        return None
+    counts = {cause: count(n) if not isinstance(n, str) else None for cause, n in value.items()}
+    return None if any(n is None for n in counts.values()) else counts  # type: ignore[return-value]
 
 
 def _oom(value: Any) -> dict[str, Any] | None:

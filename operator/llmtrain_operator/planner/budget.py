@@ -13,15 +13,16 @@ def backoff_seconds(ctx: Pass, restarts: int) -> float:
     return min(b.max_seconds, b.initial_seconds * (b.factor ** max(0, restarts - 1)))
 
 
-def charge_budget(ctx: Pass, reason: str) -> bool:
+def charge_budget(ctx: Pass, reason: str, enforce: bool = True) -> bool:
     """Add one restart to the never-reset counters; on exceeding the budget, fail the job
-    with BackoffLimitExceeded and return False."""
+    with BackoffLimitExceeded and return False. ``enforce=False``: a restart learnt only
+    once its pod had succeeded is counted, but cannot fail what has finished."""
     status = ctx.status
     status.restarts += 1
     status.restarts_by_reason[reason] = status.restarts_by_reason.get(reason, 0) + 1
     budget = ctx.spec.fault_tolerance.max_restarts
     ctx.decide(RestartCharged(reason, status.restarts, budget))
-    if status.restarts > budget:
+    if status.restarts > budget and enforce:
         finish(ctx, False, Reason.BACKOFF_LIMIT_EXCEEDED,
                f"{status.restarts} restarts exceed faultTolerance.maxRestarts={budget}; last: {reason}")
         return False

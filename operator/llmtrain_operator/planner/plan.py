@@ -62,11 +62,12 @@ FAILURES: tuple[Policy, ...] = (
     numerics.handle,       # rollbacks for bad numerics and the samples they skipped
     checkpoints.handle,    # tier health, the interval in force, the failure history for auto
                            # (before completion: a finished job's final commits count too)
+    in_place.handle,       # before completion: a restart in place learnt only from the
+                           # pods' ends (their termination messages) still counts
     completion.handle,
     pod_failures.handle,
     node_health.handle,    # a node a health agent reports sick: drained before a rank fails there
     node_failures.handle,
-    in_place.handle,
     stragglers.handle,     # report (or replace) a rank that stays slower than the others
     scheduling.handle,     # pods the scheduler cannot place: its words on the job, not charged
     memory.handle,         # the memory plan against the largest GPU the job can land on (advice)

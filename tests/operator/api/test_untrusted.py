@@ -83,6 +83,17 @@ def test_an_oom_report_is_a_kill_count_and_byte_counts_or_nothing():
         assert kept == {"code": 137} and [r.split(" (")[0] for r in reported] == ["termination message field 'oom'"], bad
 
 
+def test_a_pods_final_counts_and_memory_are_known_causes_and_counts_or_nothing():
+    counts, memory = {"crash": 2, "victim": 0}, {"oomKills": 0, "peakBytes": 5, "limitBytes": None}
+    assert untrusted.termination(json.dumps({"failedAttempts": counts, "memory": memory})) == (
+        {"failedAttempts": counts, "memory": memory}, [])
+    for key, bad in (("failedAttempts", {"crash": -1}), ("failedAttempts", {"oops": 1}), ("failedAttempts", {"crash": "1"}),
+                     ("failedAttempts", [1]), ("memory", {"oomKills": None, "peakBytes": 1, "limitBytes": 2}),
+                     ("memory", {"oomKills": 1, "peakBytes": 1}), ("memory", {"oomKills": 1, "peakBytes": 1.5, "limitBytes": 2})):
+        kept, reported = untrusted.termination(json.dumps({"code": 0, key: bad}))
+        assert kept == {"code": 0} and [r.split(" (")[0] for r in reported] == [f"termination message field {key!r}"], bad
+
+
 def test_a_launchers_memory_figures_are_whole_byte_counts_or_left_out():
     page = ("llmtrain_launcher_oom_kills_total 2\nllmtrain_launcher_memory_peak_bytes 3.221225472e+09\n"
             "llmtrain_launcher_memory_limit_bytes 4294967296\n")
@@ -176,7 +187,8 @@ JSONISH = st.recursive(st.one_of(st.none(), st.booleans(), NUMBERS, TEXT),
                        lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(TEXT, inner, max_size=3)),
                        max_leaves=8)
 MESSAGES = st.one_of(TEXT, st.dictionaries(st.sampled_from(["code", "reason", "rank", "step", "message", "checkpoints",
-                                                            "countedInPlace", "lastStep", "oom", "other"]), JSONISH, max_size=5)
+                                                            "countedInPlace", "lastStep", "oom", "memory", "failedAttempts",
+                                                            "other"]), JSONISH, max_size=5)
                      .map(lambda d: json.dumps(d)))
 SAMPLE_VALUES = st.one_of(NUMBERS.map(repr), st.sampled_from(["NaN", "+Inf", "-Inf", "1e999", "0", "3", "2.5"]))
 METRICS = st.sampled_from(["llmtrain_trainer_step", "llmtrain_trainer_world_size", "llmtrain_trainer_checkpoint_last_step",

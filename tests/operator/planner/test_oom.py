@@ -74,3 +74,30 @@ def test_a_container_the_kubelet_reports_oom_killed_names_the_specs_limit():
     assert result.status["restartsByReason"] == {"OOMKilled": 1}
     assert "OOM killer ended the container at its memory limit (6Gi)" in failure["message"], failure
     assert "resources.limits.memory" in failure["message"]
+
+
+def test_a_restart_in_place_learnt_only_from_a_pods_end_is_charged_once_and_cannot_fail_a_finished_job():
+    """The job ended within seconds of an in-place restart: no scrape showed it. The
+    launcher's termination message gives the counts (all but the last attempt) and the
+    container's memory, so the OOM kill is charged, once, though the budget is spent."""
+    raw = job({"spec.faultTolerance.maxRestarts": 0}, status=running_status())
+    final = {"code": 0, "reason": "Completed", "failedAttempts": {"crash": 1, "victim": 0},
+             "memory": {"oomKills": 1, "peakBytes": 3 * GIB, "limitBytes": 4 * GIB}}
+    victim = {"code": 0, "reason": "Completed", "failedAttempts": {"victim": 1}, "memory": {"oomKills": 0, "peakBytes": GIB,
+                                                                                           "limitBytes": 4 * GIB}}
+    pods = [worker(0, phase="Succeeded", exit_code=0, termination=final), worker(1, phase="Succeeded", exit_code=0, termination=victim)]
+    first = plan(raw, observed(raw, pods), NOW)
+    assert first.status["phase"] == "Succeeded" and first.status["restartsByReason"] == {"OOMKilled": 1}
+    assert "memory peak 3.0 GiB of its limit 4.0 GiB" in first.status["lastFailure"]["message"]
+    later = {**raw, "status": {**first.status, "phase": "Running"}}
+    again = plan(later, observed(later, pods), NOW + timedelta(seconds=5))
+    assert again.status["restarts"] == 1, "charged once"
+
+
+def test_a_failed_pods_final_counts_leave_out_its_last_attempt_so_its_exit_is_charged_once():
+    raw = job(status=running_status())
+    said = {"code": 1, "reason": "Crash", "message": "boom", "failedAttempts": {"crash": 1}}
+    first = plan(raw, observed(raw, [worker(0), worker(1, phase="Failed", exit_code=1, termination=said)],
+                               launcher_attempts={W1: {"crash": 1}}), NOW)
+    # The earlier attempt in place, then the pod's own end.
+    assert first.status["restartsByReason"] == {"RestartedInPlace": 1, "Crash": 1}, first.status["restartsByReason"]

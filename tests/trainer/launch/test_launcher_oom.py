@@ -56,6 +56,7 @@ def test_a_pod_whose_process_the_oom_killer_ended_says_oom_killed_with_the_peak_
     assert message["reason"] == "OOMKilled" and message["oom"]["kills"] == 1, message
     assert message["oom"]["limitBytes"] == LIMIT and 200 << 20 <= message["oom"]["peakBytes"] <= LIMIT, message
     assert "of its limit 0.2 GiB" in message["message"] and "resources.limits.memory" in message["message"], message
+    assert message["memory"] == {"oomKills": 1, "peakBytes": message["oom"]["peakBytes"], "limitBytes": LIMIT}
 
 
 def test_a_kill_inside_a_pod_that_goes_on_is_counted_on_the_launchers_page(cgroup, tmp_path):

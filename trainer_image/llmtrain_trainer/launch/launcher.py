@@ -251,6 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     code, message = decide(returncode, records, supervisor.agent_hang, torchrun_error, oom)
     if code == ExitCode.HANG and attempt is not None and tracker.counted_early(attempt):
         message[Termination.COUNTED_IN_PLACE] = tracker.failed_attempts()["hang"]
+    # The in-place restarts and the memory figures, for an operator that had no scrape
+    # between the last of them and the pod's end.
+    if attempt is not None:
+        message[Termination.FAILED_ATTEMPTS] = exitrecord.failed_attempts(run_dir, attempt, local_world_size(command, tracker))
+    figures = memory.now() if memory is not None else None
+    if figures is not None:
+        message[Termination.MEMORY] = {"oomKills": figures[0], "peakBytes": figures[1].peak_bytes,
+                                       "limitBytes": figures[1].limit_bytes}
     try:
         Path(args.termination_log).write_text(json.dumps(message))
     except OSError:

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from llmtrain_contract import oom
 from llmtrain_contract.exitcodes import ExitCode, classify_exit
+from llmtrain_contract.names import Termination
 
-from ...api.observed import PodView
-from ...api.vocabulary import FailureKind, Reason
+from ...api.observed import ContainerMemory, PodView
+from ...api.vocabulary import FailureKind, PodPhase, Reason
 from ..accounting import pod_key, record_failure
 from ..budget import charge_budget
 from ..context import Pass, Verdict
@@ -37,11 +38,13 @@ CHARGED_CAUSES = {
 
 def handle(ctx: Pass) -> Verdict:
     book = ctx.status.internal
-    live = {pod_key(p): p for p in ctx.observed.workers() if p.active}
+    # Ended pods too: a restart just before a pod ended may have had no scrape to show
+    # it; the launcher's termination message gives the final counts.
+    live = {pod_key(p): p for p in ctx.observed.workers() if p.active or (p.terminated and not p.deleting)}
     seen = {k: v for k, v in book.attempts_seen.items() if k.split("/", 1)[0] in live}
     charges: list[tuple[str, PodView]] = []
     for key, pod in live.items():
-        for cause, count in _failed_attempts(ctx, pod.name).items():
+        for cause, count in _failed_attempts(ctx, pod).items():
             if cause not in CHARGED_CAUSES:
                 continue
             slot = f"{key}/{cause}"
@@ -57,7 +60,7 @@ def handle(ctx: Pass) -> Verdict:
         reason, _ = CHARGED_CAUSES[cause]
         where = f"pod {pod.name}" + (f" on node {pod.node}" if pod.node else "")
         message = f"a rank in {where} {'hung' if cause == 'hang' else 'failed'} and torchrun restarted the worker group in place"
-        memory = ctx.observed.launcher_memory.get(pod.name)
+        memory = _memory(ctx, pod)
         if cause == "crash" and memory is not None and oom_kills.get(pod_key(pod), 0) > 0:
             oom_kills[pod_key(pod)] -= 1
             seen[f"{pod_key(pod)}/{OOM}"] = seen.get(f"{pod_key(pod)}/{OOM}", 0) + 1
@@ -72,7 +75,7 @@ def handle(ctx: Pass) -> Verdict:
         record_failure(ctx, kind, reason, pod, message=message)
         ctx.event(Reason.RESTARTED_IN_PLACE, f"a rank in {where} failed ({reason}); torchrun restarted the worker groups in place",
                   warning=True)
-        if not charge_budget(ctx, reason):
+        if not charge_budget(ctx, reason, enforce=pod.phase != PodPhase.SUCCEEDED):
             return Verdict.FINISHED
     return Verdict.CONTINUE
 
@@ -85,18 +88,33 @@ def _new_oom_kills(ctx: Pass, live: dict[str, PodView], seen: dict[str, int]) ->
     """Pod key -> OOM kills its launcher counts that no charged crash has used yet."""
     out = {}
     for key, pod in live.items():
-        memory = ctx.observed.launcher_memory.get(pod.name)
+        memory = _memory(ctx, pod)
         if memory is not None:
             out[key] = max(0, memory.oom_kills - seen.get(f"{key}/{OOM}", 0))
     return out
 
 
-def _failed_attempts(ctx: Pass, pod: str) -> dict[str, int]:
+def _memory(ctx: Pass, pod: PodView) -> ContainerMemory | None:
+    """The container's memory figures: its launcher's page, or its termination message
+    once it has ended (the larger kill count of the two)."""
+    page = ctx.observed.launcher_memory.get(pod.name)
+    final = pod.termination.get(Termination.MEMORY)
+    if final is None:
+        return page
+    ended = ContainerMemory(final["oomKills"], final["peakBytes"], final["limitBytes"])
+    return ended if page is None or ended.oom_kills >= page.oom_kills else page
+
+
+def _failed_attempts(ctx: Pass, pod: PodView) -> dict[str, int]:
     """cause -> failed attempts of ``pod``. The launcher and the trainer count the same
-    attempts from the same exit records, the launcher sooner: the larger count is the
-    newer truth, and a count seen once is never charged again (``attempts_seen``)."""
-    probe = ctx.observed.probes.get(pod)
+    attempts from the same exit records, the launcher sooner, and its termination message
+    gives them once more at the end: the larger count is the newer truth, and a count seen
+    once is never charged again (``attempts_seen``). The message's counts leave out the
+    pod's last attempt (its end is the pod's failure, ``pod_failures``)."""
+    probe = ctx.observed.probes.get(pod.name)
     counts = dict(probe.failed_attempts) if probe is not None else {}
-    for cause, count in ctx.observed.launcher_attempts.get(pod, {}).items():
-        counts[cause] = max(count, counts.get(cause, 0))
+    sources = [ctx.observed.launcher_attempts.get(pod.name, {}), pod.termination.get(Termination.FAILED_ATTEMPTS) or {}]
+    for source in sources:
+        for cause, count in source.items():
+            counts[cause] = max(count, counts.get(cause, 0))
     return counts

@@ -75,7 +75,7 @@ def handle(ctx: Pass) -> Verdict:
         if verdict.reason == oom.REASON and not pod.termination.get(Termination.OOM):
             # The whole container went (the kubelet's OOMKilled; memory.oom.group under
             # cgroup v2): no launcher was left to read the peak, the limit is the spec's.
-            limit = (ctx.spec.resources.limits or {}).get("memory")
+            limit = ((ctx.spec.resources.limits if ctx.spec.resources else None) or {}).get("memory")
             detail = (f"the kernel's OOM killer ended the container at its memory limit ({limit}). " if limit
                       else "the kernel's OOM killer ended the container (no memory limit: the node ran out). ") + oom.ADVICE
         elif not pod.termination and code == 128 + 9:
