@@ -244,8 +244,9 @@ class LLMTrainJobStatus(CamelModel):
     """Where global rank 0 runs now: its log is the job's step log (``llmtrain logs``).
     It moves when pods are replaced."""
     ranks: list[RankHolder] = Field(default_factory=list, max_length=MAX_NODES)
-    """Which worker pod holds which global ranks now, by first rank (``llmtrain logs JOB
-    --rank R``); from each pod's metrics page, so a pod not yet scraped is missing."""
+    """Which worker pod holds which global ranks now (once the pods have ended: held last),
+    by first rank (``llmtrain logs JOB --rank R``); from each pod's metrics page, so a pod
+    not yet scraped is missing."""
     eta: str | None = None
     """Time left to ``maxSteps`` at the current throughput (``1h5m``); absent when unknown."""
     restarts: int = 0

@@ -366,6 +366,11 @@ def test_the_status_says_which_live_pod_holds_which_ranks_from_their_pages():
     assert status["rankZero"]["pod"] == w1_1
     _, gone, _, _ = run(raw, observed(raw, [worker(0)], probes=probes))
     assert gone["ranks"] == [{"pod": W0, "first": 2, "last": 3}], "the pods gone hold nothing"
+    # The pods ended and their pages are gone: the last word stands for the pods still there.
+    ended = job({"spec.procsPerNode": 2}, status={**status, "phase": "Running"})
+    _, after, _, _ = run(ended, observed(ended, [worker(0, phase="Succeeded", exit_code=0),
+                                                 worker(1, incarnation=1, phase="Succeeded", exit_code=0)], probes={}))
+    assert after["ranks"] == status["ranks"], after.get("ranks")
 
 
 def test_a_finished_jobs_progress_is_its_last_step_of_max_steps_with_no_time_left():

@@ -56,7 +56,9 @@ def _throughput(ctx: Pass, probes: list[TrainerProbe]) -> None:
         status.rank_zero = RankZero(pod=holders[0], container=TRAINER_CONTAINER)
     elif status.rank_zero is not None and status.rank_zero.pod not in workers:
         status.rank_zero = None  # its pod is gone; the next to hold rank 0 will say so
-    status.ranks = _rank_holders(ctx, workers)
+    # As with rank 0: when no page says anything (the pods have ended, the pages are gone),
+    # the last word stands for the pods still there, so a finished job's logs stay findable.
+    status.ranks = _rank_holders(ctx, workers) or [h for h in status.ranks if h.pod in workers]
     # Only a trainer past its first step: a fresh process serves step 0 and a loss of 0.
     newest = max((p for p in probes if p.step), key=lambda p: p.step or 0, default=None)
     if newest is not None and newest.loss is not None:
@@ -66,7 +68,7 @@ def _throughput(ctx: Pass, probes: list[TrainerProbe]) -> None:
 
 
 def _rank_holders(ctx: Pass, workers: set[str]) -> list[RankHolder]:
-    """Each live worker's ranks, by its page's rank (its local rank 0's): torchrun gives a
+    """Each worker's ranks, by its page's rank (its local rank 0's): torchrun gives a
     pod ``procsPerNode`` consecutive ranks. A pod whose page is not read yet, or names a
     rank past the world size it reports (a page from before a re-rendezvous), is left out
     rather than guessed."""
