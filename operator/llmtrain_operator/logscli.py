@@ -108,7 +108,7 @@ def attempt_pod(status: dict[str, Any], pods: list[dict[str, Any]], attempt: int
     attempts: dict[int, str] = {}
     for name, own in labels.items():
         number = own.get(LABEL_INCARNATION, "0")
-        if own.get(LABEL_SLOT) == slot and number.isdigit():
+        if own.get(LABEL_SLOT) == slot and number.isascii() and number.isdigit():
             attempts[int(number)] = name
     if attempt not in attempts:
         left = ", ".join(f"{n} ({attempts[n]})" for n in sorted(attempts)) or "none"

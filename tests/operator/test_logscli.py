@@ -237,7 +237,7 @@ def _pod(name, slot, attempt, phase="Running", kept=False):
 
 
 PODS = [_pod("j-worker-0", 0, 0), _pod("j-worker-1", 1, 0, "Failed", kept=True), _pod("j-worker-1-1", 1, 1),
-        _pod("j-worker-1-2", 1, "2x")]
+        _pod("j-worker-1-2", 1, "2x"), _pod("j-worker-1-3", 1, "²")]
 
 
 def test_attempt_names_the_slots_nth_pod_for_the_rank_or_the_pod_given():
