@@ -247,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     # time, which the cgroup does not keep.
     torchrun_error = agent_error(error_file) if returncode else None
     silent = len({r.get("local_rank") for r in records}) < local_world_size(command, tracker) and torchrun_error is None
-    oom = memory.now() if memory is not None and returncode != 0 and silent else None
+    figures = memory.now() if memory is not None else None  # read once: the message's two uses agree
+    oom = figures if returncode != 0 and silent else None
     code, message = decide(returncode, records, supervisor.agent_hang, torchrun_error, oom)
     if code == ExitCode.HANG and attempt is not None and tracker.counted_early(attempt):
         message[Termination.COUNTED_IN_PLACE] = tracker.failed_attempts()["hang"]
@@ -255,7 +256,6 @@ def main(argv: list[str] | None = None) -> int:
     # between the last of them and the pod's end.
     if attempt is not None:
         message[Termination.FAILED_ATTEMPTS] = exitrecord.failed_attempts(run_dir, attempt, local_world_size(command, tracker))
-    figures = memory.now() if memory is not None else None
     if figures is not None:
         message[Termination.MEMORY] = {"oomKills": figures[0], "peakBytes": figures[1].peak_bytes,
                                        "limitBytes": figures[1].limit_bytes}

@@ -55,7 +55,7 @@ def handle(ctx: Pass) -> Verdict:
     # Which of the new crashes the OOM killer explains, decided (and its kills marked
     # used) before any charge: the budget may end the pass at any one of them.
     oom_kills = _new_oom_kills(ctx, live, seen)
-    named: list[tuple[str, PodView, str, str]] = []
+    named: list[tuple[str, PodView, str, str, str]] = []
     for cause, pod in charges:
         reason, _ = CHARGED_CAUSES[cause]
         where = f"pod {pod.name}" + (f" on node {pod.node}" if pod.node else "")
@@ -67,11 +67,10 @@ def handle(ctx: Pass) -> Verdict:
             reason = oom.REASON
             message = (f"the kernel's OOM killer ended a rank in {where} (torchrun restarted the worker group in place): "
                        + oom.figures(memory.peak_bytes, memory.limit_bytes))
-        named.append((cause, pod, reason, message))
+        named.append((cause, pod, where, reason, message))
     book.attempts_seen = seen
-    for cause, pod, reason, message in named:
+    for cause, pod, where, reason, message in named:
         kind = CHARGED_CAUSES[cause][1]
-        where = f"pod {pod.name}" + (f" on node {pod.node}" if pod.node else "")
         record_failure(ctx, kind, reason, pod, message=message)
         ctx.event(Reason.RESTARTED_IN_PLACE, f"a rank in {where} failed ({reason}); torchrun restarted the worker groups in place",
                   warning=True)
