@@ -42,8 +42,8 @@ test:
 test-fast: setup
 	$(BIN)/pytest -m "not slow and not cluster and not e2e and not tools and not images"
 
-# The fifteen fault-matrix scenarios, ROUNDS pytest sessions in a row, each with a fresh
-# local cluster (about 12.5 min a round here); a table per scenario (docs/development.md).
+# The fault-matrix scenarios (22), ROUNDS pytest sessions in a row, each with a fresh
+# local cluster (about 12.5 min a round for the first 15 here); a table per scenario (docs/development.md).
 ROUNDS ?= 5
 fault-matrix: setup system-deps cluster-tools
 	$(BIN)/python hack/fault_matrix.py --rounds $(ROUNDS)

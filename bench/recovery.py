@@ -6,6 +6,8 @@ could see, by the same clock:
 
 - detection: the failure appears in the job's status (``restarts``, ``lastFailure`` or
   ``status.numerics`` changes, polled every 0.2 s with kubectl);
+- replacement (``frozen_pod``): a new pod for the frozen pod's slot exists (``kubectl get
+  pods``), the frozen one gone or being deleted;
 - recovery: the first training step finished after the fault by the re-formed group, seen
   as a new line of a restarted attempt in the step log of the pod holding rank 0 (read
   from the pod's run volume, polled every 0.1 s); a step of the old group that was in
@@ -19,6 +21,7 @@ No figure subtracts two stamps written by the components under test.
 | stop | SIGSTOP of rank 1's process (its pid from its heartbeat file) | detected <= hangTimeout + 5 s |
 | collective_hang | rank 1 sleeps outside any collective (``hang@trigger``); rank 0 blocks in the all-reduce | same |
 | gil_hang | rank 1 holds the GIL in a catastrophic regex (``gil@trigger``) | same |
+| frozen_pod | SIGSTOP of every process of rank 1's pod (launcher, torchrun, ranks) | detected and replaced <= hangTimeout + 5 s |
 | partition | a worker's node loses its heartbeats and links; processes keep running | detected <= grace + 5 s after NotReady |
 | node | a worker's node loses its heartbeats and every process | same; first new step reported |
 | deleted_node | ``kubectl delete node`` under a worker | detected <= grace + 5 s after the delete |
@@ -28,7 +31,8 @@ largest worst-case time over its target (<= 1 meets every target every round).
 
     python bench/recovery.py [--quick] [--rounds N]
     RESULT crash_detect_s=... crash_recover_s=... stop_detect_s=... collective_hang_detect_s=... gil_hang_detect_s=...
-           partition_detect_s=... node_detect_s=... node_recover_s=... deleted_node_detect_s=... worst_target_ratio=...
+           frozen_pod_detect_s=... frozen_pod_replace_s=... partition_detect_s=... node_detect_s=... node_recover_s=...
+           deleted_node_detect_s=... worst_target_ratio=...
 """
 
 from __future__ import annotations
@@ -52,10 +56,11 @@ from _common import parser, result  # noqa: E402
 GRACE = 10
 HANG_TIMEOUT = 10
 FAULTS = "LLMTRAIN_FAULT_INJECT"
-KINDS = ("crash", "stop", "collective_hang", "gil_hang", "partition", "node", "deleted_node")
+KINDS = ("crash", "stop", "collective_hang", "gil_hang", "frozen_pod", "partition", "node", "deleted_node")
 TARGETS = {
     "crash_detect": 2.0, "crash_recover": 6.0, "stop_detect": HANG_TIMEOUT + 5.0, "collective_hang_detect": HANG_TIMEOUT + 5.0,
-    "gil_hang_detect": HANG_TIMEOUT + 5.0, "partition_detect": GRACE + 5.0, "node_detect": GRACE + 5.0,
+    "gil_hang_detect": HANG_TIMEOUT + 5.0, "frozen_pod_detect": HANG_TIMEOUT + 5.0, "frozen_pod_replace": HANG_TIMEOUT + 5.0,
+    "partition_detect": GRACE + 5.0, "node_detect": GRACE + 5.0,
     "deleted_node_detect": GRACE + 5.0,
 }
 
@@ -146,6 +151,14 @@ def rank_holder(watch: Watch, rank: int) -> tuple[dict[str, Any], int]:
     return holder(watch.bed, watch.ns, watch.name, rank)
 
 
+def replacement_of(watch: Watch, pod: dict[str, Any]) -> bool:
+    """A new pod holds ``pod``'s slot and ``pod`` is gone or being deleted."""
+    slot, uid = pod["metadata"]["labels"].get("llmtrain.io/slot"), pod["metadata"]["uid"]
+    mine = [p for p in watch.pods() if p["metadata"]["labels"].get("llmtrain.io/slot") == slot]
+    old = [p for p in mine if p["metadata"]["uid"] == uid and not p["metadata"].get("deletionTimestamp")]
+    return not old and any(p["metadata"]["uid"] != uid for p in mine)
+
+
 def run_kind(bed: Any, ns: str, kind: str, common: dict[str, Any]) -> dict[str, float]:
     """One job, one fault of ``kind``; returns its timings (seconds)."""
     from e2e.jobs import create, job_manifest, pods, wait_status  # noqa: PLC0415
@@ -170,6 +183,10 @@ def run_kind(bed: Any, ns: str, kind: str, common: dict[str, Any]) -> dict[str, 
         _, pid = rank_holder(watch, 1)
         t0 = time.time()
         os.kill(pid, signal.SIGSTOP)
+    elif kind == "frozen_pod":
+        pod, _ = rank_holder(watch, 1)
+        t0 = time.time()
+        bed.kill_pod(ns, pod["metadata"]["name"], "SIGSTOP")
     elif kind in ("collective_hang", "gil_hang"):
         pod, _ = rank_holder(watch, 1)
         t0 = time.time()
@@ -183,6 +200,12 @@ def run_kind(bed: Any, ns: str, kind: str, common: dict[str, Any]) -> dict[str, 
             t0 = watch.until(f"{node} NotReady", lambda: node_not_ready(bed, node), 120, 0.2)
     detected = watch.until("the failure in the status", lambda: watch.failure_mark(watch.status()) != before, 300, 0.2)
     out[f"{kind}_detect"] = detected - t0
+    if kind == "frozen_pod":
+        replaced = watch.until("the frozen pod's replacement", lambda: replacement_of(watch, pod), 300, 0.2)
+        out[f"{kind}_replace"] = replaced - t0
+        reason = (watch.status().get("lastFailure") or {}).get("reason")
+        if reason != "Hang":  # the liveness probe acted, not the peers' reports: say so, do not hide it
+            print(f"frozen_pod: charged {reason}, not Hang", flush=True)
     if kind in ("crash", "node"):
         recovered = watch.until("a new training step", lambda: watch.new_step(lines), 300, 0.1)
         out[f"{kind}_recover"] = recovered - t0

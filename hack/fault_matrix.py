@@ -1,6 +1,6 @@
-"""Runs the fifteen fault-matrix scenarios (docs/development.md, "The fault matrix") for
-several rounds in a row and prints, per scenario, how many rounds passed and how long its
-tests took.
+"""Runs the fault-matrix scenarios (docs/development.md, "The fault matrix") for several
+rounds in a row and prints, per scenario, how many rounds passed and how long its tests
+took.
 
 Each round is its own pytest session, so each starts the local cluster, installs the
 operator with helm and starts Prometheus afresh, as a CI run does. Every round runs, even
@@ -8,6 +8,7 @@ after a failure: the table shows where a streak broke, and each round's pytest o
 kept beside its JUnit report for the failure's pod logs.
 
     .venv/bin/python hack/fault_matrix.py --rounds 5 --out .cache/fault-matrix
+    .venv/bin/python hack/fault_matrix.py --rounds 5 --scenarios 16-22   # a subset
 
 Needs root and no other local cluster on the machine (they share ports and the bridge).
 """
@@ -46,7 +47,7 @@ HANGS = _module(
     "test_hangs.py",
     "test_a_frozen_only_rank_is_ended_by_its_launcher_and_restored_from_tier_1",
     "test_a_rank_holding_the_gil_is_blamed_its_blocked_peer_is_not_and_the_pair_resumes",
-    "test_a_frozen_pod_is_killed_by_its_liveness_probe_and_blamed_on_that_pod",
+    "test_a_frozen_pod_is_replaced_on_its_peers_reports_and_charged_as_a_hang_on_it",
     "test_a_straggler_is_reported_with_its_rank_pod_and_node_and_not_charged",
     "test_the_single_job_rolls_back_its_nan_and_succeeds_charged_only_its_hang",
     "test_the_pair_succeeds_charged_its_hang_and_its_frozen_pod_once_each",
@@ -112,6 +113,25 @@ SCENARIOS = (
         f"{E2E}/test_fault_matrix.py::test_14_jobs_beyond_the_clusters_room_wait_without_restarts_or_pod_churn",
     )),
     Scenario(15, "the standby replica takes over", LEADER_ELECTION),
+    Scenario(16, "a whole pod frozen", HANGS),
+    Scenario(17, "a node that keeps killing the job's pods", (
+        f"{E2E}/test_flapping_node.py::test_a_node_killing_the_jobs_pods_again_and_again_is_charged_once_and_quarantined",
+    )),
+    Scenario(18, "a rank killed by the OOM killer", (
+        f"{E2E}/test_oom.py::test_a_rank_the_oom_killer_ends_is_charged_as_oom_killed_with_the_peak_and_the_limit",
+    )),
+    Scenario(19, "pods that cannot be scheduled", (
+        f"{E2E}/test_scheduling.py::test_pods_asking_for_more_gpus_than_any_node_has_show_the_schedulers_words_on_the_job",
+    )),
+    Scenario(20, "the job deleted while a node is down", (
+        f"{E2E}/test_deletion.py::test_a_job_deleted_while_a_node_is_down_leaves_no_pod_behind",
+    )),
+    Scenario(21, "a node a health agent reports sick", (
+        f"{E2E}/test_node_health.py::test_a_sick_node_is_drained_before_a_rank_fails_and_the_job_resumes_from_the_emergency_checkpoint",
+    )),
+    Scenario(22, "a node with a degraded link", (
+        f"{E2E}/test_preflight.py::test_a_node_with_a_degraded_link_fails_the_pre_flight_check_and_is_quarantined_uncharged",
+    )),
 )
 
 
@@ -124,11 +144,11 @@ class Case:
     outcome: str  # "passed", "failed", "error" or "skipped"
 
 
-def selection() -> list[str]:
+def selection(scenarios: tuple[Scenario, ...] = SCENARIOS) -> list[str]:
     """Every node id the scenarios name, once each, grouped by module in the order the
     modules first appear: a module's fixtures (Prometheus, the e2e MinIO server) are then
     set up once per round rather than once per visit."""
-    tests = list(dict.fromkeys(test for s in SCENARIOS for test in s.tests))
+    tests = list(dict.fromkeys(test for s in scenarios for test in s.tests))
     modules = list(dict.fromkeys(t.split("::", 1)[0] for t in tests))
     return sorted(tests, key=lambda t: modules.index(t.split("::", 1)[0]))
 
@@ -172,12 +192,28 @@ def longest_streak(results: list[bool]) -> int:
     return best
 
 
-def table(rounds: list[list[Case]]) -> str:
+def chosen(spec: str | None) -> tuple[Scenario, ...]:
+    """The scenarios ``--scenarios`` names (``3,16-22``); every one when None."""
+    if spec is None:
+        return SCENARIOS
+    numbers: set[int] = set()
+    for part in spec.split(","):
+        first, _, last = part.strip().partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            raise ValueError(f"--scenarios: {part!r} is not a number or a range such as 16-22")
+        numbers.update(range(int(first), int(last or first) + 1))
+    unknown = sorted(numbers - {s.number for s in SCENARIOS})
+    if unknown:
+        raise ValueError(f"--scenarios: no scenario {', '.join(map(str, unknown))} (1..{len(SCENARIOS)})")
+    return tuple(s for s in SCENARIOS if s.number in numbers)
+
+
+def table(rounds: list[list[Case]], scenarios: tuple[Scenario, ...] = SCENARIOS) -> str:
     lines = [
         "| # | scenario | rounds passed | in a row | median s | worst s |",
         "|---|---|---|---|---|---|",
     ]
-    for scenario in SCENARIOS:
+    for scenario in scenarios:
         verdicts = [verdict(scenario, cases) for cases in rounds]
         passed = [ok for ok, _ in verdicts]
         seconds = [s for _, s in verdicts]
@@ -189,11 +225,12 @@ def table(rounds: list[list[Case]]) -> str:
     return "\n".join(lines)
 
 
-def run_round(index: int, out: Path, pytest_args: list[str]) -> tuple[list[Case], float, int]:
+def run_round(index: int, out: Path, pytest_args: list[str], scenarios: tuple[Scenario, ...] = SCENARIOS
+              ) -> tuple[list[Case], float, int]:
     junit, log = out / f"round-{index}.xml", out / f"round-{index}.log"
     # Durations of the call alone: the first test's setup also starts the cluster.
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "junit_duration_report=call",
-           f"--junitxml={junit}", *pytest_args, *selection()]
+           f"--junitxml={junit}", *pytest_args, *selection(scenarios)]
     started = time.monotonic()
     with log.open("w") as sink:
         code = subprocess.run(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, check=False).returncode
@@ -204,20 +241,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=ROOT / ".cache" / "fault-matrix")
+    parser.add_argument("--scenarios", default=None, help="numbers and ranges, e.g. 3,16-22 (default: every scenario)")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    try:
+        scenarios = chosen(args.scenarios)
+    except ValueError as err:
+        parser.error(str(err))
     args.out.mkdir(parents=True, exist_ok=True)
     rounds = []
     for index in range(1, args.rounds + 1):
-        cases, seconds, code = run_round(index, args.out, args.pytest_args)
+        cases, seconds, code = run_round(index, args.out, args.pytest_args, scenarios)
         rounds.append(cases)
         failed = sorted({c.nodeid for c in cases if c.outcome != "passed"})
         print(f"round {index}/{args.rounds}: pytest exit {code}, {seconds / 60:.1f} min, "
               f"{len(cases)} cases, failed: {', '.join(failed) or 'none'}", flush=True)
-    print(table(rounds))
-    every = all(longest_streak([verdict(s, c)[0] for c in rounds]) == args.rounds for s in SCENARIOS)
+    print(table(rounds, scenarios))
+    every = all(longest_streak([verdict(s, c)[0] for c in rounds]) == args.rounds for s in scenarios)
     print(f"RESULT rounds={args.rounds} all_scenarios_passed_every_round={str(every).lower()}")
     return 0 if every else 1
 

@@ -6,10 +6,12 @@
 #   full   everything else: the torchrun suites, the store against MinIO, the cluster and
 #          end-to-end suites (tests/conftest.py orders them: cluster tests last).
 #   kind   the smoke on real nodes, once the process bed is down: the images and the kind
-#          bed built here (hack/kind/up.sh), the operator helm-installed, a rank crash and
-#          a node loss recovered and the job succeeding (tests/e2e/test_failures.py), a
-#          rank the kernel's OOM killer ends under a real memory limit, named OOMKilled
-#          (tests/e2e/test_oom.py), then the bed taken down (hack/kind/e2e.sh). LLMTRAIN_KIND_SMOKE=0 skips it, saying so.
+#          bed built here (hack/kind/up.sh), the operator helm-installed, hangs a hung
+#          process cannot report (a frozen rank, a rank holding the GIL, a whole pod frozen:
+#          tests/e2e/test_hangs.py), a rank crash and a node loss recovered and the job
+#          succeeding (tests/e2e/test_failures.py), a rank the kernel's OOM killer ends
+#          under a real memory limit, named OOMKilled (tests/e2e/test_oom.py), then the bed
+#          taken down (hack/kind/e2e.sh). LLMTRAIN_KIND_SMOKE=0 skips it, saying so.
 #
 # Go-built tools (the Kubernetes binaries, etcd, helm, MinIO: about 12 min of both cores
 # on a cold cache) are only needed in the full stage. Their build starts first, at the
@@ -73,5 +75,5 @@ if [ "${LLMTRAIN_KIND_SMOKE:-1}" = 0 ]; then
   exit 0
 fi
 stamp "stage kind: the smoke on real nodes"
-bash hack/kind/e2e.sh tests/e2e/test_failures.py tests/e2e/test_oom.py
+bash hack/kind/e2e.sh tests/e2e/test_hangs.py tests/e2e/test_failures.py tests/e2e/test_oom.py
 stamp "stage kind passed"

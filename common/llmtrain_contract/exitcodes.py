@@ -55,6 +55,11 @@ class ExitCode(enum.IntEnum):
     failed it is full or over its quota). Permanent: a retry would redo the steps since the
     newest committed checkpoint and fail the same way; the newest committed one is kept."""
 
+    PREFLIGHT_FAILED = 87
+    """The launcher's pre-flight check found this node's network below
+    ``faultTolerance.preflightMinMbps`` before the pod joined. The node's fault, not the
+    job's: counted as a disruption; the operator keeps the job off the node."""
+
 
 class FailureClass(enum.StrEnum):
     SUCCEEDED = "Succeeded"
@@ -85,6 +90,7 @@ _BY_CODE: dict[int, Classification] = {
     ExitCode.WORLD_SIZE_INVALID: Classification(FailureClass.PERMANENT, "WorldSizeInvalid"),
     ExitCode.BAD_NUMERICS: Classification(FailureClass.PERMANENT, "BadNumerics"),
     ExitCode.STORAGE_FULL: Classification(FailureClass.PERMANENT, "StorageFull"),
+    ExitCode.PREFLIGHT_FAILED: Classification(FailureClass.DISRUPTION, "PreflightFailed"),
 }
 
 

@@ -22,6 +22,9 @@ class Env:
     RUN_DIR = "LLMTRAIN_RUN_DIR"
     """Per-pod scratch: exit records, step log, the metrics port file."""
     HANG_TIMEOUT_SECONDS = "LLMTRAIN_HANG_TIMEOUT_SECONDS"
+    PREFLIGHT_MIN_MBPS = "LLMTRAIN_PREFLIGHT_MIN_MBPS"
+    """The launcher's pre-flight floor (``faultTolerance.preflightMinMbps``): below it, through
+    the rendezvous store and back, the pod exits ``PREFLIGHT_FAILED`` before it joins."""
     COLLECTIVE_TIMEOUT_SECONDS = "LLMTRAIN_COLLECTIVE_TIMEOUT_SECONDS"
     CHECKPOINT_DIR = "LLMTRAIN_CHECKPOINT_DIR"
     """Tier 1 (node-local) checkpoint directory."""
@@ -169,6 +172,18 @@ class LauncherMetric:
     """Gauge: the container's memory peak (its cgroup's high-water mark)."""
     MEMORY_LIMIT = f"{PREFIX}_memory_limit_bytes"
     """Gauge: the container's memory limit; absent when it has none."""
+    PEER_WAIT = f"{PREFIX}_peer_wait_seconds"
+    """Gauge: seconds since this pod's supervisor judged its ranks victims, blocked in a
+    collective on a peer that stopped participating; served while none of the pod's ranks
+    has made progress since (at least ``PEER_WAIT_SHOWN_SECONDS``), absent otherwise. The
+    operator replaces a pod its peers wait on that does not answer and is not ready
+    (``frozen_pods.py``)."""
+
+
+PEER_WAIT_SHOWN_SECONDS = 15.0
+"""``LauncherMetric.PEER_WAIT`` stays served this long after its verdict even when the
+pod's ranks train again at once (an elastic job re-formed without the silent peer): the
+operator, probing every second while a pod is silent, sees it."""
 
 
 FAILED_ATTEMPT_CAUSES = ("crash", "hang", "victim", "preempted", "permanent")

@@ -49,6 +49,8 @@ class NodeState:
     healthy: bool = True
     """False after a failure or a partition: no heartbeats, no status reports."""
     partitioned: bool = False
+    link_rate: str | None = None
+    """A degraded link (``slow_node``): every pod's traffic on the node limited to it."""
     transition: str = ""
     """When this agent last started reporting Ready (registration, or a heal)."""
 
@@ -192,7 +194,8 @@ class Agent:
                 if pod["metadata"].get("deletionTimestamp") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                     self._finish_delete(pod)
                     return
-                runner = PodRunner(self.core, pod, node, self.state, self.ipam.allocate(), self.venv_bin)
+                runner = PodRunner(self.core, pod, node, self.state, self.ipam.allocate(), self.venv_bin,
+                                   link_rate=self.nodes[node].link_rate)
                 self.pods[uid] = runner
                 threading.Thread(target=self._start, args=(runner,), daemon=True).start()
                 return
@@ -275,6 +278,20 @@ class Agent:
             for runner in self.pods.values():
                 if runner.node == name:
                     network.set_link(runner.uid, up=False)
+                    count += 1
+        return count
+
+    def slow_node(self, name: str, rate: str | None) -> int:
+        """The node's link degrades to ``rate`` (tc's words, ``8mbit``; None: healthy again)
+        for its pods and every pod it starts later; the node stays Ready."""
+        node = self.nodes[name]
+        node.link_rate = rate
+        count = 0
+        with self.lock:
+            for runner in self.pods.values():
+                if runner.node == name and runner.netns is not None:
+                    runner.link_rate = rate
+                    network.set_rate(runner.uid, rate)
                     count += 1
         return count
 

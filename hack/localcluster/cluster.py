@@ -226,6 +226,10 @@ class LocalCluster:
     def partition_node(self, name: str) -> None:
         self._control("POST", "/nodes/partition", {"name": name})
 
+    def slow_node(self, name: str, rate: str | None) -> None:
+        """Degrade the node's links to ``rate`` (``8mbit``), or lift it (None)."""
+        self._control("POST", "/nodes/slow", {"name": name, "rate": rate})
+
     def heal_node(self, name: str) -> None:
         self._control("POST", "/nodes/heal", {"name": name})
 

@@ -69,6 +69,8 @@ def control_server(agent: Agent, port: int, stop: threading.Event) -> ThreadingH
                     self._json(200, {"killed": agent.fail_node(body["name"])})
                 elif self.path == "/nodes/partition":
                     self._json(200, {"pods": agent.partition_node(body["name"])})
+                elif self.path == "/nodes/slow":
+                    self._json(200, {"pods": agent.slow_node(body["name"], body.get("rate"))})
                 elif self.path == "/nodes/heal":
                     agent.heal_node(body["name"])
                     self._json(200, {})

@@ -92,6 +92,21 @@ def set_link(pod_uid: str, up: bool) -> None:
     _ip("link", "set", host_if, "up" if up else "down", check=False)
 
 
+def set_rate(pod_uid: str, rate: str | None) -> None:
+    """Limit a pod's link to ``rate`` (tc's words: ``8mbit``) in both directions, as a
+    degraded NIC or port would, or lift the limit (None): a token bucket on each end of its
+    veth (the host's end shapes what reaches the pod, the pod's end what it sends)."""
+    host_if, _ = _veth_names(pod_uid)
+    ns = netns_name(pod_uid)
+    for prefix in ([], ["ip", "netns", "exec", ns]):
+        dev = host_if if not prefix else "eth0"
+        if rate is None:
+            subprocess.run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True, check=False)
+        else:
+            subprocess.run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", "32kbit",
+                            "latency", "400ms"], capture_output=True, check=True)
+
+
 def delete_pod_network(pod_uid: str, etc_dir: Path) -> None:
     ns = netns_name(pod_uid)
     host_if, _ = _veth_names(pod_uid)

@@ -93,6 +93,8 @@ class PodRunner:
     containers: list[Container] = field(default_factory=list)
     init_containers: list[Container] = field(default_factory=list)
     netns: str | None = None
+    link_rate: str | None = None
+    """The node's degraded link (``Agent.slow_node``): applied before any container starts."""
     deleting_since: float | None = None
     grace_deadline: float | None = None
     finished: bool = False
@@ -128,6 +130,8 @@ class PodRunner:
         hosts = f"127.0.0.1 localhost\n{self.ip} {fqdn} {hostname}\n"
         search = [f"{ns}.svc.{network.CLUSTER_DOMAIN}", f"svc.{network.CLUSTER_DOMAIN}", network.CLUSTER_DOMAIN]
         self.netns = network.create_pod_network(self.uid, self.ip, NETNS_ETC, hosts, search)
+        if self.link_rate is not None:
+            network.set_rate(self.uid, self.link_rate)
         self.pod.setdefault("status", {})["podIP"] = self.ip  # for downward-API fieldRefs
         self.containers = [Container(c) for c in spec.get("containers") or []]
         self.init_containers = [Container(c) for c in spec.get("initContainers") or []]

@@ -156,6 +156,8 @@ class LauncherReport:
     last_step_time: float | None = None
     memory: ContainerMemory | None = None
     """The container's OOM kills, memory peak and limit; None when the page has none."""
+    peer_wait: float | None = None
+    """Seconds the pod's ranks have been blocked on a peer in another pod; None when not."""
     rejected: tuple[str, ...] = ()
     """Values on the page that were unusable and ignored, each named."""
 
@@ -177,7 +179,8 @@ def parse_launcher(text: str) -> LauncherReport:
         for sample in family.samples:
             if sample.name == LAUNCHER_FAILED_ATTEMPTS:
                 _failed(sample, failed, bad)
-            elif sample.name in (LauncherMetric.WORKERS_RUNNING, LauncherMetric.STEP, LauncherMetric.LAST_STEP_TIMESTAMP):
+            elif sample.name in (LauncherMetric.WORKERS_RUNNING, LauncherMetric.STEP, LauncherMetric.LAST_STEP_TIMESTAMP,
+                                 LauncherMetric.PEER_WAIT):
                 if untrusted.seconds(sample.value) is None:
                     bad(sample)
                 else:
@@ -195,7 +198,7 @@ def parse_launcher(text: str) -> LauncherReport:
     return LauncherReport(failed, workers_running=values.get(LauncherMetric.WORKERS_RUNNING, 0) >= 1,
                           step=untrusted.count(step) if step is not None else None,
                           last_step_time=values.get(LauncherMetric.LAST_STEP_TIMESTAMP) or None,
-                          memory=memory, rejected=tuple(rejected))
+                          memory=memory, peer_wait=values.get(LauncherMetric.PEER_WAIT), rejected=tuple(rejected))
 
 
 def combine(trainers: dict[str, TrainerProbe], launchers: dict[str, LauncherReport]
@@ -213,6 +216,11 @@ def combine(trainers: dict[str, TrainerProbe], launchers: dict[str, LauncherRepo
         if report.rejected:
             rejected[pod] = rejected.get(pod, ()) + report.rejected
     return probes, {pod: report.failed for pod, report in launchers.items()}, rejected
+
+
+def peer_waits_of(launchers: dict[str, LauncherReport]) -> dict[str, float]:
+    """Pod -> how long its ranks have been blocked on a peer, for the pods whose are."""
+    return {pod: report.peer_wait for pod, report in launchers.items() if report.peer_wait is not None}
 
 
 def memory_of(launchers: dict[str, LauncherReport]) -> dict[str, ContainerMemory]:

@@ -1,5 +1,5 @@
 """What every scenario of the end-to-end fault matrix checks once its job has ended
-(tests/e2e/test_fault_matrix.py; docs/development.md lists the 15 scenarios and where
+(tests/e2e/test_fault_matrix.py; docs/development.md lists the scenarios and where
 each is tested).
 
 - the job's outcome: its phase and final step, the terminal condition and its reason;

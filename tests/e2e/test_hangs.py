@@ -1,8 +1,8 @@
 """Hangs that the hung process cannot report, on the cluster: a job's only rank frozen
 (SIGSTOP), a rank holding the GIL in native code while its peer waits in a real
-collective, and a whole worker pod frozen (launcher, torchrun and ranks). Each is
-detected from outside the failing process, blamed on the right pod and node in the
-status and Events, never charged to the victims, and the jobs succeed.
+collective, and a whole worker pod frozen (launcher, torchrun and ranks; replaced on its
+peer's reports). Each is detected from outside the failing process, blamed on the right
+pod and node in the status and Events, never charged to the victims, and the jobs succeed.
 
 Two jobs (the module's ``jobs`` fixture) go through these faults; each fault's checks are
 a test of their own, in order, so that a failed one hides nothing of the next, and the
@@ -13,6 +13,7 @@ Sanity bounds only; detection and recovery times are measured by bench/recovery.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from support.waiting import wait_for
@@ -92,22 +93,31 @@ def test_a_rank_holding_the_gil_is_blamed_its_blocked_peer_is_not_and_the_pair_r
     assert resumed and min(r.step for r in resumed) >= 8 - COMMON["spec.checkpoint.intervalSteps"], resumed
 
 
-def test_a_frozen_pod_is_killed_by_its_liveness_probe_and_blamed_on_that_pod(operator, jobs):
+def test_a_frozen_pod_is_replaced_on_its_peers_reports_and_charged_as_a_hang_on_it(operator, jobs):
     """The whole other pod is frozen (launcher, torchrun, ranks): nothing in it can report.
-    The kubelet's liveness probe on the launcher fails, the pod is killed and replaced,
-    blamed on that pod; the survivor's ranks were victims, not charged."""
+    Its peer's supervisor judges its own ranks victims after hangTimeoutSeconds and its
+    launcher says they wait on a peer; the operator, whose probes of the frozen launcher go
+    unanswered, replaces that pod and charges a hang on it (policies/frozen_pods.py). The
+    liveness probe, the second line, would fire only 20 s later: a kill by it would say
+    Signal9. The survivor's ranks were victims, not charged."""
     bed = operator
     # The pair training again after the GIL hang: where the test before passed, at once.
     wait_status(bed, NS, "pair", lambda s: s.get("lastRecoverySeconds") is not None and s.get("step", 0) >= 15, 240, "training again")
     cause = jobs.get("cause") or pod_with_marker(bed, NS, "pair", GIL_MARKER)
     frozen = next(p for p in pods(bed, NS, "pair") if p["metadata"]["name"] != cause["metadata"]["name"])
     name = frozen["metadata"]["name"]
+    frozen_at = time.monotonic()
     bed.kill_pod(NS, name, "SIGSTOP")
     replaced = wait_status(bed, NS, "pair", lambda s: s.get("restarts", 0) >= 2, 240, "the frozen pod replaced")
+    seen_after = time.monotonic() - frozen_at
     failure = replaced["lastFailure"]
-    assert (failure["pod"], failure["node"], failure["reason"]) == (name, frozen["spec"]["nodeName"], "Signal9"), failure
-    assert "liveness" in failure["message"], failure
-    assert replaced["restartsByReason"] == {"Hang": 1, "Signal9": 1}, replaced["restartsByReason"]
+    assert (failure["pod"], failure["node"]) == (name, frozen["spec"]["nodeName"]), failure
+    assert (failure["kind"], failure["reason"]) == ("Hang", "Hang"), failure
+    assert "has not answered" in failure["message"] and "blocked waiting for a peer" in failure["message"], failure
+    assert replaced["restartsByReason"] == {"Hang": 2}, replaced["restartsByReason"]
+    # A sanity bound only (bench/recovery.py measures it): before the liveness probe could act.
+    assert seen_after < HANG + 20, seen_after
+    assert any(r == "PodUnresponsive" and name in m for r, m in event_messages(bed, NS, "pair"))
 
 
 def test_a_straggler_is_reported_with_its_rank_pod_and_node_and_not_charged(operator, jobs):
@@ -118,7 +128,7 @@ def test_a_straggler_is_reported_with_its_rank_pod_and_node_and_not_charged(oper
     holders = [p for p in pods(bed, NS, "pair") if f"rank 1 in pod {p['metadata']['name']} on node {p['spec']['nodeName']}" in message]
     assert len(holders) == 1, message
     assert any(r == "Straggler" and f"rank 1 in pod {holders[0]['metadata']['name']}" in m for r, m in event_messages(bed, NS, "pair"))
-    assert slow["restartsByReason"] == {"Hang": 1, "Signal9": 1}
+    assert slow["restartsByReason"] == {"Hang": 2}
 
 
 def test_the_single_job_rolls_back_its_nan_and_succeeds_charged_only_its_hang(operator, jobs):
@@ -134,11 +144,11 @@ def test_the_pair_succeeds_charged_its_hang_and_its_frozen_pod_once_each(operato
     bed = operator
     pair = _finished(bed, "pair")
     assert pair["phase"] == "Succeeded", json.dumps(pair)[:3000]
-    assert pair["restartsByReason"] == {"Hang": 1, "Signal9": 1}
+    assert pair["restartsByReason"] == {"Hang": 2}
 
 
 def test_prometheus_has_the_two_jobs_charges_as_the_operator_counted_them(operator, prometheus, jobs):
     bed = operator
     for job in ("single", "pair"):
         _finished(bed, job)
-    check_counters(prometheus, NS, by_reason={"Hang": 2, "Signal9": 1}, succeeded=2)
+    check_counters(prometheus, NS, by_reason={"Hang": 3}, succeeded=2)

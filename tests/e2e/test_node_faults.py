@@ -24,7 +24,7 @@ pytestmark = pytest.mark.e2e
 NS, NAME = "e2e-node-faults", "nodes"
 HANG = 10
 FAULTS = "LLMTRAIN_FAULT_INJECT"
-MAX_STEPS = 300
+MAX_STEPS = 400
 RELEASE = "release-pacing"
 
 
@@ -54,8 +54,9 @@ def job(operator):
     bed = operator
     # A shared tier (a ReadWriteMany PVC): a lost node must not take the only copy of the
     # newest checkpoint with it. Every step takes >= 0.75 s until the last test releases the
-    # pacing (a file in each worker's run dir): 300 paced steps outlast the faults (about
-    # 100 s on CI), however fast each is handled. The launcher and agent faults fire on trigger files the test
+    # pacing (a file in each worker's run dir): 400 paced steps (300 s) outlast the faults
+    # (about 150 s here: the liveness probe alone ends the frozen launcher, after
+    # hangTimeoutSeconds + 20 s), however fast each is handled. The launcher and agent faults fire on trigger files the test
     # writes into one pod's run dir, so that no replacement (with a fresh run dir) fires
     # them again.
     bed.kubectl("create", "namespace", NS, check=False)

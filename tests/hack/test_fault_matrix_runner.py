@@ -76,7 +76,7 @@ def test_the_streak_counts_consecutive_passes_only():
 
 
 def test_every_scenario_is_listed_once_and_each_test_is_run_once():
-    assert [s.number for s in fm.SCENARIOS] == list(range(1, 16))
+    assert [s.number for s in fm.SCENARIOS] == list(range(1, 23))
     chosen = fm.selection()
     assert len(chosen) == len(set(chosen))
     assert set(chosen) == {t for s in fm.SCENARIOS for t in s.tests}
@@ -85,3 +85,15 @@ def test_every_scenario_is_listed_once_and_each_test_is_run_once():
     for nodeid in chosen:
         path, name = nodeid.split("::")
         assert f"def {name}(" in (root / path).read_text(), nodeid
+
+
+def test_a_subset_of_scenarios_is_chosen_by_numbers_and_ranges_and_a_wrong_one_named():
+    import pytest
+
+    assert [s.number for s in fm.chosen("3,16-18")] == [3, 16, 17, 18]
+    assert fm.chosen(None) == fm.SCENARIOS
+    assert set(fm.selection(fm.chosen("16"))) == set(fm.HANGS)
+    with pytest.raises(ValueError, match="no scenario 40"):
+        fm.chosen("40")
+    with pytest.raises(ValueError, match="not a number or a range"):
+        fm.chosen("x-3")

@@ -49,7 +49,7 @@ def exported(tmp_path: Path) -> dict[str, set[str]]:
     # A script that reported a step: the launcher serves its progress only then.
     progress.pod_file(tmp_path).parent.mkdir(parents=True, exist_ok=True)
     progress.pod_file(tmp_path).write_text("7\n")
-    for family in text_string_to_metric_families(render_metrics(AttemptTracker(tmp_path)).decode()):
+    for family in text_string_to_metric_families(render_metrics(AttemptTracker(tmp_path), peer_wait=2.0).decode()):
         for sample in family.samples:
             out.setdefault(sample.name, set()).update(sample.labels)
     return out

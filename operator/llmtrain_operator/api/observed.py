@@ -516,6 +516,13 @@ class Observed:
     launcher_memory: dict[str, ContainerMemory] = field(default_factory=dict)
     """Pod name -> its container's OOM kills, memory peak and limit, as its launcher reads
     them (a rank the OOM killer ended is restarted in place and looks like any crash)."""
+    peer_waits: dict[str, float] = field(default_factory=dict)
+    """Pod name -> seconds its ranks have been blocked on a peer in another pod, as its
+    launcher's supervisor judged them (victims); only pods whose ranks are."""
+    silent: dict[str, float] = field(default_factory=dict)
+    """Running worker pod -> seconds its launcher has not answered the operator's probes
+    (since the first unanswered one in a row, by this operator's clock); only pods whose
+    launcher did not answer this pass."""
     rejected_values: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Pod name -> values its trainer's or launcher's endpoint served that were unusable
     and ignored, each named (``probe.parse``): reported once as an Event."""

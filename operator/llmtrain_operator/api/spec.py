@@ -397,6 +397,15 @@ class FaultToleranceSpec(Ruled):
     ``hangTimeoutSeconds``. A ``trainer.command`` script is watched only once it has
     reported a step (``LLMTRAIN_PROGRESS_FILE``, docs/custom-scripts.md)."""
 
+    preflight_min_mbps: float = Field(50, ge=0, le=100000)
+    """The pre-flight check the launcher of a pod joining a job that has trained (a
+    replacement, a scale-up) makes before it joins: 4 MiB sent through the job's rendezvous
+    store and back, twice, the best rate counting. Below this many MB/s (10^6 bytes a
+    second) the pod exits ``PreflightFailed`` (87) naming the rate, and the operator keeps
+    the job off the node (quarantine, not charged) instead of letting a degraded link slow
+    every collective. A store that cannot be reached, or is busy with other checks, skips
+    it. 0 turns it off. Default 50 (a 1 Gb/s link carries about 110)."""
+
     keep_failed_pods: int = Field(3, ge=0, le=50)
     """Failed worker pods kept, with their logs, after they were replaced (as a Job keeps
     its failed pods): each replacement is a new pod (``<job>-worker-<slot>-<n>``), the

@@ -103,12 +103,14 @@ class Reason(StrEnum):
     # failures
     POD_FAILED = "PodFailed"
     POD_DISRUPTED = "PodDisrupted"
+    POD_UNRESPONSIVE = "PodUnresponsive"
     NODE_FAILURE = "NodeFailure"
     RESTART_ALL = "RestartAll"
     RESTARTED_IN_PLACE = "RestartedInPlace"
     ROLLED_BACK = "RolledBack"
     STRAGGLER = "Straggler"
     STRAGGLER_REPLACED = "StragglerReplaced"
+    PREFLIGHT_FAILED = "PreflightFailed"
     NO_STRAGGLER = "NoStraggler"
     ZONE_DISRUPTED = "ZoneDisrupted"
     UNUSABLE_POD_VALUE = "UnusablePodValue"
@@ -120,6 +122,7 @@ class Reason(StrEnum):
     # local runs (llmtrain run)
     LOCAL_TIMEOUT = "LocalTimeout"
     INJECTED_NODE_LOSS = "InjectedNodeLoss"
+    INJECTED_NODE_FREEZE = "InjectedNodeFreeze"
     NODE_UNHEALTHY = "NodeUnhealthy"
     """A health agent reports the node sick (a condition, a GPU out of allocatable): the
     job's pods there are drained before a rank fails."""

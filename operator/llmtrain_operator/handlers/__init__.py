@@ -41,7 +41,7 @@ from .executor import NotLeader
 from .leadership import AlwaysLeader, Gate, Leadership
 from .loops import JobLoops, Key
 from .reconcile import PROBER, Children, job_uid, reconcile
-from .reconcile import forget as forget_refusals
+from .reconcile import forget as forget_job_memory
 from .slots import Slots
 from .wakes import jobs_of_node
 from ..planner.stranded import stranded
@@ -287,7 +287,7 @@ async def job_changed(type: str | None, namespace: str | None, name: str, body: 
     LOOPS.seen(key, type, dict(body))
     if type == "DELETED":
         metrics.forget(*key)
-        forget_refusals(*key)
+        forget_job_memory(*key)
         if _SLOTS is not None:
             _SLOTS.forget(key)
 

@@ -32,8 +32,9 @@ from ..k8s.client import K8s, PermanentApiError, TransientApiError
 from ..k8s.patches import merge_patch
 from ..planner import Plan, plan_received, podgroup, queue
 from ..planner.podpolicy import PodPolicy
-from ..probe import AsyncProber, LauncherReport, combine, memory_of, trainer_url
+from ..probe import AsyncProber, LauncherReport, combine, memory_of, peer_waits_of, trainer_url
 from ..settings import OperatorSettings
+from ..silence import Silences
 from .executor import Refused, WriteGate, check, describe, write
 from .slots import Slots, no_slot
 
@@ -214,6 +215,8 @@ def _running_workers(pods: list[Any]) -> list[Any]:
 
 
 PROBER = AsyncProber()
+SILENCES = Silences()
+"""Each running worker's unanswered probes in a row (``silence.py``), per job."""
 
 
 async def probe_workers(pods: list[Any], port: int, timeout: float) -> dict[str, Any]:
@@ -310,6 +313,8 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
     attempts: dict[str, dict[str, int]] = {}
     memory: dict[str, ContainerMemory] = {}
     rejected: dict[str, tuple[str, ...]] = {}
+    peer_waits: dict[str, float] = {}
+    silent: dict[str, float] = {}
     job = received.job
     if settings.probes_enabled and job is not None:  # the plan of an invalid job reads no probe
         pods = [pod_view(p) for p in before.owned_by(job_uid(body)).pods]
@@ -319,7 +324,8 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
         trainers, launchers = await asyncio.gather(probe_workers(trainer_pods, job.spec.metrics.port, timeout),
                                                    probe_launchers(pods, timeout))
         probes, attempts, rejected = combine(trainers, launchers)
-        memory = memory_of(launchers)
+        memory, peer_waits = memory_of(launchers), peer_waits_of(launchers)
+        silent = SILENCES.track((ns, name), _running_workers(pods), launchers)
     probed = time.perf_counter()
     async with slots.held(urgent, key) if slots is not None else no_slot() as waited:
         # A watch-fed source costs nothing to read again; a listing one (tests) is read once.
@@ -327,7 +333,7 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
         if children.body is not None and children.body is not body:
             body, received = children.body, receive(children.body)
         observed = children.owned_by(job_uid(body)).observed(probes=probes, launcher_attempts=attempts, launcher_memory=memory,
-                                                                 rejected_values=rejected,
+                                                                 peer_waits=peer_waits, silent=silent, rejected_values=rejected,
                                                                  **refused_before(ns, name))
         try:
             return await _decide_and_write(k8s, body, received, settings, now or datetime.now(UTC), started + waited,
@@ -404,5 +410,6 @@ def _remember_refusals(namespace: str, name: str, refused: tuple[Refused, ...], 
 
 
 def forget(namespace: str, name: str) -> None:
-    """A deleted job's remembered refusals."""
+    """A deleted job's remembered refusals and silences."""
     _REFUSALS.pop((namespace, name), None)
+    SILENCES.forget((namespace, name))

@@ -19,6 +19,8 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
                    help="TEST ONLY: trainer faults, e.g. 'crash@step=20,rank=1' (see llmtrain_trainer.train.faults)")
     p.add_argument("--kill-node", metavar="SLOT@STEP", action="append", default=[],
                    help="TEST ONLY: SIGKILL every process of node SLOT once the job reaches STEP (repeatable)")
+    p.add_argument("--freeze-node", metavar="SLOT@STEP", action="append", default=[],
+                   help="TEST ONLY: SIGSTOP every process of node SLOT once the job reaches STEP (repeatable)")
     p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     p.add_argument("--no-progress", action="store_true",
                    help="plain lines instead of a progress bar: each Event, and the step and state every 10 s")

@@ -57,7 +57,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     cluster = LocalCluster(job, workdir.resolve(), env=env)
     max_steps = job.spec.trainer.builtin.max_steps if job.spec.trainer.builtin else None
     reporter = _Reporter(max_steps, plain=args.no_progress)
-    run = LocalRun(raw, job, cluster, kills=[NodeKill.parse(k) for k in args.kill_node],
+    kills = [NodeKill.parse(k) for k in args.kill_node] + [NodeKill.parse(k, freeze=True) for k in args.freeze_node]
+    run = LocalRun(raw, job, cluster, kills=kills,
                    on_event=reporter.event, on_status=reporter.status)
     started = time.time()
     print(f"llmtrain run: {job.metadata.name}: {job.spec.replicas.min}..{job.spec.replicas.max} nodes x "

@@ -40,7 +40,8 @@ from ..planner import CreateObject, DeleteJob, DeletePod, KeepPod, ReplaceObject
 from ..planner.environment import worker_env
 from ..planner.manifests import TORCHRUN_MAX_RESTARTS
 from ..planner.render import config_text, tier_paths, trainer_config
-from ..probe import combine, memory_of, scrape, scrape_launcher, trainer_url
+from ..probe import combine, memory_of, peer_waits_of, scrape, scrape_launcher, trainer_url
+from ..silence import Silences
 
 PY = sys.executable
 
@@ -136,6 +137,9 @@ class LocalCluster:
     warnings: list[str] = field(default_factory=list)
     configmap: dict[str, Any] | None = None
     """The job's ConfigMap as last created or replaced."""
+    silences: Silences = field(default_factory=Silences)
+    """Each running "node"'s launcher's unanswered probes in a row (a frozen one is replaced
+    on its peers' reports, as in a cluster: ``policies/frozen_pods.py``)."""
 
     # ------------------------------------------------------------------ paths
 
@@ -269,20 +273,22 @@ class LocalCluster:
             return
         pod.kept = replace(pod.view(), kept=True)
 
-    def kill_node(self, slot: int) -> str | None:
-        """Fault injection: the node dies with everything on it (SIGKILL, no grace)."""
+    def kill_node(self, slot: int, freeze: bool = False) -> str | None:
+        """Fault injection: the node dies with everything on it (SIGKILL, no grace), or with
+        ``freeze`` every process on it stops (SIGSTOP), as when a node's kernel stalls."""
         for pod in self.pods.values():
             if pod.slot == slot and pod.proc.poll() is None and not pod.deleting:
-                self._signal(pod, signal.SIGKILL)
+                self._signal(pod, signal.SIGSTOP if freeze else signal.SIGKILL)
                 return pod.name
         return None
 
     @staticmethod
     def _signal(pod: LocalPod, sig: int) -> None:
         """SIGTERM goes to the pod's first process only (the launcher forwards it, as
-        PID 1 of a container would). SIGKILL takes the whole tree: torchrun starts its
-        workers in sessions of their own, so a process-group kill would miss them."""
-        targets = [pod.proc.pid] if sig != signal.SIGKILL else [*descendants(pod.proc.pid), pod.proc.pid]
+        PID 1 of a container would). SIGKILL and SIGSTOP take the whole tree: torchrun starts
+        its workers in sessions of their own, so a process-group kill would miss them."""
+        whole = sig in (signal.SIGKILL, signal.SIGSTOP)
+        targets = [*descendants(pod.proc.pid), pod.proc.pid] if whole else [pod.proc.pid]
         for pid in targets:
             try:
                 os.kill(pid, sig)
@@ -321,8 +327,10 @@ class LocalCluster:
         configmaps = {o.split("/", 1)[1]: ConfigMapView.from_annotations(self.configmap["metadata"].get("annotations"))
                       for o in self.objects if o.startswith("ConfigMap/") and self.configmap is not None}
         probes, attempts, rejected = combine(trainers, launchers)
+        running = [v for v in views if v.role == ROLE_WORKER and v.phase == PodPhase.RUNNING and self.pods[v.name].health_port]
         return Observed(pods=tuple(views), nodes=nodes, services=services, configmaps=configmaps, probes=probes,
-                        launcher_attempts=attempts, launcher_memory=memory_of(launchers), rejected_values=rejected)
+                        launcher_attempts=attempts, launcher_memory=memory_of(launchers), peer_waits=peer_waits_of(launchers),
+                        silent=self.silences.track(self.job.metadata.name, running, launchers), rejected_values=rejected)
 
     def _probe(self, pod: LocalPod) -> TrainerProbe | None:
         info = pod.folder / "run" / "metrics-local-rank-0.json"

@@ -28,16 +28,18 @@ TERMINAL = (*TERMINAL_PHASES, Phase.INVALID)
 
 @dataclass
 class NodeKill:
-    """Fault injection: SIGKILL every process of a slot's "node" once ``step`` is reached."""
+    """Fault injection: SIGKILL (or, ``freeze``, SIGSTOP) every process of a slot's "node"
+    once ``step`` is reached."""
 
     slot: int
     step: int
     fired: bool = False
+    freeze: bool = False
 
     @classmethod
-    def parse(cls, text: str) -> NodeKill:
+    def parse(cls, text: str, freeze: bool = False) -> NodeKill:
         slot, _, step = text.partition("@")
-        return cls(int(slot), int(step.removeprefix("step=")))
+        return cls(int(slot), int(step.removeprefix("step=")), freeze=freeze)
 
 
 @dataclass
@@ -82,11 +84,12 @@ class LocalRun:
     def _inject(self, status: dict[str, Any]) -> None:
         for kill in self.kills:
             if not kill.fired and status.get("step", 0) >= kill.step:
-                pod = self.cluster.kill_node(kill.slot)
+                pod = self.cluster.kill_node(kill.slot, freeze=kill.freeze)
                 if pod is not None:
                     kill.fired = True
-                    event = Event("Warning", Reason.INJECTED_NODE_LOSS,
-                                  f"fault injection: killed every process of node local-{kill.slot} ({pod}) at step {status.get('step')}")
+                    what, reason = ("froze", Reason.INJECTED_NODE_FREEZE) if kill.freeze else ("killed", Reason.INJECTED_NODE_LOSS)
+                    event = Event("Warning", reason, f"fault injection: {what} every process of node local-{kill.slot} ({pod}) "
+                                                     f"at step {status.get('step')}")
                     self.events.append((time.time(), status.get("step", 0), event))
                     self.on_event(time.time(), event)
 

@@ -10,7 +10,7 @@ from typing import Any
 from llmtrain_contract.command import LAUNCHER, STORE, script_program, store_command, torchrun_args, trainer_program, worker_command
 from llmtrain_contract.cadence import CADENCE_FILE
 from llmtrain_contract.names import (CONFIG_HASH_ANNOTATION, GANG_MIN_AVAILABLE_ANNOTATION, HEALTH_PORT, RDZV_LEASE_PORT_OFFSET,
-                                     RDZV_PORT, TERMINATION_LOG)
+                                     RDZV_PORT, TERMINATION_LOG, Env)
 
 from ..api.job import API_VERSION, KIND, LLMTrainJob
 from ..api.spec import LLMTrainJobSpec
@@ -309,19 +309,25 @@ def deep_merge(base: Any, override: Any) -> Any:
 
 LIVENESS_PERIOD_SECONDS = 2
 LIVENESS_KILL_GRACE_SECONDS = 5
+LIVENESS_MARGIN_SECONDS = 20
+"""How much longer than ``hangTimeoutSeconds`` a frozen launcher answers no liveness probe
+before the kubelet kills its container: the second line. A pod frozen whole is replaced
+first on its peers' reports (``policies/frozen_pods.py``, about the timeout plus a few
+seconds); the margin keeps the two from racing."""
 
 
 def liveness_probe(job: LLMTrainJob) -> dict[str, Any]:
-    """The launcher's /healthz, failing for ``hangTimeoutSeconds``: a frozen launcher (alone
-    or with its whole pod) is something no process in the pod can report, so the kubelet
-    kills the container and the pod fails. It answers through in-place restarts and
+    """The launcher's /healthz, failing for ``hangTimeoutSeconds`` and a margin: a frozen
+    launcher (alone or with its whole pod) is something no process in the pod can report,
+    so the kubelet kills the container and the pod fails (when the pod has peers, their
+    reports replace it sooner: ``policies/frozen_pods.py``). It answers through in-place restarts and
     rendezvous waits, which the rank-served readiness probe does not."""
     hang = job.spec.fault_tolerance.hang_timeout_seconds
     return {
         "httpGet": {"path": "/healthz", "port": HEALTH_PORT},
         "periodSeconds": LIVENESS_PERIOD_SECONDS,
         "timeoutSeconds": 2,
-        "failureThreshold": max(3, -(-hang // LIVENESS_PERIOD_SECONDS)),
+        "failureThreshold": max(3, -(-(hang + LIVENESS_MARGIN_SECONDS) // LIVENESS_PERIOD_SECONDS)),
         # A frozen process ignores SIGTERM: don't wait the pod's whole checkpoint budget.
         "terminationGracePeriodSeconds": LIVENESS_KILL_GRACE_SECONDS,
     }
@@ -354,9 +360,13 @@ def kept_pod_patch(uid: str = "") -> dict[str, Any]:
 
 
 def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: Sequence[str] = (),
-               runtime_image: str = DEFAULT_RUNTIME_IMAGE, incarnation: int = 0) -> dict[str, Any]:
+               runtime_image: str = DEFAULT_RUNTIME_IMAGE, incarnation: int = 0, joining: bool = False) -> dict[str, Any]:
     """``incarnation``: which of the slot's pods this is (``Observed.next_incarnation``):
-    its name and label; the host name is the slot's, whichever pod holds it."""
+    its name and label; the host name is the slot's, whichever pod holds it. ``joining``:
+    the job has trained already, so this pod joins it (a replacement, a scale-up): its
+    launcher checks its node's network first (``preflightMinMbps``); a job's first pods
+    skip it, as their store starts with them and a thousand checks at once would only
+    measure the store."""
     spec = job.spec
     job_name = job.metadata.name
     volumes, mounts = _volumes(job)
@@ -370,6 +380,8 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: Sequen
     ports.append({"name": "health", "containerPort": HEALTH_PORT})
     pod_security, container_security = security_contexts(job, read_only_root=spec.trainer.builtin is not None)
     env = worker_env(job, tier_paths(job), names.RUN_DIR)
+    if joining and spec.fault_tolerance.preflight_min_mbps > 0:
+        env.append({"name": Env.PREFLIGHT_MIN_MBPS, "value": f"{spec.fault_tolerance.preflight_min_mbps:g}"})
     if container_security.get("readOnlyRootFilesystem") and spec.trainer.builtin is not None \
             and spec.trainer.builtin.strategy.kind == "deepspeed" and all(e["name"] != "TORCH_EXTENSIONS_DIR" for e in env):
         env.append({"name": "TORCH_EXTENSIONS_DIR", "value": TORCH_EXTENSIONS_DIR})

@@ -25,6 +25,7 @@ from .policies import (
     children,
     completion,
     deadline,
+    frozen_pods,
     gang,
     in_place,
     kept,
@@ -66,6 +67,7 @@ FAILURES: tuple[Policy, ...] = (
                            # pods' ends (their termination messages) still counts
     completion.handle,
     pod_failures.handle,
+    frozen_pods.handle,    # a pod its peers' ranks wait on that answers nothing: replaced as a hang
     node_health.handle,    # a node a health agent reports sick: drained before a rank fails there
     node_failures.handle,
     stragglers.handle,     # report (or replace) a rank that stays slower than the others

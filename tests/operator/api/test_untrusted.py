@@ -13,7 +13,7 @@ from llmtrain_operator.api import untrusted
 from llmtrain_operator.api.observed import pod_view
 from llmtrain_operator.planner import plan
 from llmtrain_operator.api.observed import ContainerMemory
-from llmtrain_operator.probe import combine, memory_of, parse, parse_launcher
+from llmtrain_operator.probe import combine, memory_of, parse, parse_launcher, peer_waits_of
 from support.planning import NOW, job, observed, running_status, worker
 
 CONDITION_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
@@ -104,6 +104,15 @@ def test_a_launchers_memory_figures_are_whole_byte_counts_or_left_out():
     assert hostile.memory is None and len(hostile.rejected) == 3, hostile.rejected
     no_limit = parse_launcher("llmtrain_launcher_oom_kills_total 0\nllmtrain_launcher_memory_peak_bytes +Inf\n")
     assert no_limit.memory == ContainerMemory(0, None, None) and len(no_limit.rejected) == 1
+
+
+def test_a_launchers_wait_on_a_peer_is_finite_seconds_or_left_out():
+    assert parse_launcher("llmtrain_launcher_peer_wait_seconds 31.5\n").peer_wait == 31.5
+    assert parse_launcher("llmtrain_launcher_workers_running 1\n").peer_wait is None, "not waiting: no figure"
+    for bad in ("NaN", "-1", "+Inf", "1e999"):
+        hostile = parse_launcher(f"llmtrain_launcher_peer_wait_seconds {bad}\n")
+        assert hostile.peer_wait is None and len(hostile.rejected) == 1, (bad, hostile.rejected)
+        assert peer_waits_of({"p": hostile}) == {}
 
 
 def _pod(labels=None, message=None, exit_code=1, reason="Error"):
@@ -198,7 +207,7 @@ METRICS = st.sampled_from(["llmtrain_trainer_step", "llmtrain_trainer_world_size
                            "llmtrain_trainer_checkpoint_cost_seconds", "llmtrain_trainer_numerics_rollbacks",
                            "llmtrain_trainer_worker_group_restarts_total", "llmtrain_launcher_oom_kills_total",
                            "llmtrain_launcher_memory_peak_bytes", "llmtrain_launcher_memory_limit_bytes",
-                           "llmtrain_launcher_failed_attempts_total"])
+                           "llmtrain_launcher_failed_attempts_total", "llmtrain_launcher_peer_wait_seconds"])
 LABEL_KEYS = st.sampled_from(["tier", "reason", "cause", "rank", "first_step", "last_step", "first_sample", "end_sample"])
 LABEL_VALUES = st.one_of(st.sampled_from(["local", "shared", "s3", "NoSpace", "crash", "hang", "1", "0"]),
                          st.text(alphabet=st.characters(blacklist_characters='"\\\n'), max_size=12))
@@ -229,7 +238,8 @@ def test_no_value_from_a_pod_makes_a_pass_raise_or_write_what_the_api_server_ref
     launchers = {view.name: launcher} if launcher else {}
     probes, attempts, rejected = combine({view.name: probe} if probe else {}, launchers)
     result = plan(raw, observed(raw, [worker(0), view], probes=probes, launcher_attempts=attempts,
-                                launcher_memory=memory_of(launchers), rejected_values=rejected), NOW)
+                                launcher_memory=memory_of(launchers), peer_waits=peer_waits_of(launchers),
+                                silent={"tiny-elastic-worker-0": 60.0}, rejected_values=rejected), NOW)
     json.dumps(result.status, allow_nan=False)  # what the API server takes: no NaN, no Infinity
     for condition in result.status.get("conditions", []):
         assert CONDITION_REASON.match(condition["reason"]), condition

@@ -864,18 +864,20 @@ def test_a_host_path_tier_runs_as_root_to_write_the_folder_the_kubelet_creates()
     assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
-def test_the_worker_pod_has_a_liveness_probe_on_the_launcher_lasting_the_hang_timeout():
-    """A frozen launcher (alone or with its pod) is seen only by the kubelet: the probe
-    targets the launcher's /healthz, fails for about hangTimeoutSeconds, and kills quickly."""
+def test_the_worker_pod_has_a_liveness_probe_on_the_launcher_lasting_the_hang_timeout_and_a_margin():
+    """A frozen launcher (alone or with its pod) is seen by the kubelet: the probe targets
+    the launcher's /healthz, fails for hangTimeoutSeconds and the margin that leaves a pod
+    with peers to their reports first (policies/frozen_pods.py), and kills quickly."""
     from llmtrain_contract.names import HEALTH_PORT
     from llmtrain_operator.api import parse_job
-    from llmtrain_operator.planner.manifests import worker_pod
+    from llmtrain_operator.planner.manifests import LIVENESS_MARGIN_SECONDS, worker_pod
 
     pod = worker_pod(parse_job(job({"spec.faultTolerance.hangTimeoutSeconds": 31})), 0, 0)
     trainer = pod["spec"]["containers"][0]
     probe = trainer["livenessProbe"]
     assert probe["httpGet"] == {"path": "/healthz", "port": HEALTH_PORT}
-    assert 31 <= probe["periodSeconds"] * probe["failureThreshold"] <= 31 + probe["periodSeconds"]
+    lasts = 31 + LIVENESS_MARGIN_SECONDS
+    assert LIVENESS_MARGIN_SECONDS >= 10 and lasts <= probe["periodSeconds"] * probe["failureThreshold"] <= lasts + probe["periodSeconds"]
     assert probe["terminationGracePeriodSeconds"] < pod["spec"]["terminationGracePeriodSeconds"]
     assert {"name": "health", "containerPort": HEALTH_PORT} in trainer["ports"]
     command = trainer["command"]

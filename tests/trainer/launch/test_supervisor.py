@@ -154,6 +154,7 @@ def test_a_stale_rank_is_the_cause_and_its_peer_in_a_collective_the_victim(tmp_p
     for proc in ranks[:2]:
         assert proc.wait(timeout=10) == -signal.SIGKILL
     assert ranks[2].poll() is None, "a rank that makes progress is left alone"
+    assert sup.peer_wait() is None, "the cause is this pod's: nobody waits on a peer elsewhere"
     records = {r["local_rank"]: r for r in exitrecord.read_attempt(tmp_path, 0)}
     assert records[1]["code"] == ExitCode.HANG and records[1]["rank"] == 11
     assert records[1]["message"].startswith(f"cause ({kind}): rank 11")
@@ -178,6 +179,46 @@ def test_only_victims_in_this_pod_are_reported_as_victims(tmp_path, ranks):
     verdicts = supervise_until_acted(Supervisor(tmp_path))
     assert {(v.beat.local_rank, v.cause) for v in verdicts} == {(0, False), (1, False)}
     assert exitrecord.attempt_cause(tmp_path, 0, 2) == "victim"
+
+
+def test_victims_alone_serve_their_wait_on_a_peer_until_the_pod_trains_again(tmp_path, ranks):
+    """Every stale rank of the pod a victim: the cause is another pod's, which may be frozen
+    whole and unable to report; the launcher serves how long its ranks have waited (the
+    operator's evidence, ``policies/frozen_pods.py``) until a later rank trains again, and
+    for ``PEER_WAIT_SHOWN_SECONDS`` at least."""
+    import os
+
+    from llmtrain_contract.names import PEER_WAIT_SHOWN_SECONDS
+    from llmtrain_operator.probe import scrape_launcher
+    from llmtrain_trainer.launch.attempts import AttemptTracker
+
+    ranks += start_ranks(tmp_path, "collective", "collective")
+    sup = Supervisor(tmp_path)
+    assert sup.peer_wait() is None
+    supervise_until_acted(sup)
+    server = serve_health(0, sup, AttemptTracker(tmp_path, agent_pid=os.getpid()), host="127.0.0.1")
+    try:
+        time.sleep(0.3)
+        waited = scrape_launcher(f"http://127.0.0.1:{server.server_address[1]}/metrics").peer_wait
+        assert waited is not None and 0.3 <= waited < 10, waited
+        # The next attempt's rank: in rendezvous and restore (STARTING) it is no progress.
+        later = Heartbeat(tmp_path, rank=12, local_rank=2, attempt=1, timeout_seconds=60)
+        later.beat()
+        sup.check()
+        assert sup.peer_wait() is not None
+        # In the training loop again, beating: the group formed, but the wait stays served
+        # for PEER_WAIT_SHOWN_SECONDS after the verdict, then ends.
+        later.set_state(State.STEPPING)
+        later.beat(1)
+        sup.check()
+        assert sup.peer_wait() is not None, "shown for a while, so that the operator's next probe sees it"
+        sup.peer_wait_since = heartbeat.clock() - PEER_WAIT_SHOWN_SECONDS - 0.5
+        later.beat(2)
+        sup.check()
+        assert sup.peer_wait() is None
+        assert scrape_launcher(f"http://127.0.0.1:{server.server_address[1]}/metrics").peer_wait is None
+    finally:
+        server.shutdown()
 
 
 def test_a_heartbeat_older_than_its_pid_is_a_leftover_and_ignored(tmp_path, ranks):

@@ -53,6 +53,33 @@ def test_the_demo_job_recovers_from_a_crash_and_a_node_loss_and_succeeds(tmp_pat
     assert (workdir / "loss.png").stat().st_size > 10_000
 
 
+def test_a_frozen_node_is_replaced_on_its_peers_report_and_charged_as_a_hang(tmp_path: Path):
+    """Every process of node 1 stopped (launcher, torchrun, rank): nothing there reports.
+    Its peer's supervisor judges its own rank a victim after hangTimeoutSeconds; the run
+    replaces the silent node on that report (policies/frozen_pods.py, as the operator
+    does), charged as a hang on it, and the job succeeds."""
+    spec = yaml.safe_load((ROOT / "examples" / "01-tiny-elastic-cpu.yaml").read_text())
+    spec["spec"]["faultTolerance"]["hangTimeoutSeconds"] = 10
+    spec["spec"]["replicas"] = {"min": 2, "max": 2}  # the survivor waits for its peer: no re-forming alone
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    workdir = tmp_path / "run"
+    cmd = [str(Path(sys.executable).with_name("llmtrain")), "run", str(path), "--fresh", "--workdir", str(workdir),
+           "--inject", "slow@step=1,seconds=0.3,steps=1000", "--freeze-node", "1@12", "--timeout", "600", "--no-progress"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=700, cwd=ROOT)
+    events = [json.loads(line) for line in (workdir / "events.jsonl").read_text().splitlines()]
+    said = out.stdout[-3000:] + out.stderr[-3000:] + json.dumps(events)[-3000:]
+    assert out.returncode == 0, said
+    status = json.loads((workdir / "status.json").read_text())
+    assert status["phase"] == "Succeeded", said
+    assert status["restartsByReason"] == {"Hang": 1}, said
+    frozen = next(e for e in events if e["reason"] == "InjectedNodeFreeze")
+    replaced = next(e for e in events if e["reason"] == "PodUnresponsive")
+    assert "tiny-elastic-worker-1" in replaced["message"] and "blocked waiting for a peer" in replaced["message"], replaced
+    # A sanity bound only: the peer's report after the 10 s timeout, not a progress timeout (120 s).
+    assert replaced["time"] - frozen["time"] < 10 + 20, (frozen, replaced)
+
+
 
 def test_ctrl_c_stops_the_run_and_still_writes_its_events_plot_and_summary(tmp_path: Path):
     """Interrupted as a user at a terminal would: every process stops, and what the run

@@ -38,7 +38,7 @@ from typing import Any
 
 from llmtrain_trainer.pod import exitrecord, memcg
 from llmtrain_trainer.rendezvous import leases
-from llmtrain_trainer.launch import zygote
+from llmtrain_trainer.launch import preflight, zygote
 from llmtrain_trainer.launch.attempts import AttemptTracker
 from llmtrain_trainer.launch.supervisor import Supervisor, serve_health
 from llmtrain_contract import oom as oom_words
@@ -157,6 +157,33 @@ def local_world_size(command: list[str], tracker: AttemptTracker) -> int:
     return int(value) if value is not None and value.isdigit() else tracker.local_world_size
 
 
+def check_network(command: list[str], env: dict[str, str]) -> str | None:
+    """The pre-flight check (``preflight.py``): why this node may not join, or None."""
+    floor = preflight.floor_mbps(env)
+    address = preflight.store_address(command) if floor > 0 else None
+    if address is None:
+        return None
+    result = preflight.measure(address)
+    if result.skipped is not None:
+        print(f"llmtrain launcher: pre-flight check skipped: {result.skipped}", file=sys.stderr, flush=True)
+        return None
+    print(f"llmtrain launcher: pre-flight: {result.mbps():.1f} MB/s through the rendezvous store at {result.endpoint} "
+          f"(floor {floor:g})", file=sys.stderr, flush=True)
+    return preflight.verdict(result, floor)
+
+
+def refuse(why: str, termination_log: Path) -> int:
+    """Exit ``PREFLIGHT_FAILED`` before torchrun starts, saying why."""
+    code = int(ExitCode.PREFLIGHT_FAILED)
+    message = {Termination.CODE: code, Termination.REASON: classify_exit(code).reason, Termination.MESSAGE: why}
+    try:
+        termination_log.write_text(json.dumps(message))
+    except OSError:
+        pass  # outside Kubernetes there may be no termination log; the exit code suffices
+    print(f"llmtrain launcher: {why}; pod exit code {code}", file=sys.stderr, flush=True)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
@@ -213,6 +240,15 @@ def main(argv: list[str] | None = None) -> int:
     # torchrun_agent.stop_on_permanent_exit: a permanent exit is never restarted in place.
     env[Env.PERMANENT_EXIT_CODES] = ",".join(str(int(code)) for code in ExitCode
                                              if classify_exit(code).failure_class == FailureClass.PERMANENT)
+    supervisor.start()  # before the pre-flight check: /healthz answers while it runs
+    refused = check_network(command, env)
+    if refused is not None:
+        supervisor.stop()
+        if server is not None:
+            server.stop()
+        if health is not None:
+            health.shutdown()
+        return refuse(refused, Path(args.termination_log))
     child = subprocess.Popen(agent_command(command), env=env)
     def forward(signum: int, _frame) -> None:
         # os.write, not print: a buffered stream is not reentrant inside a handler.
@@ -222,7 +258,6 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
     supervisor.agent_pid = tracker.agent_pid = child.pid
-    supervisor.start()
     # While this pod lives, the store knows its agent: a pod that dies leaves the
     # rendezvous at once, not when the agent's keep-alive lapses (leases.py).
     lease = leases.hold(command, child.pid)

@@ -32,8 +32,15 @@ whose restart budget is the operator's (practically unlimited), would restart th
 group forever. The supervisor ends torchrun instead (``permanent``), and the launcher
 exits with that code, which fails the job at once.
 
+When every stale rank of the pod is a victim, the cause is in another pod, and if that
+pod is frozen whole (launcher included) nothing in it can report. So the supervisor also
+serves how long this pod's ranks have been blocked on a peer (``peer_wait``,
+``LauncherMetric.PEER_WAIT``), until they train again: the operator replaces a pod its
+peers wait on that does not answer and that its kubelet reports not ready
+(``planner/policies/frozen_pods.py``).
+
 What no process in the pod can see, a frozen launcher (with or without the rest of the
-pod), the kubelet sees: the launcher serves ``/healthz`` (``serve_health``) for the pod's
+pod), the kubelet sees as well: the launcher serves ``/healthz`` (``serve_health``) for the pod's
 liveness probe, answering while its supervisor keeps checking, and beside it ``/metrics``
 with the pod's failed attempts, counted as soon as torchrun starts the next one
 (``attempts.py``).
@@ -54,7 +61,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from llmtrain_contract.exitcodes import ExitCode, FailureClass, classify_exit
-from llmtrain_contract.names import LauncherMetric
+from llmtrain_contract.names import PEER_WAIT_SHOWN_SECONDS, LauncherMetric
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -173,6 +180,9 @@ class Supervisor:
     """Exit records older than this were written by an earlier container of the pod."""
     permanent: tuple[int, dict] | None = None
     """(attempt, record) of a rank's permanent exit, once the supervisor ended torchrun for it."""
+    peer_wait_since: float | None = None
+    """``clock()`` of the verdict that found this pod's ranks all victims (blocked on a peer
+    elsewhere); None once they train again (``peer_wait``)."""
     _seen: dict[int, _Seen] = field(default_factory=dict)
     _ended: set[int] = field(default_factory=set)
     _rescuing: dict[int, float] = field(default_factory=dict)
@@ -213,6 +223,7 @@ class Supervisor:
                 continue  # a file left by an earlier container, its pid reused by a newer process
             live.append((beat, info))
         self._check_agent(now, [b.timeout for b, _ in live])
+        self._check_peer_wait(now, live)
         self._end_overdue_rescues(now)
         armed: list[tuple[Beat, ProcInfo, _Seen]] = []
         for beat, info in live:
@@ -234,6 +245,22 @@ class Supervisor:
         self._act(stale, now)
         return stale
 
+    def peer_wait(self, now: float | None = None) -> float | None:
+        """Seconds this pod's ranks have been blocked on a peer, None when they are not."""
+        since = self.peer_wait_since
+        return None if since is None else max(0.0, (heartbeat.clock() if now is None else now) - since)
+
+    def _check_peer_wait(self, now: float, live: list[tuple[Beat, ProcInfo]]) -> None:
+        """The wait ends when a rank of a later process (the victims are ended) is in the
+        training loop again with a beat after the verdict: its group formed, so the peer is
+        back or replaced. Shown for ``PEER_WAIT_SHOWN_SECONDS`` at least, so the operator's
+        next probe sees it even when an elastic job re-forms without the peer at once."""
+        since = self.peer_wait_since
+        if since is None or now - since < PEER_WAIT_SHOWN_SECONDS:
+            return
+        if any(beat.beat > since and beat.state not in (State.STARTING, State.DONE) for beat, _ in live):
+            self.peer_wait_since = None
+
     def _end_overdue_rescues(self, now: float) -> None:
         for pid, deadline in list(self._rescuing.items()):
             info = proc_info(pid)
@@ -245,6 +272,8 @@ class Supervisor:
                 _kill(pid)
 
     def _act(self, verdicts: list[Verdict], now: float) -> None:
+        if verdicts and not any(v.cause for v in verdicts) and self.peer_wait_since is None:
+            self.peer_wait_since = now  # the cause is another pod's: served for the operator
         # The records first: with them the launcher counts the hang (attempts.py) while
         # py-spy still reads the stacks, which takes a second or two on a busy node.
         for verdict in verdicts:
@@ -327,13 +356,13 @@ def serve_health(port: int, supervisor: Supervisor, tracker: attempts.AttemptTra
     ``GET /readyz`` for a user script's readiness probe: 200 while torchrun's workers run
     (the built-in trainer's pods are ready once its own metrics answer instead).
     ``GET /metrics``: the pod's failed attempts (``attempts.py``), a script's reported
-    progress (``progress.py``) and the container's OOM kills, memory peak and limit
-    (``memcg.py``), for the operator."""
+    progress (``progress.py``), the container's OOM kills, memory peak and limit
+    (``memcg.py``) and how long the ranks have waited on a peer, for the operator."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path == "/metrics" and tracker is not None:
-                self._answer(200, render_metrics(tracker, memory), CONTENT_TYPE_LATEST)
+                self._answer(200, render_metrics(tracker, memory, supervisor.peer_wait()), CONTENT_TYPE_LATEST)
                 return
             if self.path == "/readyz" and tracker is not None:
                 running = tracker.workers_running()
@@ -358,7 +387,8 @@ def serve_health(port: int, supervisor: Supervisor, tracker: attempts.AttemptTra
     return httpserve.serve(host, port, Handler, "launcher-health")
 
 
-def render_metrics(tracker: attempts.AttemptTracker, memory: memcg.Watch | None = None) -> bytes:
+def render_metrics(tracker: attempts.AttemptTracker, memory: memcg.Watch | None = None,
+                   peer_wait: float | None = None) -> bytes:
     failed = tracker.failed_attempts()
     counter = CounterMetricFamily(LauncherMetric.FAILED_ATTEMPTS, "Failed attempts in this pod, by cause, counted when "
                                   "torchrun starts the next attempt", labels=["cause"])
@@ -369,6 +399,9 @@ def render_metrics(tracker: attempts.AttemptTracker, memory: memcg.Watch | None 
     running = GaugeMetricFamily(LauncherMetric.WORKERS_RUNNING, "1 while torchrun's worker processes run",
                                 value=int(tracker.workers_running()))
     families: list[Metric] = [counter, attempt, running]
+    if peer_wait is not None:
+        families.append(GaugeMetricFamily(LauncherMetric.PEER_WAIT, "Seconds this pod's ranks have been blocked in a "
+                                          "collective on a peer in another pod", value=round(peer_wait, 3)))
     seen = memory.now() if memory is not None else None
     if seen is not None:
         kills, figures = seen

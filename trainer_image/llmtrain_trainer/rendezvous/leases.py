@@ -23,6 +23,11 @@ no other agent it knows of could, so it completes the round at once, as torchrun
 an agent the store does not know (no lease yet) joins the next round, as one that came
 after the last call does.
 
+The same port echoes bytes for a launcher's pre-flight check (``launch/preflight.py``): a
+first line ``{"echo": N}`` (N at most ``ECHO_LIMIT``) gets its next N bytes sent back as
+they come, ``ECHO_SLOTS`` such connections at once; the rate the launcher measures is the
+rate of its node's path to the store.
+
 Everything here is best effort: a store that cannot serve leases, a launcher that cannot
 reach it, a state that cannot be edited, each leaves the rendezvous to the keep-alive and
 the last call.
@@ -36,6 +41,7 @@ import pickle
 import socket
 import sys
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -56,6 +62,15 @@ KEEPALIVE = (10, 5, 3)
 3 unanswered end it (about 25 s)."""
 RECONNECT_SECONDS = (0.5, 5.0)
 """First and longest wait before the launcher connects again."""
+ECHO_LIMIT = 16 << 20
+"""Bytes one pre-flight echo may ask for."""
+ECHO_SLOTS = 4
+"""Echoes served at once; a launcher that finds none free is told so at once (``busy``)
+and skips its check: many pods joining together (a restart of every worker) must not
+queue behind one another's checks."""
+ECHO_CHUNK = 256 << 10
+ECHO_TIMEOUT_SECONDS = 10.0
+"""A pre-flight connection that sends nothing for this long is dropped."""
 
 
 # --- the store's side -----------------------------------------------------------------
@@ -177,6 +192,34 @@ def parse_hello(line: bytes) -> dict[str, Any]:
     return hello
 
 
+def parse_echo(line: bytes) -> int | None:
+    """The byte count of a pre-flight echo request ``{"echo": N}``; None for any other line
+    (a lease's hello). ValueError names a request out of bounds."""
+    try:
+        request = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(request, dict) or set(request) != {"echo"}:
+        return None
+    n = request["echo"]
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= ECHO_LIMIT:
+        raise ValueError(f"an echo of {str(n)[:20]} bytes (1..{ECHO_LIMIT})")
+    return n
+
+
+def echo(conn: socket.socket, n: int) -> None:
+    """Send back the next ``n`` bytes of ``conn`` as they come, a chunk at a time (memory
+    bounded by the chunk, whatever ``n``)."""
+    conn.settimeout(ECHO_TIMEOUT_SECONDS)
+    left = n
+    while left:
+        chunk = conn.recv(min(ECHO_CHUNK, left))
+        if not chunk:
+            return
+        conn.sendall(chunk)
+        left -= len(chunk)
+
+
 def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
         ip = ipaddress.ip_address(text.strip("[]").split("%")[0])
@@ -245,6 +288,7 @@ class LeaseServer:
         self.stopped = threading.Event()
         self.reported: set[str] = set()
         self.backends: dict[str, Any] = {}  # run -> its backend, for the round checks ten times a second
+        self.echo_slots = threading.BoundedSemaphore(ECHO_SLOTS)
         threading.Thread(target=self._accept, name="rdzv-leases", daemon=True).start()
         threading.Thread(target=self._complete_rounds, args=(round_poll_seconds,), name="rdzv-rounds", daemon=True).start()
 
@@ -282,7 +326,14 @@ class LeaseServer:
         with conn:
             try:
                 conn.settimeout(HELLO_TIMEOUT_SECONDS)
-                hello = parse_hello(conn.makefile("rb").readline(HELLO_LIMIT))
+                line = _first_line(conn)
+                if (n := parse_echo(line)) is not None:
+                    try:
+                        self._echo(conn, n)
+                    except OSError:
+                        pass  # the launcher ended its round (its deadline), or went: nothing to keep
+                    return
+                hello = parse_hello(line)
                 if self.run_id is not None and hello["run_id"] != self.run_id:
                     raise ValueError(f"rendezvous {hello['run_id'][:80]!r} is not this store's")
                 why = impostor(hello, peer)
@@ -304,6 +355,16 @@ class LeaseServer:
                 with self.held_lock:
                     del self.held[id(conn)]
         self.release(hello)
+
+    def _echo(self, conn: socket.socket, n: int) -> None:
+        if not self.echo_slots.acquire(blocking=False):
+            conn.sendall(b"busy\n")
+            return
+        try:
+            conn.sendall(b"ok\n")
+            echo(conn, n)
+        finally:
+            self.echo_slots.release()
 
     def _complete_rounds(self, poll: float) -> None:
         """Every ``poll`` seconds, for each run with leases held: complete its forming
@@ -350,6 +411,27 @@ class LeaseServer:
         self.sock.close()
         with self.lock:
             self.store = None
+
+
+def _first_line(conn: socket.socket) -> bytes:
+    """The connection's first line (at most ``HELLO_LIMIT`` bytes, within
+    ``HELLO_TIMEOUT_SECONDS`` in all: a byte now and then does not hold the thread), read a
+    byte at a time so that nothing after it is taken from the socket (an echo's payload
+    follows at once)."""
+    line = bytearray()
+    deadline = time.monotonic() + HELLO_TIMEOUT_SECONDS
+    while len(line) < HELLO_LIMIT:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no whole line within {HELLO_TIMEOUT_SECONDS}s")
+        conn.settimeout(left)
+        byte = conn.recv(1)
+        if not byte:
+            break
+        line += byte
+        if byte == b"\n":
+            break
+    return bytes(line)
 
 
 def serve(host: str, store_port: int, store: Any, run_id: str | None = None) -> LeaseServer | None:

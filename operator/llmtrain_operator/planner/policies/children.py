@@ -121,7 +121,7 @@ def reconcile_workers(ctx: Pass, admission: Admission, may_create: bool = True) 
         while names.worker_pod(ctx.job.metadata.name, slot, incarnation) in taken:
             incarnation += 1  # a pod whose incarnation label was changed holds that name
         ctx.actions.append(CreateObject(place(manifests.worker_pod(ctx.job, slot, status.restart_generation, avoid, ctx.runtime_image,
-                                                                   incarnation), admission)))
+                                                                   incarnation, joining=status.step > 0), admission)))
         created.append(names.worker_pod(ctx.job.metadata.name, slot, incarnation))
     pods = ", ".join(created)
     extra = f" (avoiding quarantined nodes {', '.join(avoid)})" if avoid else ""

@@ -7,6 +7,7 @@ the kubelet's reason) with the shared exit-code table. A replaced pod is kept fo
 | retryable (signal, OOM, hang, 1 ...) | replace the pod (or RestartAll); charge |
 | permanent (config, data, checkpoint) | Failed with the reason                  |
 | eviction / DisruptionTarget / 81     | replace; a disruption, not charged      |
+| pre-flight failed (87)               | the same, and the node quarantined      |
 
 A pod that ends with the hang its launcher had already counted in place (its last attempt
 hung, the launcher counted it at once expecting torchrun to restart it, and the agent
@@ -27,6 +28,7 @@ from ..budget import count_restart, restart_all
 from ..context import Pass, Verdict
 from ..decisions import DisruptionCounted
 from ..outcome import finish, retire
+from ..quarantine import quarantine
 from .. import node_history
 
 
@@ -87,6 +89,18 @@ def handle(ctx: Pass) -> Verdict:
             record_failure(ctx, FailureKind.PERMANENT, verdict.reason, pod, exit_code=code, message=detail)
             finish(ctx, False, verdict.reason, f"{where} failed permanently (exit {code}, {verdict.reason}): {detail}".strip())
             return Verdict.FINISHED
+        if verdict.reason == Reason.PREFLIGHT_FAILED:
+            # The node's network fell short before the pod joined (the launcher's check):
+            # the node's fault, not the job's; the replacement goes elsewhere.
+            ctx.status.disruptions += 1
+            ctx.decide(DisruptionCounted(pod.name, verdict.reason))
+            record_failure(ctx, FailureKind.NODE_FAILURE, verdict.reason, pod, exit_code=code, message=detail)
+            if pod.node:
+                quarantine(ctx, pod.node)
+            ctx.event(Reason.PREFLIGHT_FAILED, f"{where}: {detail}; keeping this job off the node and replacing the pod "
+                      "(not counted as a restart)", warning=True)
+            retire(ctx, pod)
+            continue
         if verdict.failure_class == FailureClass.DISRUPTION:
             ctx.status.disruptions += 1
             ctx.decide(DisruptionCounted(pod.name, verdict.reason))
