@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from .jobs import create, event_messages, job_manifest, wait_status
+from .jobs import GANG, create, event_messages, job_manifest, wait_status
 
 pytestmark = pytest.mark.e2e
 
@@ -20,8 +20,10 @@ NAME = "oom"
 
 def test_a_rank_the_oom_killer_ends_is_charged_as_oom_killed_with_the_peak_and_the_limit(operator):
     bed = operator
+    # A gang: rank 1 must exist at step 12 (an elastic job trains alone until its second
+    # pod is up, which on a busy machine came after step 14 once, and the fault never fired).
     create(bed, NS, job_manifest(NAME, {
-        "spec.trainer.builtin.maxSteps": 30, "spec.checkpoint.intervalSteps": 5,
+        **GANG, "spec.trainer.builtin.maxSteps": 30, "spec.checkpoint.intervalSteps": 5,
         "spec.resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "3Gi"}},
         # Paced after the kill (every step >= 1 s), so the restart in place is scraped while
         # the job runs; a pod's end reports it too (its termination message), but that is
