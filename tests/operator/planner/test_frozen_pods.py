@@ -41,6 +41,10 @@ def test_a_silent_pod_alone_is_only_watched_closely_and_peers_waiting_alone_repl
     assert quiet.status["phase"] == "Running" and quiet.status.get("restarts", 0) == 0
     assert not any("delete" in a for a in summary(quiet.actions))
     assert quiet.requeue_after is not None and quiet.requeue_after <= RECHECK_SECONDS
+    # Silent for longer than any verdict could take (a launcher this operator cannot reach):
+    # back to the normal pace, not a pass a second for ever.
+    unreachable = plan(raw, observed(raw, pods, silent={W1: 300 + 31.0}), NOW)
+    assert unreachable.requeue_after is None or unreachable.requeue_after > RECHECK_SECONDS
     # Peers wait, every launcher answers: the cause is a rank its own supervisor ends.
     waiting = plan(raw, observed(raw, pods, peer_waits={W0: 5.0, W1: 5.0}), NOW)
     assert waiting.status.get("restarts", 0) == 0 and not any("delete" in a for a in summary(waiting.actions))

@@ -37,7 +37,10 @@ from .. import node_history
 CONFIRM_SECONDS = 2.0
 """A silent launcher is believed frozen only after this long without an answer."""
 RECHECK_SECONDS = 1.0
-"""Pass interval while a worker's launcher is silent."""
+"""Pass interval while a worker's launcher is silent, for as long as its peers' verdict
+could still come (``hangTimeoutSeconds`` and ``WATCH_SLACK_SECONDS``): a launcher the
+operator can never reach (a NetworkPolicy) costs a pass a second only that long."""
+WATCH_SLACK_SECONDS = 30.0
 HANG = "Hang"
 """The charge's reason, as for a hang the pod's own supervisor ends (exit code ``HANG``)."""
 
@@ -56,7 +59,8 @@ def handle(ctx: Pass) -> Verdict:
     silent = _silent_workers(ctx)
     if not silent:
         return Verdict.CONTINUE
-    ctx.after(RECHECK_SECONDS)
+    if min(quiet for _, quiet in silent) <= ctx.spec.fault_tolerance.hang_timeout_seconds + WATCH_SLACK_SECONDS:
+        ctx.after(RECHECK_SECONDS)
     names = {p.name for p, _ in silent}
     waits = {p.name: ctx.observed.peer_waits[p.name] for p in ctx.observed.workers()
              if p.name in ctx.observed.peer_waits and p.name not in names and p.active}
