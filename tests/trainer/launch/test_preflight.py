@@ -168,9 +168,9 @@ def test_the_floor_is_a_positive_finite_number_or_the_check_is_off(text, floor):
 
 def test_the_check_reads_the_rendezvous_endpoint_from_torchruns_flags():
     command = ["torchrun", "--rdzv-backend", "c10d", "--rdzv-endpoint", "job-rdzv.ns.svc:29400", "train.py"]
-    assert preflight.store_address(command) == ("job-rdzv.ns.svc", 29400 + RDZV_LEASE_PORT_OFFSET)
-    assert preflight.store_address(["torchrun", "--rdzv-backend", "static", "--rdzv-endpoint", "h:1", "x"]) is None
-    assert preflight.store_address(["torchrun", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:port", "x"]) is None
+    assert leases.lease_port(command) == ("job-rdzv.ns.svc", 29400 + RDZV_LEASE_PORT_OFFSET)
+    assert leases.lease_port(["torchrun", "--rdzv-backend", "static", "--rdzv-endpoint", "h:1", "x"]) is None
+    assert leases.lease_port(["torchrun", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:port", "x"]) is None
 
 
 def test_the_launcher_refuses_to_join_over_a_slow_path_before_torchrun_starts(tmp_path: Path):

@@ -160,7 +160,7 @@ def local_world_size(command: list[str], tracker: AttemptTracker) -> int:
 def check_network(command: list[str], env: dict[str, str]) -> str | None:
     """The pre-flight check (``preflight.py``): why this node may not join, or None."""
     floor = preflight.floor_mbps(env)
-    address = preflight.store_address(command) if floor > 0 else None
+    address = leases.lease_port(command) if floor > 0 else None  # the store's echo
     if address is None:
         return None
     result = preflight.measure(address)

@@ -23,13 +23,13 @@ torchrun's own rendezvous timeout then speaks for an unreachable store.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import threading
 import time
 from dataclasses import dataclass
 
-from llmtrain_contract.command import torchrun_flag
 from llmtrain_contract.names import RDZV_LEASE_PORT_OFFSET, Env
 
 ROUND_BYTES = 4 << 20
@@ -51,19 +51,6 @@ class Result:
 
     def mbps(self) -> float:
         return (self.rate or 0.0) / MB
-
-
-def store_address(command: list[str]) -> tuple[str, int] | None:
-    """The echo's address for torchrun ``command``: the rendezvous endpoint's lease port;
-    None when the rendezvous is not on an external c10d store."""
-    endpoint = torchrun_flag(command, "--rdzv-endpoint")
-    if torchrun_flag(command, "--rdzv-backend") != "c10d" or not endpoint:
-        return None
-    host, _, port = endpoint.rpartition(":")
-    try:
-        return host.strip("[]"), int(port) + RDZV_LEASE_PORT_OFFSET
-    except ValueError:
-        return None
 
 
 def _answers(address: tuple[str, int]) -> bool:
@@ -152,7 +139,7 @@ def floor_mbps(env: dict[str, str] | None = None) -> float:
         value = float(text)
     except ValueError:
         return 0.0
-    return value if value > 0 and value == value and value != float("inf") else 0.0
+    return value if math.isfinite(value) and value > 0 else 0.0
 
 
 def verdict(result: Result, floor: float) -> str | None:

@@ -447,17 +447,28 @@ def serve(host: str, store_port: int, store: Any, run_id: str | None = None) -> 
 
 # --- the launcher's side --------------------------------------------------------------
 
-def lease_for(command: list[str], agent_pid: int) -> tuple[tuple[str, int], dict[str, Any]] | None:
-    """Where to hold the lease of the torchrun ``command`` and its hello; None when it
-    uses no external c10d store (no lease to hold)."""
-    if torchrun_flag(command, "--rdzv-backend") != "c10d" or "is_host=false" not in (torchrun_flag(command, "--rdzv-conf") or ""):
-        return None
-    endpoint, run_id = torchrun_flag(command, "--rdzv-endpoint"), torchrun_flag(command, "--rdzv-id")
-    if not endpoint or not run_id:
+def lease_port(command: list[str]) -> tuple[str, int] | None:
+    """The lease port (leases, and the pre-flight echo) of the c10d store torchrun
+    ``command`` rendezvouses on; None when it names none."""
+    endpoint = torchrun_flag(command, "--rdzv-endpoint")
+    if torchrun_flag(command, "--rdzv-backend") != "c10d" or not endpoint:
         return None
     host, _, port = endpoint.rpartition(":")
     try:
-        address = (host.strip("[]"), int(port) + PORT_OFFSET)
+        return host.strip("[]"), int(port) + PORT_OFFSET
+    except ValueError:
+        return None
+
+
+def lease_for(command: list[str], agent_pid: int) -> tuple[tuple[str, int], dict[str, Any]] | None:
+    """Where to hold the lease of the torchrun ``command`` and its hello; None when it
+    uses no external c10d store (no lease to hold)."""
+    if "is_host=false" not in (torchrun_flag(command, "--rdzv-conf") or ""):
+        return None
+    address, run_id = lease_port(command), torchrun_flag(command, "--rdzv-id")
+    if address is None or not run_id:
+        return None
+    try:
         min_nodes = int((torchrun_flag(command, "--nnodes") or "1").split(":")[0])
     except ValueError:
         return None
