@@ -40,7 +40,7 @@ test:
 
 # Unit and API-contract tests only (no torchrun runs, no cluster, no built tools).
 test-fast: setup
-	$(BIN)/pytest -m "not slow and not cluster and not e2e and not tools and not images"
+	$(BIN)/pytest -m "not slow and not cluster and not e2e and not tools and not images and not kind"
 
 # The fault-matrix scenarios (22), ROUNDS pytest sessions in a row, each with a fresh
 # local cluster (about 12.5 min a round for the first 15 here); a table per scenario (docs/development.md).

@@ -277,36 +277,87 @@ class KindCluster:
     def _docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["docker", *args], capture_output=True, text=True, check=check, timeout=120)
 
-    def kill_pod(self, namespace: str, name: str, signal: str = "SIGKILL") -> None:
-        """Every process of every container of the pod, in its node, as the local agent does."""
+    def _each_container(self, namespace: str, name: str, body: str, container: str | None = None) -> str:
+        """Runs ``body`` in the pod's node once per container of the pod (one named
+        ``container``, if given), with ``$pid`` its first process as the node sees it; its
+        output."""
         node = self.get("pod", name, "-n", namespace)["spec"]["nodeName"]
+        only = f" --name '^{container}$'" if container else ""
         # crictl's filters are regular expressions: anchored, so pod-1 does not match pod-10.
         script = (
             f"for s in $(crictl pods -q --state ready --name '^{name}$' --namespace '^{namespace}$'); do "
-            'for c in $(crictl ps -q --pod "$s"); do '
+            f'for c in $(crictl ps -q --pod "$s"{only}); do '
             'pid=$(crictl inspect -o go-template --template "{{.info.pid}}" "$c"); '
+            f"{body}; done; done")
+        return self._docker("exec", node, "sh", "-c", script).stdout
+
+    def kill_pod(self, namespace: str, name: str, signal: str = "SIGKILL") -> None:
+        """Every process of every container of the pod, in its node, as the local agent does."""
+        self._each_container(namespace, name, (
             # cgroup v1 (the pids hierarchy) or v2 (the unified one): every process of the container
             'line=$(grep -E "^[0-9]+:([^:]*,)?pids(,[^:]*)?:" "/proc/$pid/cgroup" || grep "^0::" "/proc/$pid/cgroup"); '
             'ctrl=$(echo "$line" | cut -d: -f2); cg=$(echo "$line" | cut -d: -f3-); '
             'for p in $(cat "/sys/fs/cgroup${ctrl:+/$ctrl}$cg/cgroup.procs"); do '
-            f'kill -s {signal.removeprefix("SIG")} "$p" || true; done; '
-            'done; done')
-        self._docker("exec", node, "sh", "-c", script)
+            f'kill -s {signal.removeprefix("SIG")} "$p" || true; done'))
+
+    def container_process(self, namespace: str, name: str, container: str) -> dict[str, str]:
+        """What the runtime made of a running container's first process, read by the node's
+        kernel, not the pod spec: its ``/proc/<pid>/status`` fields (``Uid``, ``Gid``,
+        ``Groups``, ``NoNewPrivs``, ``Seccomp``, ``CapEff`` ...) and ``RootMount``, the
+        options of the mount at ``/`` in its mount namespace (``ro,...`` for a read-only root
+        filesystem)."""
+        out = self._each_container(namespace, name, (
+            'cat "/proc/$pid/status"; '
+            "awk '$5 == \"/\" {print \"RootMount:\\t\" $6}' \"/proc/$pid/mountinfo\""), container)
+        fields = dict(line.split(":\t", 1) for line in out.splitlines() if ":\t" in line)
+        if not fields:
+            raise LookupError(f"no running container {container!r} in pod {namespace}/{name}")
+        return {key: value.strip() for key, value in fields.items()}
 
     def fail_node(self, name: str) -> None:
         self._docker("kill", name)
 
     def partition_node(self, name: str) -> None:
-        info = json.loads(self._docker("inspect", name).stdout)[0]
-        self._addresses[name] = info["NetworkSettings"]["Networks"]["kind"]["IPAddress"]
-        self._docker("network", "disconnect", "kind", name)
+        """The node's own interface taken down, in its network namespace: its kubelet and
+        its pods reach nothing off the node, and nothing reaches them. Not ``docker network
+        disconnect``: kind's network has no user-set IPv4 subnet, so the engine refuses to
+        connect the node again at its address (``--ip``), and at another one its kubelet
+        would report the old one (seen on kind: the node stayed cut off, and every later
+        test failed for want of it). The default route goes with the link; it is kept."""
+        self._addresses[name] = self._docker("exec", name, "ip", "-4", "route", "show", "default").stdout.strip()
+        self._docker("exec", name, "ip", "link", "set", "eth0", "down")
+
+    def slow_node(self, name: str, rate: str | None) -> None:
+        """Degrade what the node sends to other nodes to ``rate`` (tc's words, ``8mbit``), or
+        lift it (None): a token bucket on the node's own interface, in its network
+        namespace (the node container's), as a degraded NIC would. The node stays Ready;
+        traffic between pods of the node is not shaped."""
+        if rate is None:
+            self._docker("exec", name, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+        else:
+            self._docker("exec", name, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
+                         "rate", rate, "burst", "32kbit", "latency", "400ms")
 
     def heal_node(self, name: str) -> None:
+        """Whatever was done to the node, undone: a stopped node started, a cut link up
+        again (with its default route), and a deleted Node object registered again by
+        restarting its kubelet (as on a real node), its GPUs advertised again."""
         running = json.loads(self._docker("inspect", name).stdout)[0]["State"]["Running"]
         if not running:
             self._docker("start", name)
         elif name in self._addresses:
-            self._docker("network", "connect", "--ip", self._addresses.pop(name), "kind", name)
+            default = self._addresses.pop(name)
+            self._docker("exec", name, "ip", "link", "set", "eth0", "up")
+            if default:
+                self._docker("exec", name, "sh", "-c", f"ip route replace {default}")
+        if "NotFound" in self.kubectl("get", "node", name, check=False).stderr:  # not a passing API error
+            self._docker("exec", name, "systemctl", "restart", "kubelet")
+            deadline = time.monotonic() + 120
+            while self.kubectl("get", "node", name, check=False).returncode != 0:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"node {name} did not register again within 120 s of its kubelet's restart")
+                time.sleep(1)
+            self._advertise_gpus()
 
     def restart_apiserver(self) -> float:
         began = time.monotonic()

@@ -10,8 +10,11 @@
 #          process cannot report (a frozen rank, a rank holding the GIL, a whole pod frozen:
 #          tests/e2e/test_hangs.py), a rank crash and a node loss recovered and the job
 #          succeeding (tests/e2e/test_failures.py), a rank the kernel's OOM killer ends
-#          under a real memory limit, named OOMKilled (tests/e2e/test_oom.py), then the bed
-#          taken down (hack/kind/e2e.sh). LLMTRAIN_KIND_SMOKE=0 skips it, saying so.
+#          under a real memory limit, named OOMKilled (tests/e2e/test_oom.py), a job in a
+#          namespace enforcing Pod Security "restricted" run as its pods ask
+#          (tests/e2e/test_restricted.py), a job's NetworkPolicy enforced by a real plugin
+#          (tests/e2e/test_network_policy.py), then the bed taken down (hack/kind/e2e.sh).
+#          LLMTRAIN_KIND_SMOKE=0 skips it, saying so.
 #
 # Go-built tools (the Kubernetes binaries, etcd, helm, MinIO: about 12 min of both cores
 # on a cold cache) are only needed in the full stage. Their build starts first, at the
@@ -29,9 +32,9 @@ build_pid=""
 if [ "${LLMTRAIN_PREBUILD_TOOLS:-1}" != 0 ] && command -v go >/dev/null 2>&1; then
   # A session of its own with autogroup nice 19, as tests/support/prebuild.py starts it.
   # The default tools, then the kind bed's (kubelet, kubeadm, kube-proxy, kind, CoreDNS,
-  # crictl), which only the last stage needs.
+  # crictl, kube-router), which only the last stage needs.
   setsid sh -c 'echo 19 > /proc/self/autogroup 2>/dev/null; exec nice -n 19 bash hack/cluster-tools/build.sh \
-      minio etcd helm kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kubeadm kube-proxy kind coredns crictl' \
+      minio etcd helm kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kubeadm kube-proxy kind coredns crictl kube-router' \
     < /dev/null > .cache/cluster-tools-prebuild.log 2>&1 &
   build_pid=$!
   stamp "tools build started in the background (log: .cache/cluster-tools-prebuild.log)"
@@ -52,7 +55,7 @@ deps_pid=$!
 stamp "stage fast: lint"
 make --no-print-directory lint
 stamp "stage fast: unit and API-contract tests"
-LLMTRAIN_PREBUILD_TOOLS=0 "$BIN/pytest" -m "not slow and not cluster and not e2e and not tools and not images" -p no:cacheprovider
+LLMTRAIN_PREBUILD_TOOLS=0 "$BIN/pytest" -m "not slow and not cluster and not e2e and not tools and not images and not kind" -p no:cacheprovider
 stamp "stage fast passed"
 
 if ! wait "$deps_pid"; then
@@ -75,5 +78,6 @@ if [ "${LLMTRAIN_KIND_SMOKE:-1}" = 0 ]; then
   exit 0
 fi
 stamp "stage kind: the smoke on real nodes"
-bash hack/kind/e2e.sh tests/e2e/test_hangs.py tests/e2e/test_failures.py tests/e2e/test_oom.py
+bash hack/kind/e2e.sh tests/e2e/test_hangs.py tests/e2e/test_failures.py tests/e2e/test_oom.py tests/e2e/test_restricted.py \
+  tests/e2e/test_network_policy.py
 stamp "stage kind passed"

@@ -10,12 +10,13 @@ from support import prebuild
 _PREBUILD = pytest.StashKey()
 
 
-LAST = ("cluster", "e2e")
-"""The tiers that need the local cluster."""
+LAST = ("cluster", "e2e", "kind")
+"""The tiers that need the local cluster (or the kind bed)."""
 REQUIRED = {
     "minio": ("tools",),  # MinIO, built from its Go module by `make test`
     "local_cluster": LAST,
-    "operator": ("e2e",),  # tests/e2e/conftest.py: the operator installed with helm
+    "operator": ("e2e", "kind"),  # tests/e2e/conftest.py: the operator installed with helm
+    "real_nodes": ("kind",),  # the same, where the nodes are real (hack/kind/e2e.sh)
 }
 """A test that uses one of these fixtures (itself or through another fixture) must carry
 one of its markers: markers are declared by each test module (``pytestmark``) or test,

@@ -4,8 +4,9 @@
 #   etcd (v3.6.16)   helm (v3.22.0)   minio (2026-02-12, the S3 server of the tests)
 # and, only when named: kwok (v0.8.0, fake nodes) and training-operator (Kubeflow v1.8.1,
 # the peer controller) for bench/operator_scale.py; kubelet, kubeadm and kube-proxy (the
-# same Kubernetes), kind (v0.33.0), coredns (v1.15.0) and crictl (v1.37.0) for the kind bed
-# (hack/kind/node-image.sh, hack/kind/up.sh)
+# same Kubernetes), kind (v0.33.0), coredns (v1.15.0), crictl (v1.37.0) and kube-router
+# (v2.1.0, its NetworkPolicy controller alone) for the kind bed (hack/kind/node-image.sh,
+# hack/kind/up.sh)
 # into $LLMTRAIN_CLUSTER_TOOLS (default: .cache/cluster-tools/<versions>/bin, git-ignored).
 # Each tool is a Go module wrapper under hack/cluster-tools/<tool>/ with a committed
 # go.sum; `go build` downloads modules from the Go module proxy on a cold cache.
@@ -49,6 +50,9 @@ build_crictl() {
   (cd "$here/crictl" && go build -trimpath -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=v1.37.0" \
       -o "$1/crictl" sigs.k8s.io/cri-tools/cmd/crictl)
 }
+build_kube-router() {
+  (cd "$here/kube-router" && go build -trimpath -ldflags "-s -w" -o "$1/kube-router" github.com/cloudnativelabs/kube-router/v2/cmd/kube-router)
+}
 build_coredns() { (cd "$here/coredns" && go build -trimpath -ldflags "-s -w" -o "$1/coredns" github.com/coredns/coredns); }
 build_etcd() { (cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$1/etcd" go.etcd.io/etcd/server/v3); }
 build_helm() {
@@ -72,10 +76,11 @@ build_training-operator() {
 build_minio() { (cd "$here/minio" && go build -trimpath -ldflags "-s -w" -o "$1/minio" github.com/minio/minio); }
 
 # group -> its binaries. minio first: the S3 tests run before the cluster tests.
-groups=(minio etcd helm k8s node kind coredns crictl kwok training-operator)
+groups=(minio etcd helm k8s node kind coredns crictl kube-router kwok training-operator)
 declare -A bins=([minio]="minio" [etcd]="etcd" [helm]="helm"
                  [k8s]="kube-apiserver kube-controller-manager kube-scheduler kubectl"
                  [node]="kubelet kubeadm kube-proxy" [kind]="kind" [coredns]="coredns" [crictl]="crictl"
+                 [kube-router]="kube-router"
                  [kwok]="kwok" [training-operator]="training-operator")
 all=" ${bins[*]} "
 default="minio etcd helm kube-apiserver kube-controller-manager kube-scheduler kubectl"

@@ -21,4 +21,4 @@ trap cleanup EXIT
 bash hack/kind/up.sh >/dev/null
 bin=$(bash hack/cluster-tools/build.sh kind kubectl helm | tail -1)
 LLMTRAIN_E2E_BED=kind LLMTRAIN_KIND_CLUSTER="$CLUSTER" LLMTRAIN_KIND_STATE="$STATE" LLMTRAIN_KIND_BIN="$bin" \
-  PATH="$bin:$PATH" .venv/bin/pytest -p no:cacheprovider -m e2e "${@:-tests/e2e}"
+  PATH="$bin:$PATH" .venv/bin/pytest -p no:cacheprovider -m "e2e or kind" "${@:-tests/e2e}"

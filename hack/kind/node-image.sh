@@ -2,7 +2,7 @@
 # The kind bed's node image, built here with no registry (docs/development.md, "Real
 # nodes"): llmtrain/kind-node:<Kubernetes version>, holding in its containerd every image
 # kubeadm and the bed start (the control plane, etcd, CoreDNS, kube-proxy, pause, the
-# bed's CNI agent), all made from hack/cluster-tools' Go builds and Debian's packages.
+# bed's CNI agent, its NetworkPolicy controller), all made from hack/cluster-tools' Go builds and Debian's packages.
 #
 #   bash hack/kind/node-image.sh      # prints the image's tag last
 #
@@ -17,13 +17,14 @@ ETCD_TAG=3.6.16-0        # the etcd hack/cluster-tools builds (v3.6.16)
 COREDNS_TAG=v1.15.0      # the CoreDNS it builds
 PAUSE_TAG=3.10.2         # Kubernetes' build/pause at the pinned version
 NET_IMAGE=llmtrain/kind-net:v1
+NETPOL_IMAGE=llmtrain/kind-netpol:v1
 CTX=$ROOT/.cache/kind/node-context
 log() { echo "node-image: $*" >&2; }
 
 bash hack/images/engine.sh
 bash hack/images/base.sh
 bin=$(bash hack/cluster-tools/build.sh etcd kube-apiserver kube-controller-manager kube-scheduler kubectl \
-      kubelet kubeadm kube-proxy coredns crictl | tail -1)
+      kubelet kubeadm kube-proxy coredns crictl kube-router | tail -1)
 K8S=$("$bin/kubelet" --version | sed 's/^Kubernetes //')
 TAG=llmtrain/kind-node:$K8S
 moddir() { (cd "hack/cluster-tools/$1" && GOFLAGS=-mod=mod go mod download -json "$2" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p'); }
@@ -35,7 +36,7 @@ cp -r "$KIND_FILES" "$CTX/kind"; chmod -R u+w "$CTX/kind"
 cp hack/kind/node/Dockerfile "$CTX/"
 cp hack/kind/node/files/* "$CTX/llmtrain/"
 cp -r hack/kind/node/manifests "$CTX/manifests"
-for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kubeadm kube-proxy coredns crictl; do
+for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kubeadm kube-proxy coredns crictl kube-router; do
   cp "$bin/$b" "$CTX/bin/"
 done
 gcc -Os -Wall -static -DVERSION="v$PAUSE_TAG" -o "$CTX/bin/pause" "$PAUSE_C"
@@ -69,6 +70,7 @@ build() {  # build TARGET TAG
 }
 build kube-proxy "registry.k8s.io/kube-proxy:$K8S"; images+=("registry.k8s.io/kube-proxy:$K8S")
 build net "$NET_IMAGE"; images+=("$NET_IMAGE")
+build netpol "$NETPOL_IMAGE"; images+=("$NETPOL_IMAGE")
 build node "$TAG-bare"
 
 # Into the node's containerd, as `kind build node-image` does: containerd started by

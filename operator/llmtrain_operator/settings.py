@@ -116,6 +116,23 @@ class OperatorSettings:
     allocatable falls below its capacity (NVIDIA's device plugin takes a GPU with an XID
     error out) is drained the same way, whatever this lists."""
 
+    network_policy: bool = False
+    """``LLMTRAIN_OPERATOR_NETWORK_POLICY``: give each job a NetworkPolicy that admits only
+    the job's own pods to its pods, and the operator (and the metrics readers below) to
+    their health and metrics ports (``planner/isolation.py``); a job's pods are created
+    once its policy is seen. Default false (a run outside a cluster); the chart turns it on
+    (``networkPolicy.jobs.enabled``). Needs the two settings below and ``POD_NAMESPACE``."""
+
+    network_policy_operator_pods: str = ""
+    """``LLMTRAIN_OPERATOR_NETWORK_POLICY_OPERATOR_PODS``: ``key=value,...``, the labels that
+    select the operator's own pods in ``POD_NAMESPACE`` (the chart passes its selector
+    labels): the peers that probe the jobs' pods."""
+
+    network_policy_metrics_from: str = ""
+    """``LLMTRAIN_OPERATOR_NETWORK_POLICY_METRICS_FROM``: comma-separated namespaces (their
+    pods) and CIDRs that may also read the jobs' health and metrics ports (Prometheus, for
+    the chart's PodMonitor). Default "": the operator alone."""
+
     def failure_conditions(self) -> frozenset[str]:
         return frozenset(t.strip() for t in self.node_failure_conditions.split(",") if t.strip())
 

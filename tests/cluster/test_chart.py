@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from llmtrain_operator.handlers.reconcile import isolation_of
 from llmtrain_operator.settings import from_env
 from support import chart as support_chart
 from support import scheduler_crds
@@ -102,6 +103,20 @@ def test_operator_values_become_settings_the_operator_accepts(local_cluster):
     env = {e["name"]: e.get("value") for e in next(d for d in health if d["kind"] == "Deployment")
            ["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["LLMTRAIN_OPERATOR_NODE_FAILURE_CONDITIONS"] == "KernelDeadlock,GPUXidError"
+    # The jobs' NetworkPolicy: on by default, its peers the operator's own selector labels
+    # in its namespace (POD_NAMESPACE, from the downward API) and metricsFrom.
+    isolated = render(local_cluster, "networkPolicy.metricsFrom={monitoring,172.18.0.1/32}")
+    env = {e["name"]: e.get("value") for e in next(d for d in isolated if d["kind"] == "Deployment")
+           ["spec"]["template"]["spec"]["containers"][0]["env"]}
+    settings = from_env({k: v for k, v in env.items() if k.startswith("LLMTRAIN_OPERATOR_") and v is not None})
+    made = isolation_of(settings, {"POD_NAMESPACE": NS})
+    deployment = next(d for d in isolated if d["kind"] == "Deployment")
+    assert made is not None and dict(made.operator_labels) == deployment["spec"]["selector"]["matchLabels"]
+    assert made.metrics_from == ("monitoring", "172.18.0.1/32")
+    off = render(local_cluster, "networkPolicy.jobs.enabled=false")
+    env = {e["name"]: e.get("value") for e in next(d for d in off if d["kind"] == "Deployment")
+           ["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert isolation_of(from_env({k: v for k, v in env.items() if k.startswith("LLMTRAIN_OPERATOR_") and v is not None}), {}) is None
 
 
 VALUES = sorted((ROOT / "tests" / "data" / "chart-values").glob("*.yaml"))
@@ -127,7 +142,8 @@ def test_every_values_file_lints_strictly_and_passes_a_server_side_dry_run(local
 @pytest.mark.parametrize("value, where", [("replicaCount=0", "/replicaCount"), ("replicacount=2", "replicacount"),
                                           ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
                                           ("watchNamespace=Team_A", "/watchNamespace"),
-                                          ("operator.resyncSeconds=soon", "/operator/resyncSeconds")])
+                                          ("operator.resyncSeconds=soon", "/operator/resyncSeconds"),
+                                          ("networkPolicy.metricsFrom={Monitoring}", "/networkPolicy/metricsFrom/0")])
 def test_a_bad_value_is_refused_by_the_schema_naming_it(local_cluster, value, where):
     out = local_cluster.helm("template", "llmtrain", CHART, "--set", value, check=False)
     assert out.returncode != 0
@@ -167,6 +183,8 @@ NEEDED_EVERYWHERE = [("get", "llmtrainjobs.llmtrain.io"), ("list", "llmtrainjobs
                      ("patch", "llmtrainjobs.llmtrain.io:status"), ("create", "pods"), ("delete", "pods"), ("list", "pods"),
                      ("create", "services"), ("create", "configmaps"), ("update", "configmaps"), ("get", "persistentvolumeclaims"),
                      ("create", "events"),
+                     # each job's NetworkPolicy (networkPolicy.jobs.enabled), watched for the index
+                     ("create", "networkpolicies.networking.k8s.io"), ("watch", "networkpolicies.networking.k8s.io"),
                      # gang scheduling and Kueue (docs/scheduling.md)
                      ("get", "podgroups.scheduling.volcano.sh"), ("create", "podgroups.scheduling.volcano.sh"),
                      ("patch", "podgroups.scheduling.x-k8s.io"), ("delete", "podgroups.scheduling.x-k8s.io"),
@@ -177,7 +195,9 @@ NEVER = [("list", "secrets"), ("watch", "secrets"), ("create", "secrets"), ("cre
          ("escalate", "roles.rbac.authorization.k8s.io"), ("bind", "roles.rbac.authorization.k8s.io"),
          ("create", "serviceaccounts:token"), ("delete", "persistentvolumeclaims"), ("*", "*"),
          # Kueue's own decisions stay Kueue's: the Workload's spec and its deletion (ownerReferences do that)
-         ("patch", "workloads.kueue.x-k8s.io"), ("delete", "workloads.kueue.x-k8s.io")]
+         ("patch", "workloads.kueue.x-k8s.io"), ("delete", "workloads.kueue.x-k8s.io"),
+         # a job's policy is made once and removed with the job: never loosened or removed by hand
+         ("patch", "networkpolicies.networking.k8s.io"), ("delete", "networkpolicies.networking.k8s.io")]
 NEVER_CLUSTER = [("delete", "nodes"), ("patch", "nodes"), ("escalate", "clusterroles.rbac.authorization.k8s.io"),
                  ("bind", "clusterroles.rbac.authorization.k8s.io"), ("create", "customresourcedefinitions.apiextensions.k8s.io"),
                  ("get", "secrets")]
@@ -270,7 +290,8 @@ def test_the_monitoring_objects_carry_the_checked_files_and_scrape_ports_the_wor
     from support.specs import load_job
 
     files = ROOT / "charts" / "llmtrain-operator" / "files"
-    docs = render(local_cluster, "metrics.podMonitor.enabled=true", "metrics.prometheusRule.enabled=true", "metrics.dashboard.enabled=true")
+    docs = render(local_cluster, "metrics.podMonitor.enabled=true", "metrics.prometheusRule.enabled=true", "metrics.dashboard.enabled=true",
+                  "networkPolicy.metricsFrom={monitoring}")
     rule = next(d for d in docs if d["kind"] == "PrometheusRule")
     assert rule["spec"] == yaml.safe_load((files / "alerts.yaml").read_text())
     board = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard"))

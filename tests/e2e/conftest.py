@@ -4,6 +4,7 @@ applied with kubectl, a real Prometheus scraping both."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 
@@ -26,7 +27,7 @@ def pytest_runtest_makereport(item, call):
     the time anyone reads it."""
     outcome = yield
     report = outcome.get_result()
-    if report.when == "call" and report.failed and item.get_closest_marker("e2e"):
+    if report.when == "call" and report.failed and (item.get_closest_marker("e2e") or item.get_closest_marker("kind")):
         report.sections.append(("pod logs (newest first)", _pod_log_tails(call.start)))
 
 
@@ -77,13 +78,32 @@ def prometheus(operator, tmp_path_factory):
     prom.stop()
 
 
+def operator_values(bed) -> tuple[str, ...]:
+    """The suite's ``--set`` values: two replicas on the system node, a fast resync, and
+    this machine (where the suite's Prometheus runs, outside the cluster) among those that
+    may read the jobs' and the operator's metrics through their NetworkPolicies."""
+    return ("replicaCount=2", "operator.resyncSeconds=5", "nodeSelector.llmtrain\\.io/pool=system",
+            f"networkPolicy.metricsFrom={{{bed.host_address}/32}}")
+
+
 @pytest.fixture(scope="session")
 def operator(local_cluster):
     """helm install of charts/llmtrain-operator with 2 replicas (kopf peering)."""
     bed = local_cluster
-    install_operator(bed, OPERATOR_NS, "replicaCount=2", "operator.resyncSeconds=5", "nodeSelector.llmtrain\\.io/pool=system")
+    install_operator(bed, OPERATOR_NS, *operator_values(bed))
     bed.kubectl("rollout", "status", "deployment/llmtrain", "-n", OPERATOR_NS, "--timeout=120s")
     yield bed
     pods = json.loads(bed.kubectl("get", "pods", "-n", OPERATOR_NS, "-o", "json").stdout)["items"]
     for pod in pods:  # keep the operator's logs for a failed run's post-mortem
         (bed.state / f"operator-{pod['metadata']['name']}.log").write_text(bed.pod_log(OPERATOR_NS, pod["metadata"]["name"]))
+
+
+@pytest.fixture(scope="session")
+def real_nodes(request):
+    """The operator's bed (``operator``) where its nodes are real: a kubelet and a
+    container runtime on each (kind, ``hack/kind/e2e.sh``). A test of what only they do
+    (marked ``kind``) fails on the process bed, naming how to run it, before any bed starts."""
+    if os.environ.get("LLMTRAIN_E2E_BED") != "kind":
+        pytest.fail("needs real nodes (a kubelet and a container runtime): run it on the kind bed, "
+                    "bash hack/kind/e2e.sh <its module>")
+    return request.getfixturevalue("operator")

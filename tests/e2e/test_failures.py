@@ -73,7 +73,10 @@ def test_a_process_crash_is_charged_to_its_pod_and_recovered(operator, job):
     assert kept["metadata"]["name"] == f"{NAME}-worker-1" and kept["status"]["phase"] == "Failed"
     job["kept_node"] = kept["spec"]["nodeName"]
     assert bed.pod_log(NS, f"{NAME}-worker-1", "trainer").startswith(before), "the failed attempt's log is kept, as it was"
-    (new,) = [p for p in pods(bed, NS, NAME) if p["metadata"]["labels"]["llmtrain.io/slot"] == "1"]
+    # An elastic job recovers on its survivor first; the slot's next pod follows after the
+    # backoff (on kind it was not there yet when the recovery was: waited for, not assumed).
+    (new,) = wait_for(lambda: [p for p in pods(bed, NS, NAME) if p["metadata"]["labels"]["llmtrain.io/slot"] == "1"] or None, 60,
+                      what="the slot's next pod")
     assert new["metadata"]["name"] == f"{NAME}-worker-1-1" and new["spec"]["hostname"] == f"{NAME}-worker-1"
     timings = {"crash_detect_seconds": failure["detectSeconds"], "crash_recovery_seconds": crash_recovery}
     assert crash_recovery <= RECOVERY_BOUND, timings

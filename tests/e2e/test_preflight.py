@@ -1,8 +1,8 @@
-"""A node whose link is degraded (tc limits every pod's link there to 4 Mbit/s, about
-0.5 MB/s) is found by the launcher's pre-flight check before a replacement pod joins the
-job there: the pod exits ``PreflightFailed`` naming the rate, the operator quarantines the
-node for the job and places the next replacement elsewhere, nothing is charged, and the
-job succeeds.
+"""A node whose link is degraded to 4 Mbit/s, about 0.5 MB/s (tc, ``slow_node``: on the
+process bed every pod's link there, on kind the node's own interface) is found by the
+launcher's pre-flight check before a replacement pod joins the job there: the pod exits
+``PreflightFailed`` naming the rate, the operator quarantines the node for the job and
+places the next replacement elsewhere, nothing is charged, and the job succeeds.
 
 The worker may only go where the test says (a node label the job selects): a healthy node
 first; then, its pod deleted, the slow node alone; once that is quarantined, the healthy
@@ -20,7 +20,6 @@ pytestmark = pytest.mark.e2e
 
 NS, NAME = "e2e-preflight", "preflight"
 LABEL = "e2e-preflight"
-GPU_NODES = ("node-1", "node-2", "node-3")
 PACE = "slow@step=1,seconds=0.3,steps=1000"
 
 
@@ -28,9 +27,14 @@ def _label(bed, node: str, on: bool) -> None:
     bed.kubectl("label", "node", node, f"{LABEL}=yes" if on else f"{LABEL}-", "--overwrite")
 
 
+def _gpu_nodes(bed) -> list[str]:
+    return sorted(n["metadata"]["name"] for n in bed.get("nodes", "-l", "llmtrain.io/pool=gpu")["items"])
+
+
 def test_a_node_with_a_degraded_link_fails_the_pre_flight_check_and_is_quarantined_uncharged(operator):
     bed = operator
-    nodes = list(GPU_NODES)
+    nodes = _gpu_nodes(bed)
+    assert len(nodes) >= 3, nodes
     try:
         create(bed, NS, job_manifest(NAME, {
             "spec.replicas": {"min": 1, "max": 1}, "spec.trainer.builtin.maxSteps": 40,
@@ -39,7 +43,7 @@ def test_a_node_with_a_degraded_link_fails_the_pre_flight_check_and_is_quarantin
         }))
         store = wait_for(lambda: next((p for p in pods(bed, NS, NAME, role="rendezvous")
                                        if p.get("status", {}).get("phase") == "Running"), None), 180, what="the store running")
-        healthy, slow = [n for n in GPU_NODES if n != store["spec"]["nodeName"]][:2]
+        healthy, slow = [n for n in nodes if n != store["spec"]["nodeName"]][:2]
         _label(bed, healthy, True)
         wait_status(bed, NS, NAME, lambda s: s.get("step", 0) >= 3, 240, "training on the healthy node")
         # The job has trained: a pod that joins it now checks its node first.

@@ -11,7 +11,7 @@ import time
 import pytest
 from support.chart import install_operator
 
-from .conftest import OPERATOR_NS
+from .conftest import OPERATOR_NS, operator_values
 from .jobs import create, job_manifest, pods, status, wait_status
 
 pytestmark = pytest.mark.e2e
@@ -21,7 +21,7 @@ SA = f"system:serviceaccount:{OPERATOR_NS}:llmtrain"
 
 
 def install(bed, *sets: str) -> None:
-    install_operator(bed, OPERATOR_NS, "replicaCount=2", "operator.resyncSeconds=5", "nodeSelector.llmtrain\\.io/pool=system", *sets)
+    install_operator(bed, OPERATOR_NS, *operator_values(bed), *sets)
     bed.kubectl("rollout", "status", "deployment/llmtrain", "-n", OPERATOR_NS, "--timeout=120s")
 
 

@@ -5,6 +5,8 @@ needs MinIO or the local cluster without its marker, naming it."""
 from __future__ import annotations
 
 import importlib.util
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -37,7 +39,8 @@ def test_a_test_that_uses_minio_without_tools_is_refused_naming_it():
 
 @pytest.mark.parametrize(("fixtures", "marks", "wanted"), [
     (("local_cluster",), (), "'local_cluster' fixture but is not marked cluster or e2e"),
-    (("local_cluster", "operator"), ("cluster",), "'operator' fixture but is not marked e2e"),
+    (("local_cluster", "operator"), ("cluster",), "'operator' fixture but is not marked e2e or kind"),
+    (("real_nodes",), ("e2e",), "'real_nodes' fixture but is not marked kind"),
 ])
 def test_a_test_under_a_cluster_fixture_without_its_marker_is_refused(fixtures, marks, wanted):
     with pytest.raises(pytest.UsageError, match=wanted):
@@ -62,3 +65,13 @@ def test_the_session_is_ordered_by_marker_cluster_last_and_tool_modules_whole_ju
         "tests/e2e/test_a.py::test_1",
         "tests/cluster/test_d.py::test_1",
     ]
+
+
+def test_the_fast_stage_leaves_out_every_declared_marker():
+    """`make test-fast` and CI's fast stage run the unmarked tests only: a marker added to
+    pyproject.toml but not to their selection (``kind``: real nodes) would run there."""
+    root = Path(__file__).resolve().parents[2]
+    declared = {m.split(":")[0] for m in tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]}
+    for where in ("Makefile", "hack/test-stages.sh"):
+        (selection,) = re.findall(r'-m "(not slow[^"]*)"', (root / where).read_text())
+        assert set(re.findall(r"not (\w+)", selection)) == declared, (where, selection, declared)

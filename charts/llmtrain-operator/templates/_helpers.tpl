@@ -29,6 +29,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [pods, services, configmaps]
   verbs: [get, list, watch, create, update, patch, delete]
+# Each job's NetworkPolicy (networkPolicy.jobs.enabled); removed with its job by the
+# garbage collector (ownerReferences). Watched even when off: the index is always there.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch, create]
 # Checking that a referenced PVC exists before creating pods (a missing one: Invalid).
 - apiGroups: [""]
   resources: [persistentvolumeclaims]

@@ -507,6 +507,8 @@ class Observed:
     services: frozenset[str] = frozenset()
     configmaps: dict[str, ConfigMapView] = field(default_factory=dict)
     """ConfigMap name -> what its annotations say it holds."""
+    network_policies: frozenset[str] = frozenset()
+    """The job's own NetworkPolicies, by name (``manifests.network_policy``)."""
     probes: dict[str, TrainerProbe] = field(default_factory=dict)
     """Pod name -> probe."""
     launcher_attempts: dict[str, dict[str, int]] = field(default_factory=dict)

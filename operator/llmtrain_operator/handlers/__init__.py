@@ -36,11 +36,12 @@ from ..api.job import GROUP, PLURAL, VERSION
 from ..api.observed import LABEL_JOB, NodeView, job_owner_uid, node_view, pod_view, slim_child, slim_node, slim_pod
 from ..k8s.client import K8s, PermanentApiError, TransientApiError
 from ..k8s.lease import LeaseClient
-from ..settings import OperatorSettings, from_env
+from ..planner.isolation import IsolationError
+from ..settings import ConfigError, OperatorSettings, from_env
 from .executor import NotLeader
 from .leadership import AlwaysLeader, Gate, Leadership
 from .loops import JobLoops, Key
-from .reconcile import PROBER, Children, job_uid, reconcile
+from .reconcile import PROBER, Children, isolation_of, job_uid, reconcile
 from .reconcile import forget as forget_job_memory
 from .slots import Slots
 from .wakes import jobs_of_node
@@ -75,6 +76,10 @@ def identity() -> str:
 async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _K8S, SETTINGS, _SLOTS, _GATE, _ELECTION
     SETTINGS = from_env()
+    try:
+        isolation_of(SETTINGS)  # a bad NetworkPolicy setting stops the operator here, not every pass
+    except IsolationError as err:
+        raise ConfigError(f"LLMTRAIN_OPERATOR_NETWORK_POLICY_*: {err}") from err
     _SLOTS = Slots(SETTINGS.max_concurrent_reconciles)
     # Leader election is ours (a Lease); kopf's peering would pause the standby's
     # watches, and a standby with warm indexes takes over faster.
@@ -199,6 +204,11 @@ def configmaps_by_job(namespace: str | None, labels: Mapping[str, str], body: ko
     return {(namespace, labels[LABEL_JOB]): slim_child(dict(body))}
 
 
+@kopf.index("networking.k8s.io", "v1", "networkpolicies", labels=JOB_SELECTOR)
+def networkpolicies_by_job(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, labels[LABEL_JOB]): slim_child(dict(body))}
+
+
 # ---------------------------------------------------------------- the per-job loops
 
 
@@ -209,6 +219,7 @@ def _indexed(key: Key, nodes: bool = True) -> Children:
         nodes=[n for store in _INDEXES["nodes_by_name"].values() for n in store] if nodes else [],
         services=list(_INDEXES["services_by_job"].get(key, [])),
         configmaps=list(_INDEXES["configmaps_by_job"].get(key, [])),
+        network_policies=list(_INDEXES["networkpolicies_by_job"].get(key, [])),
         body=LOOPS.body(key),
     )
 
@@ -280,9 +291,10 @@ LOOPS = JobLoops(_one_pass, on_acted=metrics.record_event_to_action, on_wake=_pr
 # kopf passes each index as a keyword argument named after it, which its WatchingFn protocol cannot name.
 @kopf.on.event(GROUP, VERSION, PLURAL)  # type: ignore[arg-type]  # kopf's types: index kwargs
 async def job_changed(type: str | None, namespace: str | None, name: str, body: kopf.Body, pods_by_job: kopf.Index,
-                nodes_by_name: kopf.Index, services_by_job: kopf.Index, configmaps_by_job: kopf.Index, **_: Any) -> None:
+                nodes_by_name: kopf.Index, services_by_job: kopf.Index, configmaps_by_job: kopf.Index,
+                networkpolicies_by_job: kopf.Index, **_: Any) -> None:
     _INDEXES.update(pods_by_job=pods_by_job, nodes_by_name=nodes_by_name, services_by_job=services_by_job,
-                    configmaps_by_job=configmaps_by_job)
+                    configmaps_by_job=configmaps_by_job, networkpolicies_by_job=networkpolicies_by_job)
     key = (namespace or "default", name)
     LOOPS.seen(key, type, dict(body))
     if type == "DELETED":
@@ -295,8 +307,8 @@ async def job_changed(type: str | None, namespace: str | None, name: str, body: 
 def _keep_indexes(kwargs: dict[str, Any]) -> None:
     """kopf hands every handler the indexes: keep them from whichever event comes first
     (an operator started after the last job was deleted sees pod and node events only)."""
-    _INDEXES.update({k: kwargs[k] for k in ("pods_by_job", "nodes_by_name", "services_by_job", "configmaps_by_job")
-                     if k in kwargs})
+    _INDEXES.update({k: kwargs[k] for k in ("pods_by_job", "nodes_by_name", "services_by_job", "configmaps_by_job",
+                                            "networkpolicies_by_job") if k in kwargs})
 
 
 @kopf.on.event("pods", labels=JOB_SELECTOR)
@@ -305,6 +317,14 @@ async def pod_changed(namespace: str | None, labels: Mapping[str, str], **kwargs
     # Any pod with the job's label wakes it, owned or not: the pass keeps only its own, but
     # a namesake's leftover going away is what lets it create its own pod of that name.
     LOOPS.wake((namespace or "default", labels.get(LABEL_JOB, "")))  # as job_changed keys it
+
+
+@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=JOB_SELECTOR)
+async def network_policy_changed(namespace: str | None, labels: Mapping[str, str], **kwargs: Any) -> None:
+    """A job's pods are created once its NetworkPolicy is seen (``policies/children.py``):
+    its arrival wakes the job at once, and its deletion brings it back."""
+    _keep_indexes(kwargs)
+    LOOPS.wake((namespace or "default", labels.get(LABEL_JOB, "")))
 
 
 _NODE_VIEWS: dict[str, NodeView] = {}

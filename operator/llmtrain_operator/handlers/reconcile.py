@@ -14,9 +14,12 @@ ownerReferences); the job label only selects candidates. The writes are the exec
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import os
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, UTC
 from typing import Any, Protocol
 
@@ -31,6 +34,7 @@ from ..api.vocabulary import TERMINAL_PHASES, ConditionType, Phase, PodPhase, Re
 from ..k8s.client import K8s, PermanentApiError, TransientApiError
 from ..k8s.patches import merge_patch
 from ..planner import Plan, plan_received, podgroup, queue
+from ..planner.isolation import Isolation
 from ..planner.podpolicy import PodPolicy
 from ..probe import AsyncProber, LauncherReport, combine, memory_of, peer_waits_of, trainer_url
 from ..settings import OperatorSettings
@@ -95,26 +99,29 @@ class Children:
     configmaps: list[dict[str, Any]]
     """Whole objects or their slim copies (``slim_pod``, ``slim_child``): only the metadata
     (and a pod's node and status) is read."""
+    network_policies: list[dict[str, Any]] = field(default_factory=list)
     body: dict[str, Any] | None = None
     """The newest job body, where the source has one (the watch-fed loops): a pass that
     waited for its slot plans from it."""
 
     def owned_by(self, uid: str) -> Children:
-        """Only the job's own pods, Services and ConfigMaps: those whose ownerReferences
-        name ``uid``."""
+        """Only the job's own pods, Services, ConfigMaps and NetworkPolicies: those whose
+        ownerReferences name ``uid``."""
         return replace(self, pods=[p for p in self.pods if is_owned_by(p, uid)],
                        services=[s for s in self.services if is_owned_by(s, uid)],
-                       configmaps=[c for c in self.configmaps if is_owned_by(c, uid)])
+                       configmaps=[c for c in self.configmaps if is_owned_by(c, uid)],
+                       network_policies=[n for n in self.network_policies if is_owned_by(n, uid)])
 
     def names(self) -> dict[str, set[str]]:
         """Kind -> the names present (what a pass's creates are looked for)."""
         return {"Pod": {_name(p) for p in self.pods}, "Service": {_name(s) for s in self.services},
-                "ConfigMap": {_name(c) for c in self.configmaps}}
+                "ConfigMap": {_name(c) for c in self.configmaps}, "NetworkPolicy": {_name(n) for n in self.network_policies}}
 
     def observed(self, **fields: Any) -> Observed:
         """The planner's view of these objects; ``fields``: the rest of ``Observed``."""
         return Observed(pods=tuple(pod_view(p) for p in self.pods), nodes={n.name: n for n in map(node_view, self.nodes)},
                         services=frozenset(_name(s) for s in self.services),
+                        network_policies=frozenset(_name(n) for n in self.network_policies),
                         configmaps={_name(c): ConfigMapView.from_annotations((c.get("metadata") or {}).get("annotations"))
                                     for c in self.configmaps},
                         **fields)
@@ -135,13 +142,14 @@ def listing_source(k8s: K8s) -> ChildSource:
 
     async def source(namespace: str, name: str) -> Children:
         selector = f"{LABEL_JOB}={name}"
-        pods, nodes, services, cms = await asyncio.gather(
+        pods, nodes, services, cms, policies = await asyncio.gather(
             asyncio.to_thread(k8s.list_pods, namespace, selector),
             asyncio.to_thread(k8s.list_nodes),
             asyncio.to_thread(k8s.list_services, namespace, selector),
             asyncio.to_thread(k8s.list_configmaps, namespace, selector),
+            asyncio.to_thread(k8s.list_network_policies, namespace, selector),
         )
-        return Children(pods=pods, nodes=nodes, services=services, configmaps=cms)
+        return Children(pods=pods, nodes=nodes, services=services, configmaps=cms, network_policies=policies)
 
     return source
 
@@ -207,6 +215,20 @@ async def read_workload(k8s: K8s, job: LLMTrainJob | None) -> WorkloadView | Non
     except PermanentApiError as err:  # RBAC: the job is held and says so (policies/queueing.py)
         return WorkloadView(served=True, refused=f"read the Workload {name} or its ResourceFlavors: {err.server_message}")
     return workload_view(obj, served, [f for _, f in flavors if f is not None], owner_uid=job.metadata.uid or None)
+
+
+def isolation_of(settings: OperatorSettings, env: Mapping[str, str] = os.environ) -> Isolation | None:
+    """The peers of the jobs' NetworkPolicies (``planner/isolation.py``); None when the
+    operator makes none. IsolationError on a bad setting: the operator's startup calls
+    this first, so a pass never meets one."""
+    if not settings.network_policy:
+        return None
+    return _isolation(env.get("POD_NAMESPACE", ""), settings.network_policy_operator_pods, settings.network_policy_metrics_from)
+
+
+@functools.lru_cache(maxsize=4)
+def _isolation(namespace: str, operator_pods: str, metrics_from: str) -> Isolation:
+    return Isolation.parse(namespace, operator_pods, metrics_from)
 
 
 def _running_workers(pods: list[Any]) -> list[Any]:
@@ -370,7 +392,7 @@ async def _decide_and_write(k8s: K8s, body: dict[str, Any], received: Received, 
         observed = replace(observed, workload=workload)
     result = plan_received(received, observed, now, settings.runtime_image,
                            PodPolicy.from_settings(settings.allow_privileged_pods, settings.allowed_service_accounts),
-                           settings.failure_conditions())
+                           settings.failure_conditions(), isolation_of(settings))
     old_status = body.get("status") or {}
     changed = status_changed(old_status, result.status, settings.status_flush_seconds, now, progress_pace(settings, jobs))
     check(gate)

@@ -114,6 +114,7 @@ class K8s:
         self.timeout = timeout
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
         self.event_series = EventSeries()
 
     @classmethod
@@ -169,6 +170,7 @@ class K8s:
             "Pod": self.core.create_namespaced_pod,
             "Service": self.core.create_namespaced_service,
             "ConfigMap": self.core.create_namespaced_config_map,
+            "NetworkPolicy": self.networking.create_namespaced_network_policy,
         }
         # Strict: a field the server does not know (a misspelt `volumeMount:` a job's
         # podTemplate passed through) refuses the create, naming the field, where the
@@ -184,11 +186,12 @@ class K8s:
         return self._send(call, f"create {kind} {ns}/{meta['name']}", tolerated=409)
 
     def owner_uids(self, kind: str, namespace: str, name: str) -> list[str] | None:
-        """The uids in an existing Pod's, Service's or ConfigMap's ownerReferences; None
-        when it is gone, being deleted (a namesake's leftover on its way out: the create
-        is tried again later), or of another kind (not checked)."""
+        """The uids in an existing Pod's, Service's, ConfigMap's or NetworkPolicy's
+        ownerReferences; None when it is gone, being deleted (a namesake's leftover on its
+        way out: the create is tried again later), or of another kind (not checked)."""
         reads = {"Pod": self.core.read_namespaced_pod, "Service": self.core.read_namespaced_service,
-                 "ConfigMap": self.core.read_namespaced_config_map}
+                 "ConfigMap": self.core.read_namespaced_config_map,
+                 "NetworkPolicy": self.networking.read_namespaced_network_policy}
         if kind not in reads:
             return None
         what = f"read {kind} {namespace}/{name}"
@@ -406,6 +409,10 @@ class K8s:
     def list_configmaps(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self._list(lambda: self.core.list_namespaced_config_map(namespace, label_selector=selector, _request_timeout=self.timeout,
                                                                        _preload_content=False), "configmaps")
+
+    def list_network_policies(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return self._list(lambda: self.networking.list_namespaced_network_policy(
+            namespace, label_selector=selector, _request_timeout=self.timeout, _preload_content=False), "networkpolicies")
 
     def _list(self, call, what: str) -> list[dict[str, Any]]:
         """Lists are read as raw JSON: no model round-trip (faster, and tolerant of

@@ -20,6 +20,7 @@ from ..api.vocabulary import ConditionType
 from ..settings import DEFAULT_RUNTIME_IMAGE
 from .conditions import set_condition
 from .decisions import Decision, Event, Noted
+from .isolation import Isolation
 from .podpolicy import PodPolicy
 
 
@@ -186,6 +187,8 @@ class Pass(Ledger):
     """What the job's ``podTemplate`` may ask of its pods (``podpolicy.py``)."""
     node_failure_conditions: frozenset[str] = frozenset()
     """Node condition types that, True, mean the node is failing (``policies/node_health.py``)."""
+    isolation: Isolation | None = None
+    """The peers of the job's NetworkPolicy (``isolation.py``); None: the operator makes none."""
 
     @property
     def spec(self) -> LLMTrainJobSpec:

@@ -14,11 +14,12 @@ from llmtrain_contract.names import (CONFIG_HASH_ANNOTATION, GANG_MIN_AVAILABLE_
 
 from ..api.job import API_VERSION, KIND, LLMTrainJob
 from ..api.spec import LLMTrainJobSpec
-from ..api.observed import CADENCE_ANNOTATION, LABEL_KEPT, LABEL_ROLE, ROLE_WORKER
+from ..api.observed import CADENCE_ANNOTATION, LABEL_JOB, LABEL_KEPT, LABEL_ROLE, ROLE_WORKER
 from ..api.status import CadenceHistory
 from ..settings import DEFAULT_RUNTIME_IMAGE
 from . import names
 from .environment import worker_env
+from .isolation import NAMESPACE_LABEL, Isolation
 from .render import config_text, content_hash, tier_paths, trainer_config
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -120,6 +121,36 @@ def workers_service(job: LLMTrainJob) -> dict[str, Any]:
 def store_service(job: LLMTrainJob) -> dict[str, Any]:
     return headless_service(job, names.store_service(job.metadata.name), names.store_labels(job.metadata.name),
                             [("rdzv", RDZV_PORT), ("rdzv-leases", RDZV_PORT + RDZV_LEASE_PORT_OFFSET)])
+
+
+def network_policy(job: LLMTrainJob, isolation: Isolation) -> dict[str, Any]:
+    """Ingress to every pod of the job (workers and store) from the job's own pods on every
+    port (the store and lease ports, rank 0's process-group store, the collectives' ports,
+    which gloo and NCCL choose at random), and on the launcher's health port and the
+    trainer's metrics port from the operator's pods and the ``metrics_from`` namespaces
+    (``isolation.py``). Egress is left open: the tiers (S3, a filesystem's servers) and
+    DNS are wherever the cluster has them. The kubelet's probes come from the pod's own
+    node, which NetworkPolicy always admits."""
+    job_pods = {"matchLabels": {LABEL_JOB: job.metadata.name}}
+    readers: list[dict[str, Any]] = [{
+        "namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: isolation.operator_namespace}},
+        "podSelector": {"matchLabels": dict(isolation.operator_labels)},
+    }]
+    readers += isolation.metrics_peers()
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(job, names.network_policy(job.metadata.name), names.job_labels(job.metadata.name)),
+        "spec": {
+            "podSelector": job_pods,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": job_pods}]},
+                {"from": readers, "ports": [{"protocol": "TCP", "port": HEALTH_PORT},
+                                            {"protocol": "TCP", "port": job.spec.metrics.port}]},
+            ],
+        },
+    }
 
 
 def config_map(job: LLMTrainJob, history: CadenceHistory | None = None) -> dict[str, Any] | None:

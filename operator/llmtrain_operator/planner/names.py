@@ -50,6 +50,11 @@ def config_map(job: str) -> str:
     return f"{job}-config"
 
 
+def network_policy(job: str) -> str:
+    """Who may reach the job's pods (``manifests.network_policy``)."""
+    return f"{job}-isolation"
+
+
 def rdzv_endpoint(job: str, namespace: str) -> str:
     return f"{store_service(job)}.{namespace}.svc:{RDZV_PORT}"
 

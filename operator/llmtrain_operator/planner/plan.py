@@ -45,6 +45,7 @@ from .policies import (
     validity,
     wedge,
 )
+from .isolation import Isolation
 from .podpolicy import STRICT, PodPolicy
 from .names import worker_selector
 from .timekeeping import account_time
@@ -100,19 +101,22 @@ def _each(ctx: Pass, policies: tuple[Policy, ...]) -> bool:
 
 
 def plan(raw: dict[str, Any], observed: Observed, now: datetime, runtime_image: str = DEFAULT_RUNTIME_IMAGE,
-         pod_policy: PodPolicy = STRICT, node_failure_conditions: frozenset[str] = DEFAULT_NODE_FAILURE_CONDITIONS) -> Plan:
+         pod_policy: PodPolicy = STRICT, node_failure_conditions: frozenset[str] = DEFAULT_NODE_FAILURE_CONDITIONS,
+         isolation: Isolation | None = None) -> Plan:
     """A raw job object (a file, a test) read with ``receive``, then ``plan_received``."""
-    return plan_received(receive(raw), observed, now, runtime_image, pod_policy, node_failure_conditions)
+    return plan_received(receive(raw), observed, now, runtime_image, pod_policy, node_failure_conditions, isolation)
 
 
 def plan_received(received: Received, observed: Observed, now: datetime, runtime_image: str = DEFAULT_RUNTIME_IMAGE,
                   pod_policy: PodPolicy = STRICT,
-                  node_failure_conditions: frozenset[str] = DEFAULT_NODE_FAILURE_CONDITIONS) -> Plan:
+                  node_failure_conditions: frozenset[str] = DEFAULT_NODE_FAILURE_CONDITIONS,
+                  isolation: Isolation | None = None) -> Plan:
     """``runtime_image``: the operator's setting of that name (``manifests.runtime_bundle``);
     ``pod_policy``: what a ``podTemplate`` may ask (``podpolicy.py``);
     ``node_failure_conditions``: node condition types that mean a failure
-    (``policies/node_health.py``). ``received`` is left as it is: the new status is built
-    from a copy of its status."""
+    (``policies/node_health.py``); ``isolation``: the peers of the job's NetworkPolicy
+    (``isolation.py``), None for none. ``received`` is left as it is: the new status is
+    built from a copy of its status."""
     status = received.status.model_copy(deep=True)
     if received.deleting:
         return Plan([], [], status.to_wire(), None)
@@ -123,7 +127,7 @@ def plan_received(received: Received, observed: Observed, now: datetime, runtime
         validity.mark_invalid(ledger, Reason.INVALID_SPEC, "; ".join(str(e) for e in errors), received.generation)
         return _done(ledger)
     ctx = Pass(job=received.job, observed=observed, now=now, status=status, runtime_image=runtime_image, pod_policy=pod_policy,
-               node_failure_conditions=node_failure_conditions)
+               node_failure_conditions=node_failure_conditions, isolation=isolation)
     account_time(ctx)
     _policies(ctx)
     progress.show(ctx)  # after every policy that moves the step or ends the job

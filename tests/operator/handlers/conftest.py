@@ -26,6 +26,9 @@ def api(kmock: kmock_lib.KubernetesEmulator) -> kmock_lib.KubernetesEmulator:
         "shortnames": ["crd"], "categories": [], "subresources": []}
     kmock.resources[JOBS] = {"namespaced": True, "kind": "LLMTrainJob", "singular": "llmtrainjob", "verbs": VERBS,
                              "shortnames": ["ltj"], "categories": ["llmtrain"], "subresources": ["status"]}
+    kmock.resources["networking.k8s.io/v1/networkpolicies"] = {
+        "namespaced": True, "kind": "NetworkPolicy", "singular": "networkpolicy", "verbs": VERBS, "shortnames": ["netpol"],
+        "categories": [], "subresources": []}
     return kmock
 
 

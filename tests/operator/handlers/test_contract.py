@@ -550,3 +550,61 @@ async def test_a_forbidden_pod_group_read_is_in_the_status_not_a_crash(api, k8s)
     assert ("Pod", "tiny-elastic-worker-0") not in result.created, "the workers wait"
     refused = next(c for c in stored_job(api)["status"]["conditions"] if c["type"] == "PodGroupReady")
     assert refused["reason"] == "ReadRefused" and 'User "op" cannot get' in refused["message"]
+
+
+ISOLATED = OperatorSettings(probes_enabled=False, network_policy=True,
+                            network_policy_operator_pods="app.kubernetes.io/name=llmtrain-operator")
+POLICIES = "/apis/networking.k8s.io/v1/namespaces/ml/networkpolicies"
+
+
+async def test_with_isolation_the_policy_is_created_first_and_the_pods_in_the_pass_that_sees_it(api, k8s, monkeypatch):
+    monkeypatch.setenv("POD_NAMESPACE", "llmtrain-system")
+    put_job(api, job())
+    before = len(api)
+    first = await one_pass(api, k8s, settings=ISOLATED)
+    calls = writes(requests_since(api, before))
+    assert ("POST", POLICIES) in calls and not [c for c in calls if c[1].endswith("/pods")], calls
+    policy = api.objects["networking.k8s.io/v1/networkpolicies", NS, "tiny-elastic-isolation"].raw
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert policy["spec"]["ingress"][1]["from"][0]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "llmtrain-system"}}
+    assert first.plan.requeue_after is not None
+    creates = [r for r in list(api)[before:] if r.url.path == POLICIES and str(r.method).endswith("POST")]
+    assert creates and all(r.url.query.get("fieldValidation") == "Strict" for r in creates)
+    before = len(api)
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=1), settings=ISOLATED)
+    calls = writes(requests_since(api, before))
+    assert calls.count(("POST", "/api/v1/namespaces/ml/pods")) == 3, calls
+    assert ("POST", POLICIES) not in calls, "a seen policy is not created again"
+
+
+async def test_a_planted_policy_of_the_jobs_name_is_refused_and_no_pod_starts_open(api, k8s, monkeypatch):
+    """A NetworkPolicy of the job's name that the job does not own (one that lets everyone
+    in, say) is never taken for the job's: the create is refused by name and the job's pods
+    wait for their own policy."""
+    monkeypatch.setenv("POD_NAMESPACE", "llmtrain-system")
+    api.objects["networking.k8s.io/v1/networkpolicies", NS, "tiny-elastic-isolation"] = {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "tiny-elastic-isolation", "namespace": NS, "labels": {"llmtrain.io/job": NAME}},
+        "spec": {"podSelector": {}, "ingress": [{}]}}
+    put_job(api, job())
+    await one_pass(api, k8s, settings=ISOLATED)
+    refused = reconcile_module._REFUSALS[NS, NAME].refused
+    assert [(r.action.kind, r.action.name) for r in refused] == [("NetworkPolicy", "tiny-elastic-isolation")]
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=1), settings=ISOLATED)
+    assert not [k for k in api.objects if k[0] == "v1/pods"], "no pod of the job was created"
+    failure = next(c for c in stored_job(api)["status"]["conditions"] if c["type"] == "ReplicaFailure")
+    assert "NetworkPolicy tiny-elastic-isolation exists and is not this job's" in failure["message"], failure
+
+
+def test_a_bad_isolation_setting_is_an_error_naming_it_and_off_is_none():
+    from llmtrain_operator.handlers.reconcile import isolation_of
+    from llmtrain_operator.planner.isolation import IsolationError
+
+    assert isolation_of(SETTINGS, {}) is None
+    with pytest.raises(IsolationError, match="is not a namespace name"):
+        isolation_of(ISOLATED, {})  # no POD_NAMESPACE
+    with pytest.raises(IsolationError, match="'nope' is not a label key=value"):
+        isolation_of(OperatorSettings(network_policy=True, network_policy_operator_pods="nope"), {"POD_NAMESPACE": "ops"})
+    made = isolation_of(ISOLATED, {"POD_NAMESPACE": "ops"})
+    assert made is not None and made.operator_namespace == "ops"

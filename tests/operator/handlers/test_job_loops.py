@@ -195,7 +195,7 @@ def test_a_created_child_counts_as_seen_only_once_the_watch_shows_it_owned_by_th
 
     indexes = {"pods_by_job": {("ns", "a"): [pod("a-worker-0", "node-1", "u-old")]}, "nodes_by_name": {},
                "services_by_job": {("ns", "a"): [{"metadata": {"name": "a-workers", "ownerReferences": [{"uid": "u-1"}]}}]},
-               "configmaps_by_job": {}}
+               "configmaps_by_job": {}, "networkpolicies_by_job": {}}
     monkeypatch.setattr(handlers, "LOOPS", Loops())
     monkeypatch.setattr(handlers, "_INDEXES", indexes)
     assert handlers._visible(("ns", "a"), "t", (("Service", "a-workers"),))

@@ -1,5 +1,6 @@
-"""Children: services, the rendered config, the rendezvous store, and one worker pod per
-slot (created when missing, removed on scale-down or when of an older generation)."""
+"""Children: services, the job's NetworkPolicy (when the operator makes them), the rendered
+config, the rendezvous store, and one worker pod per slot (created when missing, removed
+on scale-down or when of an older generation)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,20 @@ from ..quarantine import active_quarantine
 from ..queue import Admission, place
 
 
+POLICY_SEEN_SECONDS = 1.0
+"""The latest the next pass comes after a job's NetworkPolicy is created, should the
+policy's own watch event (which wakes the job at once) be late."""
+
+
 def handle(ctx: Pass, admission: Admission, gate: GangGate) -> Verdict:
     """``admission``: the queue's decision (the pods' placement); ``gate``: the gang's
     (whether worker pods may be created now)."""
     report_refusals(ctx)
     held = creates_held(ctx)
+    isolated = False
     if not held:
-        ensure_infrastructure(ctx, admission)
-    reconcile_workers(ctx, admission, may_create=not held and gate.workers_held is None)
+        isolated = ensure_infrastructure(ctx, admission)
+    reconcile_workers(ctx, admission, may_create=not held and isolated and gate.workers_held is None)
     return Verdict.CONTINUE
 
 
@@ -52,13 +59,26 @@ def creates_held(ctx: Pass) -> bool:
     return True
 
 
-def ensure_infrastructure(ctx: Pass, admission: Admission) -> None:
+def ensure_infrastructure(ctx: Pass, admission: Admission) -> bool:
+    """Creates what is missing of the job's Services, NetworkPolicy, config and store;
+    whether the job's pods may be created now: not while its NetworkPolicy (when the
+    operator makes one) is still to be seen, since a pod that started first would be open
+    to every pod of the cluster until then. The policy's own watch event brings the next
+    pass; a refused create is reported like any other (``report_refusals``)."""
     job = ctx.job
     created = []
     for manifest in (manifests.workers_service(job), manifests.store_service(job)):
         if manifest["metadata"]["name"] not in ctx.observed.services:
             ctx.actions.append(CreateObject(manifest))
             created.append(f"Service {manifest['metadata']['name']}")
+    isolated = True
+    if ctx.isolation is not None:
+        policy = manifests.network_policy(job, ctx.isolation)
+        if policy["metadata"]["name"] not in ctx.observed.network_policies:
+            ctx.actions.append(CreateObject(policy))
+            created.append(f"NetworkPolicy {policy['metadata']['name']}")
+            isolated = False
+            ctx.after(POLICY_SEEN_SECONDS)  # the pass after this one's writes are seen creates the pods
     cadence = ctx.status.checkpoint_cadence
     cm = manifests.config_map(job, cadence.history if cadence is not None else None)
     if cm is not None:
@@ -77,13 +97,15 @@ def ensure_infrastructure(ctx: Pass, admission: Admission) -> None:
             ctx.decide(CadenceShared(int(annotations.get(CADENCE_ANNOTATION, "0"))))
     store = ctx.observed.store()
     if store is None:
-        ctx.actions.append(CreateObject(place(manifests.store_pod(job, ctx.runtime_image), admission)))
-        created.append(f"Pod {names.store_pod(job.metadata.name)} (rendezvous store)")
+        if isolated:  # else the next pass, once the policy is seen
+            ctx.actions.append(CreateObject(place(manifests.store_pod(job, ctx.runtime_image), admission)))
+            created.append(f"Pod {names.store_pod(job.metadata.name)} (rendezvous store)")
     elif store.terminated:
         ctx.actions.append(DeletePod(store.name))
         ctx.event(Reason.STORE_RESTARTED, f"the rendezvous store pod {store.name} ended ({store.phase}); recreating it", warning=True)
     if created:
         ctx.event(Reason.CREATED, "created " + ", ".join(created))
+    return isolated
 
 
 def reconcile_workers(ctx: Pass, admission: Admission, may_create: bool = True) -> None:
