@@ -386,6 +386,10 @@ class TrainerConfig(TrainSpec):
     """The file the trainer reads (``--config``): the train spec plus runtime settings."""
 
     job_name: str = "local"
+    job_uid: str = Field("", max_length=128)
+    """The job's uid (the operator renders it; a local run's id): recorded as each
+    checkpoint's owner. Not part of ``config_hash``: a job re-created under the same name
+    resumes from its predecessor's steps."""
     run_dir: str = "/tmp/llmtrain"
     """Scratch directory for per-rank status files (exit records, progress)."""
     checkpoint: CheckpointRuntime = Field(default_factory=CheckpointRuntime)

@@ -8,7 +8,8 @@ Layout of one tier::
         COMMITTED                   the manifest's hash; written last
         state.llmt | ds/...         engine files (or, in a job-wide tier, their slices)
         rng/rank-00000.llmt         per-rank RNG states
-    <root>/.staging-00000120/       being written; ignored by readers, swept on start
+    <root>/.staging-00000120.<owner>/   being written (keyed by the writer's owner
+                                    token, ``owner.py``); ignored by readers, swept on start
         parts/rank-00000.json       one writer's files, written when that writer is done
     <root>/.pins/step-00000120.rank-00001   a reader (an upload to a slower tier) holds
                                     that step: retention leaves it until it is done
@@ -18,6 +19,9 @@ staging folder; each announces its files with a part record; a single committer 
 for every expected part, writes the manifest and COMMITTED, and renames the folder. A
 reader trusts a folder only if COMMITTED matches the manifest; and it reads a file only
 after the file's name passed the manifest checks and its bytes matched their hash.
+
+A root may hold steps of other runs (a re-created job, a shared subPath): retention,
+room-making and sweeping touch only the steps of ``scope``'s lineage (``owner.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from . import manifest as mf
 from .fileio import HASH, Hasher, fsync_dir, fsync_file, hash_file, iter_file
 from .sources import Source, iter_range
 from .health import absent
+from .owner import Scope, mine, my_token
 from .tier import (CheckpointError, Committed, StepUnreadable, allocate, digest_bytes, finish_fetch, merge_parts, new_manifest,
                    wait_for_parts, write_json_durably)
 
@@ -66,6 +71,9 @@ class DirTier:
     keep: int = 2
     interval_steps: int = 0
     """Least number of steps between two checkpoints in this tier (0: every one)."""
+    scope: Scope | None = None
+    """The run writing this tier (set once its restore is agreed): clean-up touches only
+    its lineage's steps. None (a tool acting by hand): every step."""
     _verified: dict[tuple[int, tuple[str, ...]], str | None] = field(default_factory=dict, repr=False)
 
     kind = "dir"
@@ -83,7 +91,7 @@ class DirTier:
     def staging_path(self, step: int) -> Path:
         """Where ``step`` is staged, without creating it (a cleanup on a read-only or full
         filesystem must not fail the way the write did)."""
-        return self.root / mf.staging_dir(step)
+        return self.root / mf.staging_dir(step, self.scope.token if self.scope else None)
 
     def final(self, step: int) -> Path:
         return self.root / mf.step_dir(step)
@@ -138,19 +146,22 @@ class DirTier:
     def retain(self, keep: int | None = None) -> list[int]:
         """Delete committed checkpoints beyond ``keep`` (default: the tier's), oldest
         first, except those a reader has pinned (they go on a later call). Returns the
-        steps deleted. Staging folders of steps older than the newest commit are swept too."""
+        steps deleted. Staging folders of steps older than the newest commit are swept too.
+        Only ``scope``'s steps and staging folders count or go."""
         try:
-            steps = sorted(c.step for c in self.list())
+            listed = self.list()
         except StepUnreadable as err:  # counted among the readable steps only, never deleted
             log.warning("%s: retention keeps it and counts the readable steps", err)
-            steps = sorted(c.step for c in err.listed)
+            listed = err.listed
+        steps = sorted(c.step for c in listed if mine(self.scope, c.manifest))
         excess = steps[: max(0, len(steps) - (self.keep if keep is None else keep))]
         doomed = [step for step in excess if not self._pinned(step)]
         for step in doomed:
             self.delete(step)
         if steps:
             for stale in self.root.glob(mf.STAGING_PREFIX + "*"):
-                if int(stale.name.split("-")[1]) < steps[-1]:
+                staged = mf.staged(stale.name)
+                if staged is not None and staged[0] < steps[-1] and my_token(self.scope, staged[1]):
                     shutil.rmtree(stale, ignore_errors=True)
         return doomed
 
@@ -159,14 +170,15 @@ class DirTier:
         less free space, delete committed checkpoints older than the newest one (oldest
         first) until it fits. A tier that cannot hold ``keep`` + 1 checkpoints keeps
         fewer, instead of failing every later checkpoint; the newest committed one is
-        never deleted for room. Returns the steps deleted."""
+        never deleted for room, nor another run's step (``scope``). Returns the steps
+        deleted."""
         deleted: list[int] = []
         while shutil.disk_usage(self.root).free < need:
             try:
                 listed = self.list()
             except StepUnreadable as err:  # room is made from the readable steps only
                 listed = err.listed
-            older = sorted(c.step for c in listed)[:-1]
+            older = sorted(c.step for c in listed if mine(self.scope, c.manifest))[:-1]
             older = [s for s in older if not self._pinned(s)]
             if not older:
                 break
@@ -186,9 +198,12 @@ class DirTier:
 
     def sweep_staging(self) -> None:
         """Remove staging and half-deleted folders left by a crash. Called before the
-        first save."""
-        for stale in [*self.root.glob(mf.STAGING_PREFIX + "*"), *self.root.glob(DELETING_PREFIX + "*")]:
-            shutil.rmtree(stale, ignore_errors=True)
+        first save. Another run's staging folders stay (it may be writing them); a
+        half-deleted folder is out of every listing, whoever began deleting it."""
+        stale = [p for p in self.root.glob(mf.STAGING_PREFIX + "*")
+                 if (staged := mf.staged(p.name)) is not None and my_token(self.scope, staged[1])]
+        for folder in [*stale, *self.root.glob(DELETING_PREFIX + "*")]:
+            shutil.rmtree(folder, ignore_errors=True)
 
     # ------------------------------------------------------------------ pins
 

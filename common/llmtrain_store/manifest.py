@@ -72,8 +72,19 @@ def step_dir(step: int) -> str:
     return f"{STEP_PREFIX}{step:08d}"
 
 
-def staging_dir(step: int) -> str:
-    return f"{STAGING_PREFIX}{step:08d}"
+def staging_dir(step: int, owner_token: str | None = None) -> str:
+    """The staging folder of ``step``, keyed by its writer's owner token (``owner.py``)
+    so that two runs writing one step number never fill one folder."""
+    return f"{STAGING_PREFIX}{step:08d}" + (f".{owner_token}" if owner_token else "")
+
+
+def staged(name: str) -> tuple[int, str | None] | None:
+    """(step, owner token or None) of a staging folder's name; None for any other name."""
+    tail = name[len(STAGING_PREFIX):] if name.startswith(STAGING_PREFIX) else ""
+    number, _, key = tail.partition(".")
+    if not (number.isascii() and number.isdigit()) or (key and not (key.isascii() and key.isalnum())):
+        return None
+    return int(number), key or None
 
 
 def slice_name(name: str, index: int, count: int) -> str:

@@ -10,6 +10,7 @@ read for upload (before it leaves) and after it is downloaded (before it is used
 Layout under ``s3://bucket/prefix/``, as in a directory tier, except that S3 has no
 rename: objects go straight under ``step-<n>/``, and ``COMMITTED`` (the manifest's hash),
 written last, is what makes a step exist for readers. Steps without it are swept.
+Part records go under ``step-<n>/parts/<owner token>/`` (``owner.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from . import manifest as mf
 from .fileio import Hasher, hash_file
 from .sources import Source, iter_range
 from .health import absent
+from .owner import Scope, mine, my_token
 from .tier import (CheckpointError, Committed, StepUnreadable, allocate, digest_bytes, finish_fetch, merge_parts, new_manifest,
                    wait_for_parts)
 
@@ -167,6 +169,9 @@ class S3Tier:
     connect_timeout: float = 5
     attempts: int = 6
     """Tries of one request (botocore's standard retry mode: exponential backoff)."""
+    scope: Scope | None = None
+    """The run writing this tier (set once its restore is agreed): retention touches only
+    its lineage's steps (``owner.py``). None (a tool acting by hand): every step."""
     _client: Any = field(default=None, repr=False)
 
     kind = "s3"
@@ -246,22 +251,28 @@ class S3Tier:
             self.client().delete_object(Bucket=self.bucket, Key=self.key(step, name))
             raise CheckpointError(f"{self.name} tier: {name} of step {step} read back from disk does not match its hash")
 
+    def _parts(self, step: int) -> str:
+        """Where ``step``'s part records go: under the writer's owner token, so that two
+        runs writing one step number never count each other's parts."""
+        return self.key(step, f"parts/{self.scope.token}/" if self.scope else "parts/")
+
     def write_part(self, step: int, writer: int, part: dict[str, Any]) -> None:
-        self._put(self.key(step, f"parts/rank-{writer:05d}.json"), json.dumps(part, sort_keys=True).encode())
+        self._put(f"{self._parts(step)}rank-{writer:05d}.json", json.dumps(part, sort_keys=True).encode())
 
     def commit(self, step: int, meta: dict[str, Any], expected: set[int], ranks: set[int], timeout: float,
                heartbeat: Callable[[], None] = lambda: None) -> Committed:
-        parts_prefix = self.key(step, "parts/")
+        parts_prefix = self._parts(step)
         wait_for_parts(self.name, step, expected,
-                       lambda: {int(k.rsplit("-", 1)[1].split(".")[0]) for k in self._objects(parts_prefix)},
+                       lambda: {int(k[len(parts_prefix) + 5:-5]) for k in self._objects(parts_prefix)
+                                if k[len(parts_prefix):].startswith("rank-") and k[len(parts_prefix) + 5:-5].isdigit()},
                        timeout, heartbeat, poll=0.5)
-        parts = [json.loads(self._get(self.key(step, f"parts/rank-{w:05d}.json"))) for w in sorted(expected)]
+        parts = [json.loads(self._get(f"{parts_prefix}rank-{w:05d}.json")) for w in sorted(expected)]
         manifest = new_manifest(step, meta, ranks, merge_parts(parts))
         text = json.dumps(manifest, indent=1, sort_keys=True).encode()
         self._put(self.key(step, mf.MANIFEST), text)
         self._put(self.key(step, mf.COMMITTED), (digest_bytes(text) + "\n").encode())
         try:  # the manifest holds what the part records said; they are clutter now
-            self._delete_keys([self.key(step, f"parts/rank-{w:05d}.json") for w in sorted(expected)])
+            self._delete_keys([f"{parts_prefix}rank-{w:05d}.json" for w in sorted(expected)])
         except Exception as err:  # noqa: BLE001 - the step is committed; leftovers are harmless
             log.debug("step %d: part records not removed (%s)", step, type(err).__name__)
         return Committed(self, step, self.key(step), manifest)
@@ -278,19 +289,32 @@ class S3Tier:
 
     def retain(self) -> list[int]:
         """Delete committed steps beyond ``keep`` (oldest first), and uncommitted steps
-        older than the newest committed one (abandoned uploads)."""
+        older than the newest committed one (abandoned uploads). Only ``scope``'s steps
+        count or go: another run's committed steps, and uploads holding another run's
+        part records, stay."""
         untouchable: set[int | None] = set()
         try:
-            committed = sorted(c.step for c in self.list())
+            listed = self.list()
         except StepUnreadable as err:  # counted among the readable steps only, never deleted
             log.warning("%s: retention keeps it and counts the readable steps", err)
-            committed, untouchable = sorted(c.step for c in err.listed), set(err.steps)
+            listed, untouchable = err.listed, set(err.steps)
+        committed = sorted(c.step for c in listed if mine(self.scope, c.manifest))
+        untouchable |= {c.step for c in listed}
         doomed = committed[: max(0, len(committed) - self.keep)]
         if committed:
-            doomed += [s for s in self._steps() if s < committed[-1] and s not in committed and s not in untouchable]
+            doomed += [s for s in self._steps() if s < committed[-1] and s not in untouchable and self._abandoned_mine(s)]
         for step in doomed:
             self.delete(step)
         return sorted(set(doomed))
+
+    def _abandoned_mine(self, step: int) -> bool:
+        """An uncommitted step holds no part record of another run (whose upload it may be)."""
+        prefix = self.key(step, "parts/")
+        for key in self._objects(prefix):
+            head = key[len(prefix):].split("/", 1)
+            if len(head) == 2 and not my_token(self.scope, head[0]):
+                return False
+        return True
 
     def sweep_staging(self) -> None:
         """Nothing to do at start: an unfinished step has no COMMITTED and is swept by

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from . import manifest as mf
 from .fileio import HASH, Hasher, fsync_file
+from .owner import Scope
 from .sources import Source
 
 log = logging.getLogger("llmtrain.checkpoint")
@@ -37,6 +38,8 @@ class Tier(Protocol):
     """How many committed steps it keeps."""
     interval_steps: int
     """Least number of steps between two checkpoints in this tier (0: every one)."""
+    scope: Scope | None
+    """The run writing the tier: clean-up touches only its lineage's steps (``owner.py``)."""
 
     @property
     def kind(self) -> str:

@@ -45,9 +45,11 @@ def pieces_of(data: bytes, piece: int = mf.PIECE) -> list[tuple[int, int, str]]:
     return hasher.finish()
 
 
-def save_shared(tier: Any, step: int, state: bytes, nodes: int, piece: int = mf.PIECE, rng: bytes = b"rng") -> Any:
+def save_shared(tier: Any, step: int, state: bytes, nodes: int, piece: int = mf.PIECE, rng: bytes = b"rng",
+                meta: dict[str, Any] | None = None) -> Any:
     """``nodes`` writers, each storing its share of the replicated ``state.llmt`` and its
-    own RNG file, then rank 0's commit: what the propagators of a job do."""
+    own RNG file, then rank 0's commit (``meta`` added to its manifest): what the
+    propagators of a job do."""
     pieces = pieces_of(state, piece)
     runs = shares.split(pieces, nodes)
     for node in range(nodes):
@@ -62,7 +64,8 @@ def save_shared(tier: Any, step: int, state: bytes, nodes: int, piece: int = mf.
         part["files"][name] = file_record(name, len(rng) + 1, rng_pieces)
         tier.write_part(step, node, part)
     ranks = set(range(nodes))
-    return tier.commit(step, {**META, "world_size": nodes, "samples_consumed": step * 8}, ranks, ranks, timeout=10)
+    return tier.commit(step, {**META, **(meta or {}), "world_size": nodes, "samples_consumed": step * 8}, ranks, ranks,
+                       timeout=10)
 
 
 def flip_byte(path: Path, offset: int | None = None) -> None:

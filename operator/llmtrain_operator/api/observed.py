@@ -530,6 +530,9 @@ class Observed:
     and ignored, each named (``probe.parse``): reported once as an Event."""
     missing: tuple[str, ...] = ()
     """Referenced objects that do not exist, e.g. ``Secret s3-creds``, ``PersistentVolumeClaim ckpt``."""
+    tier_conflicts: tuple[str, ...] = ()
+    """Checkpoint tiers the job shares with an older live job, each naming it
+    (``planner/tierclaims.py``)."""
     refused: tuple[str, ...] = ()
     """Creates the API server refused in the previous pass, with its words, e.g. ``create
     Pod x: pods "x" is forbidden: exceeded quota: gpu, requested: ...``."""

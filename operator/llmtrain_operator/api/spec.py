@@ -162,7 +162,9 @@ class SharedTierSpec(CamelModel):
     """Name of the PersistentVolumeClaim, in the job's namespace. Required."""
 
     sub_path: str | None = None
-    """Folder inside the volume. Default: ``<namespace>/<job name>``."""
+    """Folder inside the volume. Default: ``<namespace>/<job name>``. A job given the
+    folder of an older live job is ``Invalid`` (reason ``TierConflict``) until that job
+    is gone: two jobs writing one tier overwrite each other's steps."""
 
     interval_steps: int | None = Field(None, ge=1)
     """Least steps between two checkpoints kept in this tier: it stores the first
@@ -195,7 +197,9 @@ class S3TierSpec(CamelModel):
     """Bucket name (S3 naming rules). Required."""
 
     prefix: str | None = None
-    """Key prefix. Default: ``llmtrain/<namespace>/<job name>``."""
+    """Key prefix. Default: ``llmtrain/<namespace>/<job name>``. A job given the bucket
+    and prefix of an older live job (any namespace) is ``Invalid`` (reason
+    ``TierConflict``) until that job is gone."""
 
     endpoint: str | None = Field(None, pattern=r"^https?://")
     """Endpoint URL for S3-compatible stores (MinIO, Ceph ...). Default: AWS."""

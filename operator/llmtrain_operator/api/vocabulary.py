@@ -135,6 +135,8 @@ class Reason(StrEnum):
     MISSING_DEPENDENCY = "MissingDependency"
     CONTAINER_CONFIG_ERROR = "ContainerConfigError"
     POD_TEMPLATE_REFUSED = "PodTemplateRefused"
+    TIER_CONFLICT = "TierConflict"
+    """A checkpoint tier (subPath, S3 prefix) is also an older live job's."""
     SPEC_VALID = "SpecValid"
     # condition reasons
     CHILDREN_CREATED = "ChildrenCreated"

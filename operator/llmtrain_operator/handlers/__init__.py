@@ -213,13 +213,15 @@ def networkpolicies_by_job(namespace: str | None, labels: Mapping[str, str], bod
 
 
 def _indexed(key: Key, nodes: bool = True) -> Children:
-    """What the indexes hold under the job's label (the pass keeps what the job owns)."""
+    """What the indexes hold under the job's label (the pass keeps what the job owns);
+    with ``nodes``, for a pass, also every node and every job body watched."""
     return Children(
         pods=list(_INDEXES["pods_by_job"].get(key, [])),
         nodes=[n for store in _INDEXES["nodes_by_name"].values() for n in store] if nodes else [],
         services=list(_INDEXES["services_by_job"].get(key, [])),
         configmaps=list(_INDEXES["configmaps_by_job"].get(key, [])),
         network_policies=list(_INDEXES["networkpolicies_by_job"].get(key, [])),
+        jobs=list(LOOPS.bodies().values()) if nodes else [],
         body=LOOPS.body(key),
     )
 

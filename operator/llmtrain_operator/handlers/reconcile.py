@@ -36,6 +36,7 @@ from ..k8s.patches import merge_patch
 from ..planner import Plan, plan_received, podgroup, queue
 from ..planner.isolation import Isolation
 from ..planner.podpolicy import PodPolicy
+from ..planner.tierclaims import conflicts as tier_conflicts
 from ..probe import AsyncProber, LauncherReport, combine, memory_of, peer_waits_of, trainer_url
 from ..settings import OperatorSettings
 from ..silence import Silences
@@ -100,6 +101,8 @@ class Children:
     """Whole objects or their slim copies (``slim_pod``, ``slim_child``): only the metadata
     (and a pod's node and status) is read."""
     network_policies: list[dict[str, Any]] = field(default_factory=list)
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    """Every job body the source sees (the watch's), to find two on one checkpoint tier."""
     body: dict[str, Any] | None = None
     """The newest job body, where the source has one (the watch-fed loops): a pass that
     waited for its slot plans from it."""
@@ -356,6 +359,7 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
             body, received = children.body, receive(children.body)
         observed = children.owned_by(job_uid(body)).observed(probes=probes, launcher_attempts=attempts, launcher_memory=memory,
                                                                  peer_waits=peer_waits, silent=silent, rejected_values=rejected,
+                                                                 tier_conflicts=tier_conflicts(body, children.jobs),
                                                                  **refused_before(ns, name))
         try:
             return await _decide_and_write(k8s, body, received, settings, now or datetime.now(UTC), started + waited,

@@ -51,6 +51,7 @@ def trainer_config(job: LLMTrainJob, paths: dict[str, str] | None = None, run_di
     wire = {
         **spec.trainer.builtin.to_wire(),
         "jobName": job.metadata.name,
+        "jobUid": job.metadata.uid or "",
         "runDir": run_dir,
         "checkpoint": {
             **cadence,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import importlib
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -482,6 +483,36 @@ async def test_a_missing_secret_is_read_once_and_reported(api, k8s):
     assert ("GET", "/api/v1/namespaces/ml/secrets/s3-creds") in calls
     assert not [c for c in calls if c[0] == "POST" and c[1].endswith("/pods")]
     assert "Secret s3-creds" in next(c for c in stored_job(api)["status"]["conditions"] if c["type"] == "Invalid")["message"]
+
+
+async def test_a_job_on_an_older_live_jobs_s3_prefix_is_refused_naming_it_and_starts_once_it_is_gone(api, k8s):
+    s3 = {"bucket": "ckpts", "prefix": "team/run", "credentialsSecret": {"name": "s3-creds"}}
+    api.objects["v1/secrets", NS, "s3-creds"] = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-creds"}}
+    put_job(api, job({"spec.checkpoint.s3": s3}))
+    older = job({"spec.checkpoint.s3": s3})
+    older["metadata"].update(name="first", namespace="other-team", uid="uid-first", creationTimestamp=ago(3600))
+    listing = listing_source(k8s)
+
+    def watched(jobs):
+        async def source(namespace: str, name: str) -> Children:
+            children = await listing(namespace, name)
+            return replace(children, jobs=[*jobs, stored_job(api)])
+        return source
+
+    before = len(api)
+    await one_pass(api, k8s, source=watched([older]))
+    calls = requests_since(api, before)
+    assert not [c for c in writes(calls) if c[0] == "POST" and not c[1].endswith("/events")], writes(calls)
+    status = stored_job(api)["status"]
+    invalid = next(c for c in status["conditions"] if c["type"] == "Invalid")
+    assert status["phase"] == "Invalid" and invalid["reason"] == "TierConflict"
+    assert "s3://ckpts/team/run is also used by job other-team/first" in invalid["message"]
+    events = [e for e in api.objects if e[0] == "v1/events"]
+    assert any(api.objects[e].raw.get("reason") == "TierConflict" for e in events)
+    # The older job finished: the tier is free, and this one starts.
+    before = len(api)
+    await one_pass(api, k8s, source=watched([{**older, "status": {"phase": "Succeeded"}}]))
+    assert ("POST", "/api/v1/namespaces/ml/pods") in writes(requests_since(api, before)), stored_job(api)["status"]
 
 
 async def test_without_secret_checks_no_secret_is_read_and_the_pods_are_created(api, k8s):

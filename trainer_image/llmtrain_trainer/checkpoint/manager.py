@@ -37,6 +37,7 @@ from llmtrain_store import manifest as mf
 from llmtrain_store.directory import DirTier
 from llmtrain_store.fileio import PieceHasher
 from llmtrain_store.health import Degraded
+from llmtrain_store.owner import Scope, adopted
 from llmtrain_store.sources import MemorySource, Source
 from llmtrain_store.tier import CheckpointError, Tier, file_record
 
@@ -133,9 +134,16 @@ class CheckpointManager:
     def read_rng(self, step: int, name: str, first: Path | None) -> RngState | None:
         return self._rng.read(step, name, first)
 
-    def prepare(self, barrier: Callable[[], None], restored_step: int) -> None:
-        """Sweep what a crash left behind, before anybody writes again, and start the
-        slower tiers' threads (their cadence counts from ``restored_step``)."""
+    def prepare(self, barrier: Callable[[], None], restored_step: int, lineage: list[str]) -> None:
+        """Adopt the restored step's ``lineage`` (every manifest written from now on
+        records it; clean-up touches only its steps), sweep what a crash left behind,
+        before anybody writes again, and start the slower tiers' threads (their cadence
+        counts from ``restored_step``)."""
+        owner = str(self.meta.setdefault("owner", "local"))
+        scope = Scope.of(owner, lineage)
+        self.meta["lineage"] = adopted(owner, lineage)
+        for tier in self.tiers:
+            tier.scope = scope
         if self.info.is_node_leader:
             try:
                 self.local.root.mkdir(parents=True, exist_ok=True)

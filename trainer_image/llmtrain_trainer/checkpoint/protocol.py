@@ -53,8 +53,12 @@ class Choice:
     rank 0 lands on."""
     saved_max_steps: int | None = None
     names: list[str] = field(default_factory=list)
-    data: dict | None = None
     """The files this rank loads (verified during the agreement)."""
+    data: dict | None = None
+    """The data position the step recorded (None: none)."""
+    lineage: list[str] = field(default_factory=list)
+    """The owners whose history the step continues: this run adopts them
+    (``llmtrain_store.owner``)."""
 
 
 def manifest_files(folder: Path, allowed: re.Pattern[str]) -> dict[str, mf.FileEntry]:
@@ -156,8 +160,10 @@ class Checkpoints(Protocol):
         """This rank's saved RNG state of ``step``, verified; None when no copy verifies."""
         ...
 
-    def prepare(self, barrier: Callable[[], None], restored_step: int) -> None:
-        """Sweep what a crash left behind and start the slower tiers' work."""
+    def prepare(self, barrier: Callable[[], None], restored_step: int, lineage: list[str]) -> None:
+        """Adopt the restored step's ``lineage`` (empty for a fresh start: clean-up then
+        touches only this run's steps), sweep what a crash left behind and start the
+        slower tiers' work."""
         ...
 
     # -------------------------------------------------------------- save

@@ -36,6 +36,7 @@ from collections.abc import Callable
 
 from llmtrain_store import manifest as mf
 from llmtrain_store.health import classify
+from llmtrain_store.owner import lineage_of
 from llmtrain_store.tier import StepUnreadable
 
 from llmtrain_trainer.checkpoint.protocol import Choice, Mode
@@ -61,6 +62,8 @@ class Candidate:
     """``maxSteps`` of the run that saved it (None: not recorded)."""
     data: dict | None = field(default=None, hash=False, compare=False)
     """The data position it recorded: skipped windows, rollbacks (None: none)."""
+    lineage: tuple[str, ...] = ()
+    """The owners whose history it continues (``llmtrain_store.owner``)."""
 
 
 class TierUnavailable(Exception):
@@ -145,6 +148,7 @@ def listing_of(tiers: list[Any], config_hash: str, strategy: str, allowed: re.Pa
             out.setdefault(c.step, []).append({
                 "tier": tier.name, "index": index, "location": c.location, "world": world, "ranks": ranks,
                 "samples": samples, "max_steps": man.get("max_steps"), "data": man.get("data"),
+                "lineage": tuple(lineage_of(man)),
             })
     return out, found, unlisted
 
@@ -158,23 +162,25 @@ def candidates(listings: list[Listing], world: int, sharded: bool) -> list[Candi
         copies = [listing.get(step, []) for listing in listings]
         first = next(c[0] for c in copies if c)
         samples, saved_world, saved_max, data = first["samples"], first["world"], first.get("max_steps"), first.get("data")
+        lineage = first.get("lineage", ())
         if not sharded:
             holders = [r for r, c in enumerate(copies) if c]
             if len(holders) == len(copies):
-                out.append(Candidate(step, "local", samples, saved_world, saved_max_steps=saved_max, data=data))
+                out.append(Candidate(step, "local", samples, saved_world, saved_max_steps=saved_max, data=data, lineage=lineage))
             # The source should read from its fastest copy: prefer a rank holding it in tier 1.
             # Every holder is a candidate source, so that one bad copy (which fails its
             # source's check) falls back to another rank's copy of the same step, not to
             # an older step.
             for source in sorted(holders, key=lambda r: (copies[r][0]["index"], r)):
                 out.append(Candidate(step, "broadcast", samples, saved_world, source_rank=source, saved_max_steps=saved_max,
-                                     data=data))
+                                     data=data, lineage=lineage))
             continue
         if saved_world == world and all(any(r in c["ranks"] for c in cs) for r, cs in enumerate(copies)):
-            out.append(Candidate(step, "local", samples, saved_world, saved_max_steps=saved_max, data=data))
+            out.append(Candidate(step, "local", samples, saved_world, saved_max_steps=saved_max, data=data, lineage=lineage))
         tier = _complete_everywhere(copies)
         if tier:
-            out.append(Candidate(step, "universal", samples, saved_world, universal_tier=tier, saved_max_steps=saved_max, data=data))
+            out.append(Candidate(step, "universal", samples, saved_world, universal_tier=tier, saved_max_steps=saved_max,
+                                 data=data, lineage=lineage))
     return out
 
 
@@ -260,7 +266,7 @@ def find_restore_point(
         if all(r[0] for r in results):
             source_tier = results[cand.source_rank][2] if cand.mode == "broadcast" else tier_name
             return Choice(cand.step, cand.mode, cand.samples, cand.saved_world, copy, tier_name, cand.source_rank, source_tier,
-                          cand.saved_max_steps, names, cand.data)
+                          cand.saved_max_steps, names, cand.data, list(cand.lineage))
         reasons = [f"step {cand.step} ({cand.mode}): {r[1]}" for r in results if not r[0] and r[1]]
         if rank == 0:
             for reason in reasons:

@@ -70,8 +70,10 @@ def build_checkpoints(cfg: TrainerConfig, info: DistInfo, naming: EngineClass, m
         return NoCheckpoints()
     # ``model``: the shape, for what reads a checkpoint without the job (an export to GPT-2's
     # layout needs the heads, which no parameter's shape tells).
+    # ``owner``: the job's uid, so that a job re-created under the same name (same tiers)
+    # never prunes what it did not write (``llmtrain_store.owner``); a local run's id.
     meta = {"config_hash": cfg.config_hash(), "strategy": cfg.strategy.kind, "job": cfg.job_name, "max_steps": cfg.max_steps,
-            "model": cfg.model.shape(cfg.data.seq_len).model_dump()}
+            "model": cfg.model.shape(cfg.data.seq_len).model_dump(), "owner": cfg.job_uid or cfg.job_name}
     return CheckpointManager(tiers, info, naming, meta, commit_timeout=max(60.0, cfg.fault_tolerance.collective_timeout_seconds),
                              metrics=metrics, heartbeat=heartbeat)
 
@@ -159,7 +161,7 @@ class Trainer:
             self.position = DataPosition.from_wire(point.choice.data)
         self._publish_position()
         self.cadence.start(self.step)
-        self.ckpt.prepare(self._barrier, self.step)
+        self.ckpt.prepare(self._barrier, self.step, point.choice.lineage if point is not None else [])
         self.startup["setup"] = time.perf_counter() - began
         self._first_step = True
         self.rescuer.arm(self.engine, self.step)

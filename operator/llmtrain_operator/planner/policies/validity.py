@@ -31,11 +31,14 @@ _MISSING_KEY = re.compile(rf"\bkey +(\S+) +(?:not found +)?in +(secret|configmap
 RESOLVED: dict[str, str] = {
     Reason.POD_TEMPLATE_REFUSED: "the pod template asks for nothing the operator refuses",
     Reason.MISSING_DEPENDENCY: "the objects the job was missing exist now",
+    Reason.TIER_CONFLICT: "no older live job uses the job's checkpoint tiers now",
     Reason.CONTAINER_CONFIG_ERROR: "the pods no longer wait on a container configuration error",
 }
 """What clearing ``Invalid`` says, by the reason it had (an invalid spec: "valid again")."""
 
 
+TIER_HINT = ("; give this job its own spec.checkpoint.shared.subPath or spec.checkpoint.s3.prefix, or delete the "
+             "other job (this one starts by itself once it is gone)")
 ROOT_HINT = (f"; the image runs as root: use one with a numeric non-root USER (the project's run as {IMAGE_UID}), "
              "or allow root with spec.podTemplate.spec.securityContext.runAsNonRoot: false")
 
@@ -85,6 +88,11 @@ def handle(ctx: Pass) -> Verdict:
                                  ctx.pod_policy)
     if refused:
         mark_invalid(ctx, Reason.POD_TEMPLATE_REFUSED, "; ".join(refused), ctx.generation)
+        return Verdict.BLOCKED
+    if ctx.observed.tier_conflicts:
+        # Before any pod exists: two jobs on one tier overwrite and prune each other's steps.
+        mark_invalid(ctx, Reason.TIER_CONFLICT, "; ".join(ctx.observed.tier_conflicts) + TIER_HINT, ctx.generation)
+        ctx.after(MISSING_RECHECK_SECONDS)
         return Verdict.BLOCKED
     waited_for, blocked = waits_of_pods(ctx.observed.pods, names.config_map(ctx.job.metadata.name), ctx.now)
     missing = sorted(set(ctx.observed.missing) | set(waited_for))
