@@ -18,6 +18,7 @@ import yaml
 from llmtrain_operator.handlers.reconcile import isolation_of
 from llmtrain_operator.settings import from_env
 from support import chart as support_chart
+from support import rights
 from support import scheduler_crds
 from support.specs import ROOT
 from support.waiting import wait_for
@@ -175,21 +176,18 @@ def test_replicas_get_a_disruption_budget_and_spread_over_nodes_and_a_single_one
     assert "affinity" not in next(d for d in single if d["kind"] == "Deployment")["spec"]["template"]["spec"]
 
 
-# (verb, resource, namespace or None for cluster scope) -> allowed. The operator's needs
-# (docs/operator.md, "Watch scope and RBAC") and what it must never be able to do.
+# What the operator must never be able to do. What it needs is derived from its code
+# (support/rights.py), so a right the code stops using must leave the chart too.
 OTHER_NS = "chart-other"
-NEEDED_EVERYWHERE = [("get", "llmtrainjobs.llmtrain.io"), ("list", "llmtrainjobs.llmtrain.io"), ("watch", "llmtrainjobs.llmtrain.io"),
-                     ("patch", "llmtrainjobs.llmtrain.io"), ("delete", "llmtrainjobs.llmtrain.io"),
-                     ("patch", "llmtrainjobs.llmtrain.io:status"), ("create", "pods"), ("delete", "pods"), ("list", "pods"),
-                     ("create", "services"), ("create", "configmaps"), ("update", "configmaps"), ("get", "persistentvolumeclaims"),
-                     ("create", "events"),
-                     # each job's NetworkPolicy (networkPolicy.jobs.enabled), watched for the index
-                     ("create", "networkpolicies.networking.k8s.io"), ("watch", "networkpolicies.networking.k8s.io"),
-                     # gang scheduling and Kueue (docs/scheduling.md)
-                     ("get", "podgroups.scheduling.volcano.sh"), ("create", "podgroups.scheduling.volcano.sh"),
-                     ("patch", "podgroups.scheduling.x-k8s.io"), ("delete", "podgroups.scheduling.x-k8s.io"),
-                     ("get", "workloads.kueue.x-k8s.io"), ("create", "workloads.kueue.x-k8s.io"),
-                     ("patch", "workloads.kueue.x-k8s.io:status")]
+
+
+def _asked(right: rights.Right) -> tuple[str, str]:
+    """A derived right as ``kubectl auth can-i`` asks it: (verb, resource[.group][:sub])."""
+    group, resource, verb = right
+    resource, _, sub = resource.partition("/")
+    return verb, resource + (f".{group}" if group else "") + (f":{sub}" if sub else "")
+
+
 NEVER = [("list", "secrets"), ("watch", "secrets"), ("create", "secrets"), ("create", "llmtrainjobs.llmtrain.io"),
          ("create", "pods:exec"), ("create", "rolebindings.rbac.authorization.k8s.io"),
          ("escalate", "roles.rbac.authorization.k8s.io"), ("bind", "roles.rbac.authorization.k8s.io"),
@@ -197,8 +195,11 @@ NEVER = [("list", "secrets"), ("watch", "secrets"), ("create", "secrets"), ("cre
          # Kueue's own decisions stay Kueue's: the Workload's spec and its deletion (ownerReferences do that)
          ("patch", "workloads.kueue.x-k8s.io"), ("delete", "workloads.kueue.x-k8s.io"),
          # a job's policy is made once and removed with the job: never loosened or removed by hand
-         ("patch", "networkpolicies.networking.k8s.io"), ("delete", "networkpolicies.networking.k8s.io")]
-NEVER_CLUSTER = [("delete", "nodes"), ("patch", "nodes"), ("escalate", "clusterroles.rbac.authorization.k8s.io"),
+         ("patch", "networkpolicies.networking.k8s.io"), ("delete", "networkpolicies.networking.k8s.io"),
+         # verbs the code does not use on what it does touch
+         ("update", "pods"), ("patch", "services"), ("delete", "services"), ("delete", "configmaps"),
+         ("update", "llmtrainjobs.llmtrain.io"), ("update", "llmtrainjobs.llmtrain.io:status")]
+NEVER_CLUSTER = [("delete", "nodes"), ("patch", "nodes"), ("get", "nodes"), ("escalate", "clusterroles.rbac.authorization.k8s.io"),
                  ("bind", "clusterroles.rbac.authorization.k8s.io"), ("create", "customresourcedefinitions.apiextensions.k8s.io"),
                  ("get", "secrets")]
 
@@ -231,13 +232,17 @@ def test_the_service_account_can_do_exactly_what_the_operator_needs(local_cluste
     docs = [d for d in render(bed, *sets) if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
     for rule in (r for d in docs for r in d.get("rules", [])):
         assert "*" not in rule.get("verbs", []) + rule.get("resources", []) + rule.get("apiGroups", []), rule
+    # Exactly the derived rights, in the rendering (leases: the leader-election Role, with 2 replicas).
+    needed = rights.needed(cluster_wide=mode == "cluster-wide")
+    assert rights.granted([r for d in docs for r in d.get("rules", [])]) == needed, mode
     manifest = yaml.safe_dump_all(docs)
     bed.kubectl("apply", "-f", "-", input=manifest)
     account = f"system:serviceaccount:{NS}:{release}"
     try:
         served = [OTHER_NS] if mode == "cluster-wide" else [watched]
+        namespaced = [_asked(r) for r in sorted(needed) if r[1].split("/")[0] not in rights.CLUSTER_SCOPED and r[1] != "leases"]
         for ns in served:
-            for verb, resource in NEEDED_EVERYWHERE:
+            for verb, resource in namespaced:
                 assert _can(bed, account, verb, resource, ns), f"{mode}: cannot {verb} {resource} in {ns}"
             for verb, resource in NEVER:
                 assert not _can(bed, account, verb, resource, ns), f"{mode}: may {verb} {resource} in {ns}"
@@ -247,8 +252,7 @@ def test_the_service_account_can_do_exactly_what_the_operator_needs(local_cluste
         if mode == "namespaced":
             assert not _can(bed, account, "create", "pods", OTHER_NS), "a namespaced operator acts outside its namespace"
             assert not _can(bed, account, "list", "llmtrainjobs.llmtrain.io", OTHER_NS)
-        for verb, resource in (("list", "nodes"), ("watch", "nodes"), ("list", "customresourcedefinitions.apiextensions.k8s.io"),
-                               ("get", "resourceflavors.kueue.x-k8s.io")):
+        for verb, resource in (_asked(r) for r in sorted(needed) if r[1] in rights.CLUSTER_SCOPED):
             assert _can(bed, account, verb, resource, None), f"{mode}: cannot {verb} {resource}"
         for verb, resource in NEVER_CLUSTER:
             assert not _can(bed, account, verb, resource, None), f"{mode}: may {verb} {resource} cluster-wide"

@@ -18,17 +18,28 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* RBAC rules, shared by the ClusterRole and (with watchNamespace) the Role; see rbac.yaml. */}}
 {{- define "llmtrain.rules.namespaced" -}}
-# The jobs themselves, and their status subresource (written once per pass).
+# Exactly the verbs the operator's code uses (tests/support/rights.py derives them from
+# it and the chart tests compare, both ways).
+# The jobs: watched; read when a stranded pod's job is looked up; spec.suspend patched
+# (Kueue admission); deleted after ttlSecondsAfterFinished; the status patched per pass.
 - apiGroups: [llmtrain.io]
   resources: [llmtrainjobs]
-  verbs: [get, list, watch, patch, update, delete]
+  verbs: [get, list, watch, patch, delete]
 - apiGroups: [llmtrain.io]
   resources: [llmtrainjobs/status]
-  verbs: [get, patch, update]
-# Children: worker and rendezvous pods, their services and the rendered config.
+  verbs: [patch]
+# Children: worker and rendezvous pods (read back to check their owner on a 409, patched
+# to keep a failed one for its log, deleted), their Services (created, never changed)
+# and the rendered config (replaced when the job's view of it changes).
 - apiGroups: [""]
-  resources: [pods, services, configmaps]
-  verbs: [get, list, watch, create, update, patch, delete]
+  resources: [pods]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, list, watch, create]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, list, watch, create, update]
 # Each job's NetworkPolicy (networkPolicy.jobs.enabled); removed with its job by the
 # garbage collector (ownerReferences). Watched even when off: the index is always there.
 - apiGroups: [networking.k8s.io]
@@ -38,7 +49,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
   verbs: [get]
-- apiGroups: ["", events.k8s.io]
+# Events (core v1), a repeated one patched as a series.
+- apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
 # A gang job's PodGroup (scheduling.gang): Volcano's or scheduler-plugins'. Granted even
@@ -65,10 +77,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [get]
 {{- end }}
 {{- define "llmtrain.rules.cluster" -}}
-# Node health for failure detection (read only).
+# Node health for failure detection (watched; read only).
 - apiGroups: [""]
   resources: [nodes]
-  verbs: [get, list, watch]
+  verbs: [list, watch]
 # The placement of Kueue's ResourceFlavors (node labels, tolerations) for admitted jobs.
 - apiGroups: [kueue.x-k8s.io]
   resources: [resourceflavors]
