@@ -300,6 +300,16 @@ class KindCluster:
             'for p in $(cat "/sys/fs/cgroup${ctrl:+/$ctrl}$cg/cgroup.procs"); do '
             f'kill -s {signal.removeprefix("SIG")} "$p" || true; done'))
 
+    def signal_first_process(self, namespace: str, name: str, container: str, signal: str) -> None:
+        """``signal`` (``SIGSTOP``) to a running container's first process, sent by the node.
+        That process is the init of the pod's PID namespace: the kernel drops a signal sent
+        to it from inside that namespace unless it handles it (SIGSTOP and SIGKILL cannot
+        be handled), so a test that freezes it sends the signal from the node, an ancestor
+        namespace."""
+        out = self._each_container(namespace, name, f'kill -s {signal.removeprefix("SIG")} "$pid" && echo "$pid"', container)
+        if not out.strip():
+            raise LookupError(f"no running container {container!r} in pod {namespace}/{name}")
+
     def container_process(self, namespace: str, name: str, container: str) -> dict[str, str]:
         """What the runtime made of a running container's first process, read by the node's
         kernel, not the pod spec: its ``/proc/<pid>/status`` fields (``Uid``, ``Gid``,

@@ -94,21 +94,34 @@ _BY_CODE: dict[int, Classification] = {
 }
 
 
+SIGNAL_MAX = 64
+"""Linux's highest signal number (SIGRTMAX): 128 + N above it is no signal."""
+CONTAINER_LOST_REASONS = frozenset({"Unknown", "ContainerStatusUnknown"})
+"""The kubelet's ``state.terminated.reason`` for a container whose end nobody saw: the
+runtime lost it with its node (a node restarted under it: containerd's unknown exit
+status, 255) or could not find it (``ContainerStatusUnknown``, 137). Its exit code is the
+kubelet's placeholder, not the process's."""
+CONTAINER_LOST = "ContainerLost"
+
+
 def classify_exit(exit_code: int, reason: str | None = None) -> Classification:
     """Classify a container's termination.
 
     ``reason`` is the kubelet's ``state.terminated.reason`` (``OOMKilled``, ``Error``,
     ``Completed`` ...). OOMKilled wins over the exit code because the kernel's SIGKILL
-    would otherwise look like any other signal kill.
+    would otherwise look like any other signal kill; a container the runtime lost
+    (``CONTAINER_LOST_REASONS``) is named so, whatever placeholder code it carries.
     """
     if reason == "OOMKilled":
         return Classification(FailureClass.RETRYABLE, "OOMKilled")
+    if reason in CONTAINER_LOST_REASONS:
+        return Classification(FailureClass.RETRYABLE, CONTAINER_LOST)
     if exit_code in _BY_CODE:
         return _BY_CODE[exit_code]
-    if exit_code > 128:
+    if 128 < exit_code <= 128 + SIGNAL_MAX:
         # 128+N: killed by signal N (SIGKILL from a node agent, the OOM killer, a user).
         return Classification(FailureClass.RETRYABLE, f"Signal{exit_code - 128}")
-    if exit_code < 0:
+    if -SIGNAL_MAX <= exit_code < 0:
         # Python's subprocess reports -N for signal N.
         return Classification(FailureClass.RETRYABLE, f"Signal{-exit_code}")
     return Classification(FailureClass.RETRYABLE, "Crash")

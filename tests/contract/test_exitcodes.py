@@ -20,6 +20,14 @@ from llmtrain_contract.exitcodes import ExitCode, FailureClass, classify_exit, t
         (137, "OOMKilled", FailureClass.RETRYABLE, "OOMKilled"),
         (-9, None, FailureClass.RETRYABLE, "Signal9"),
         (1, "Error", FailureClass.RETRYABLE, "Crash"),
+        (192, None, FailureClass.RETRYABLE, "Signal64"),
+        # No signal is numbered above 64: an exit(255) or exit(-1) is a crash, not "Signal127".
+        (255, "Error", FailureClass.RETRYABLE, "Crash"),
+        (-200, None, FailureClass.RETRYABLE, "Crash"),
+        # The runtime lost the container with its node (containerd's unknown exit status),
+        # or the kubelet could not find it: named so, whatever placeholder code it carries.
+        (255, "Unknown", FailureClass.RETRYABLE, "ContainerLost"),
+        (137, "ContainerStatusUnknown", FailureClass.RETRYABLE, "ContainerLost"),
     ],
 )
 def test_exit_codes_are_classified(code, reason, klass, why):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,18 @@ def pod_with_marker(bed, namespace: str, name: str, marker: str) -> dict[str, An
 def run_dir(bed, pod: dict[str, Any]) -> Path:
     """A worker pod's run volume on the local cluster's disk."""
     return bed.state / "pods" / pod["metadata"]["uid"] / "volumes" / "run"
+
+
+def freeze_launcher(bed, pod: dict[str, Any]) -> None:
+    """Stop a worker pod's launcher, its ranks running on. On real nodes the node sends
+    the SIGSTOP (``KindCluster.signal_first_process``): the launcher is its container's
+    first process, the init of the pod's PID namespace, which ignores a SIGSTOP sent from
+    inside it. The process bed's launcher is no namespace's init: a trigger file makes a
+    rank of the pod stop it (the job's ``stop@trigger=freeze-launcher,target=launcher``)."""
+    if os.environ.get("LLMTRAIN_E2E_BED") == "kind":
+        bed.signal_first_process(pod["metadata"]["namespace"], pod["metadata"]["name"], "trainer", "SIGSTOP")
+    else:
+        (run_dir(bed, pod) / "freeze-launcher").write_text("")
 
 
 def rank_holder(bed, namespace: str, name: str, rank: int) -> tuple[dict[str, Any], int]:

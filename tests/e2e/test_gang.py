@@ -104,7 +104,7 @@ def test_a_volcano_gang_waits_for_its_queue_and_gives_its_pod_group_back_when_su
 def test_an_admission_webhook_refusing_a_gang_jobs_pods_shows_in_a_condition_and_an_event_within_seconds(operator):
     bed = operator
     _install_crds(bed)
-    with RefusingWebhook() as hook:
+    with RefusingWebhook(bed.host_address) as hook:
         bed.kubectl("apply", "-f", "-", input=json.dumps(hook.configuration("e2e-refuse-gang", "gang-refused")))
         try:
             started = time.monotonic()

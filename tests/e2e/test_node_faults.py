@@ -17,7 +17,7 @@ import json
 import pytest
 from support.waiting import wait_for
 
-from .jobs import PVC, create, event_messages, job_manifest, pods, rank_holder, run_dir, status, wait_status
+from .jobs import PVC, create, event_messages, freeze_launcher, job_manifest, pods, rank_holder, run_dir, status, wait_status
 
 pytestmark = pytest.mark.e2e
 
@@ -82,7 +82,7 @@ def test_a_frozen_launcher_is_killed_by_its_liveness_probe_and_blamed_on_its_pod
     bed = operator
     _at_world_size_two(bed)
     cause, _ = wait_for(lambda: rank_holder(bed, NS, NAME, 1), 60, 0.5, "rank 1's heartbeat")
-    (run_dir(bed, cause) / "freeze-launcher").write_text("")
+    freeze_launcher(bed, cause)
     frozen = wait_status(bed, NS, NAME, lambda s: s.get("restarts", 0) >= 1, 300, "the frozen launcher's pod replaced")
     failure = frozen["lastFailure"]
     assert (failure["pod"], failure["node"], failure["reason"]) == \

@@ -23,7 +23,7 @@ from cryptography.x509.oid import NameOID
 REFUSAL = "pods of this job are refused by the e2e admission webhook"
 
 
-def _certificate(folder: Path) -> tuple[Path, Path]:
+def _certificate(folder: Path, address: str) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "e2e-webhook")])
     now = datetime.datetime.now(datetime.UTC)
@@ -31,7 +31,7 @@ def _certificate(folder: Path) -> tuple[Path, Path]:
             .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(hours=2))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(address))]), critical=False)
             .sign(key, hashes.SHA256()))
     crt, pem = folder / "tls.crt", folder / "tls.key"
     crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
@@ -57,13 +57,18 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class RefusingWebhook:
-    """``with RefusingWebhook() as hook: hook.configuration(job_name)``"""
+    """``with RefusingWebhook(bed.host_address) as hook: hook.configuration(job_name)``.
+    ``address``: where the API server reaches this host (on kind it runs in the
+    control-plane node's container, where 127.0.0.1 is that container)."""
+
+    def __init__(self, address: str = "127.0.0.1"):
+        self.address = address
 
     def __enter__(self) -> RefusingWebhook:
         self._folder = tempfile.TemporaryDirectory(prefix="e2e-webhook-")
-        crt, key = _certificate(Path(self._folder.name))
+        crt, key = _certificate(Path(self._folder.name), self.address)
         self.ca_bundle = base64.b64encode(crt.read_bytes()).decode()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.server = ThreadingHTTPServer((self.address, 0), _Handler)
         self.server.seen = []  # type: ignore[attr-defined]
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(crt, key)
@@ -85,7 +90,7 @@ class RefusingWebhook:
             "metadata": {"name": name},
             "webhooks": [{
                 "name": "refuse.e2e.llmtrain.io",
-                "clientConfig": {"url": f"https://127.0.0.1:{port}/validate", "caBundle": self.ca_bundle},
+                "clientConfig": {"url": f"https://{self.address}:{port}/validate", "caBundle": self.ca_bundle},
                 "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
                 "objectSelector": {"matchLabels": {"llmtrain.io/job": job}},
                 "failurePolicy": "Fail", "sideEffects": "None", "admissionReviewVersions": ["v1"], "timeoutSeconds": 5,

@@ -162,6 +162,11 @@ class FaultInjector:
             target = fault.params.get("target", "self")
             agent = _agent()
             pid = {"self": os.getpid(), "agent": agent, "launcher": _parent(agent)}[target]
+            if pid == 1:
+                # The init of this PID namespace (a container's first process): the kernel
+                # drops the signal, so say so rather than pretend it froze.
+                print(f"llmtrain: FAULT INJECTION: the {target} is pid 1 of its PID namespace, which ignores SIGSTOP "
+                      "from inside it; freeze it from the node instead", file=sys.stderr, flush=True)
             os.kill(pid, signal.SIGSTOP)
         elif fault.kind == "nan":
             self.poison = True
