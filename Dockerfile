@@ -3,7 +3,8 @@
 #   docker build --target trainer-cuda -t ghcr.io/llmtrain/trainer:0.1.0-cuda .
 # operator: kopf and the Kubernetes client, no torch. trainer-cpu: torch and gloo (kind,
 # CI, the examples' default tag). trainer-cuda: the same base, PyPI's CUDA torch, no op
-# compiled anywhere. Every image runs as uid 65532.
+# compiled anywhere. Every image runs as uid 65532. A fourth target, python-torch, is a
+# user's image for the end-to-end suite on kind (at the end), never published.
 # Dependencies are installed before the project (a wheel built in its own stage) comes
 # in: a code edit rebuilds the wheel and the last layer, never the torch layer.
 # No `# syntax=` line: that would pull the Dockerfile frontend from a registry, and the
@@ -118,3 +119,15 @@ RUN pip install --no-deps /wheels/*.whl && rm -rf /wheels /req \
 WORKDIR /home/llmtrain
 USER 65532:65532
 ENTRYPOINT ["python", "-m", "llmtrain_trainer.launch.launcher"]
+
+# ---------------------------------------------------------------- a user's image (tests)
+# Python and torch with no copy of this project, as a user's own image would be: the
+# end-to-end suite's script jobs on kind run in it (tests/e2e/test_scripts.py; the process
+# bed makes its own, hack/localcluster/images.py). The trainer-cpu image with the project
+# uninstalled: its layers are the trainer's, so a node that holds the trainer adds one
+# small layer. Not published.
+FROM trainer-cpu AS python-torch
+USER root
+RUN pip uninstall -y llmtrain-operator && ! python -c "import llmtrain_trainer" 2>/dev/null
+USER 65532:65532
+ENTRYPOINT ["python"]

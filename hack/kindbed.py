@@ -368,6 +368,25 @@ class KindCluster:
                     raise TimeoutError(f"node {name} did not register again within 120 s of its kubelet's restart")
                 time.sleep(1)
             self._advertise_gpus()
+            self.route_pods(name)
+
+    def route_pods(self, name: str) -> None:
+        """This machine reaches a node's pods through the node (``up.sh``): a Node object
+        registered again gets a new ``podCIDR`` from the controller manager, and without a
+        route to it every reply from this machine to those pods is lost (an S3 server or a
+        webhook served here times out). The route follows, and ``down.sh``'s list too."""
+        deadline = time.monotonic() + 60
+        while not (cidr := self.get("node", name)["spec"].get("podCIDR")):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"node {name} got no podCIDR within 60 s")
+            time.sleep(1)
+        address = self._docker("inspect", "-f", "{{.NetworkSettings.Networks.kind.IPAddress}}", name).stdout.strip()
+        subprocess.run(["ip", "route", "replace", cidr, "via", address], check=True, capture_output=True, text=True)
+        routes = self.root / "host-routes"
+        known = routes.read_text().split() if routes.exists() else []
+        if cidr not in known:
+            with routes.open("a") as fh:
+                fh.write(cidr + "\n")
 
     def restart_apiserver(self) -> float:
         began = time.monotonic()

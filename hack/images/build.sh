@@ -4,7 +4,7 @@
 # (base.sh), then builds each target with BuildKit, tagged as the chart and the
 # examples name them (ghcr.io/llmtrain/{operator,trainer}:<chart appVersion>).
 #
-#   bash hack/images/build.sh [operator|trainer-cpu ...]    # default: both
+#   bash hack/images/build.sh [operator|trainer-cpu|python-torch ...]    # default: the first two
 #
 # The host's CA bundle reaches pip as the build secret `ca` (never a layer):
 # LLMTRAIN_BUILD_CA, else $PIP_CERT, else Debian's bundle. LLMTRAIN_IMAGE_BASE picks
@@ -14,10 +14,11 @@ cd "$(dirname "$0")/../.."
 DOCKER=/usr/bin/docker
 export DOCKER_HOST=unix:///var/run/docker.sock DOCKER_BUILDKIT=1
 VERSION=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/llmtrain-operator/Chart.yaml)
-declare -A TAGS=([operator]="ghcr.io/llmtrain/operator:$VERSION" [trainer-cpu]="ghcr.io/llmtrain/trainer:$VERSION")
+# python-torch: a user's image for the end-to-end suite on kind (Dockerfile), not built by default.
+declare -A TAGS=([operator]="ghcr.io/llmtrain/operator:$VERSION" [trainer-cpu]="ghcr.io/llmtrain/trainer:$VERSION" [python-torch]="localcluster.local/python-torch:1")
 targets=("$@"); [ ${#targets[@]} -gt 0 ] || targets=(operator trainer-cpu)
 for t in "${targets[@]}"; do
-  [ -n "${TAGS[$t]:-}" ] || { echo "build.sh: unknown target '$t' (operator, trainer-cpu)" >&2; exit 2; }
+  [ -n "${TAGS[$t]:-}" ] || { echo "build.sh: unknown target '$t' (operator, trainer-cpu, python-torch)" >&2; exit 2; }
 done
 
 bash hack/images/engine.sh

@@ -18,6 +18,10 @@ bash hack/system-deps.sh >/dev/null  # Prometheus: the suite scrapes with a real
 # Down whatever happens, a bed that failed half-way up included: nothing is left running.
 cleanup() { [ "${KEEP_CLUSTER:-}" = 1 ] || bash hack/kind/down.sh; }
 trap cleanup EXIT
+# The script jobs run in a user's image without the project: loaded only for a run that has them.
+case " ${*:-tests/e2e} " in
+  *test_scripts*|*" tests/e2e "*|*" tests/e2e/ "*) export LLMTRAIN_KIND_USER_IMAGE=1 ;;
+esac
 bash hack/kind/up.sh >/dev/null
 bin=$(bash hack/cluster-tools/build.sh kind kubectl helm | tail -1)
 LLMTRAIN_E2E_BED=kind LLMTRAIN_KIND_CLUSTER="$CLUSTER" LLMTRAIN_KIND_STATE="$STATE" LLMTRAIN_KIND_BIN="$bin" \

@@ -98,6 +98,15 @@ load_project_images() {
   load "ghcr.io/llmtrain/operator:$VERSION" $workers
   # shellcheck disable=SC2086
   load "ghcr.io/llmtrain/trainer:$VERSION" $gpu
+  # A user's image (Python and torch, no project: the Dockerfile's python-torch) for the
+  # suite's script jobs, only when asked (hack/kind/e2e.sh asks when the run includes
+  # tests/e2e/test_scripts.py): its layers are the trainer's but one, yet the import
+  # streams them all into each node, minutes that CI's smoke does not need.
+  if [ "${LLMTRAIN_KIND_USER_IMAGE:-}" = 1 ]; then
+    bash hack/images/build.sh python-torch
+    # shellcheck disable=SC2086
+    load "localcluster.local/python-torch:1" $gpu
+  fi
 }
 if [ "${1:-}" = load ]; then
   export KUBECONFIG=$STATE/kubeconfig

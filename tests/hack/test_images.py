@@ -22,7 +22,7 @@ from support.specs import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
 SOURCES = ("common/", "operator/", "trainer_image/")
-TARGETS = {"operator", "trainer-cpu", "trainer-cuda"}
+TARGETS = {"operator", "trainer-cpu", "trainer-cuda", "python-torch"}
 LOCAL_BASE = "llmtrain/debian:bookworm"
 """Made by hack/images/base.sh with debootstrap (no registry needed)."""
 
