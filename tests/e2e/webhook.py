@@ -61,7 +61,7 @@ class RefusingWebhook:
     ``address``: where the API server reaches this host (on kind it runs in the
     control-plane node's container, where 127.0.0.1 is that container)."""
 
-    def __init__(self, address: str = "127.0.0.1"):
+    def __init__(self, address: str):
         self.address = address
 
     def __enter__(self) -> RefusingWebhook:

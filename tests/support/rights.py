@@ -28,8 +28,7 @@ Right = tuple[str, str, str]
 
 CLUSTER_SCOPED = {"nodes", "customresourcedefinitions", "namespaces", "resourceflavors"}
 
-_VERBS = {"create": "create", "read": "get", "list": "list", "patch": "patch", "replace": "update", "delete": "delete",
-          "get": "get"}
+_VERBS = {"create": "create", "read": "get", "list": "list", "patch": "patch", "replace": "update", "delete": "delete"}
 _TYPED = {"core": "", "networking": "networking.k8s.io", "api": "coordination.k8s.io"}
 """The client attribute a typed call is made on -> its API group (``self.api`` is the
 LeaseClient's CoordinationV1Api)."""

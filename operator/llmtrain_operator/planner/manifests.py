@@ -290,7 +290,7 @@ def _volumes(job: LLMTrainJob) -> tuple[list[dict[str, Any]], list[dict[str, Any
         if ckpt.shared is not None:
             volumes.append({"name": "ckpt-shared", "persistentVolumeClaim": {"claimName": ckpt.shared.claim_name}})
             mounts.append({"name": "ckpt-shared", "mountPath": names.SHARED_TIER_MOUNT,
-                           "subPath": ckpt.shared.sub_path or f"{ns}/{job.metadata.name}"})
+                           "subPath": ckpt.shared.sub_path or names.shared_sub_path(job.metadata.name, ns)})
     return volumes, mounts
 
 

@@ -55,6 +55,16 @@ def network_policy(job: str) -> str:
     return f"{job}-isolation"
 
 
+def shared_sub_path(job: str, namespace: str) -> str:
+    """The shared tier's folder in its volume when ``subPath`` is not given."""
+    return f"{namespace}/{job}"
+
+
+def s3_prefix(job: str, namespace: str) -> str:
+    """The S3 tier's key prefix when ``prefix`` is not given."""
+    return f"llmtrain/{namespace}/{job}"
+
+
 def rdzv_endpoint(job: str, namespace: str) -> str:
     return f"{store_service(job)}.{namespace}.svc:{RDZV_PORT}"
 

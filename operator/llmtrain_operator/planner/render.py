@@ -20,7 +20,7 @@ def tier_paths(job: LLMTrainJob) -> dict[str, str]:
     if ckpt.shared is not None:
         paths["shared"] = names.SHARED_TIER_MOUNT
     if ckpt.s3 is not None:
-        prefix = ckpt.s3.prefix or f"llmtrain/{ns}/{job.metadata.name}"
+        prefix = ckpt.s3.prefix or names.s3_prefix(job.metadata.name, ns)
         paths["s3"] = f"s3://{ckpt.s3.bucket}/{prefix}"
     return paths
 

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..api.vocabulary import TERMINAL_PHASES
+from . import names
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -47,11 +48,11 @@ def locations(body: dict[str, Any]) -> dict[str, str]:
     out: dict[str, str] = {}
     shared = _dict(ckpt.get("shared"))
     if claim := _text(shared.get("claimName")):
-        sub = _path(_text(shared.get("subPath")) or f"{ns}/{name}")
+        sub = _path(_text(shared.get("subPath")) or names.shared_sub_path(name, ns))
         out[f"pvc\0{ns}\0{claim}\0{sub}"] = f"PersistentVolumeClaim {ns}/{claim} subPath {sub or '/'}"
     s3 = _dict(ckpt.get("s3"))
     if bucket := _text(s3.get("bucket")):
-        prefix = _path(_text(s3.get("prefix")) or f"llmtrain/{ns}/{name}")
+        prefix = _path(_text(s3.get("prefix")) or names.s3_prefix(name, ns))
         endpoint = (_text(s3.get("endpoint")) or "").rstrip("/")
         where = f"s3://{bucket}/{prefix}" + (f" at {endpoint}" if endpoint else "")
         out[f"s3\0{endpoint}\0{bucket}\0{prefix}"] = where
