@@ -64,6 +64,12 @@ class Agent:
     pods: dict[str, PodRunner] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.RLock = field(default_factory=threading.RLock)
+    links: threading.Lock = field(default_factory=threading.Lock)
+    """Held for each write a node makes (a heartbeat, a pod's status) and to take a node
+    down: a node's last write lands before ``fail_node`` or ``partition_node`` returns,
+    never after. A pod's readiness probe that a cut link makes fail while the agent is
+    already past its health check must not reach the API server as "not ready": a
+    partitioned kubelet writes nothing."""
 
     def __post_init__(self) -> None:
         self.core = client.CoreV1Api(self.api)
@@ -130,12 +136,13 @@ class Agent:
         while not self.stop.wait(HEARTBEAT_SECONDS):
             report = time.monotonic() - last_status > STATUS_SECONDS
             for node in list(self.nodes.values()):
-                if not node.healthy:
-                    continue
                 try:
-                    self._renew_lease(node)
-                    if report:
-                        self._report_node(node)
+                    with self.links:
+                        if not node.healthy:
+                            continue
+                        self._renew_lease(node)
+                        if report:
+                            self._report_node(node)
                 except Exception as err:  # noqa: BLE001 - keep beating through API restarts
                     log.warning("heartbeat of %s: %s", node.name, err)
             if report:
@@ -241,9 +248,12 @@ class Agent:
                     if runner.netns is None:
                         continue  # still starting
                     runner.tick()
-                    runner.report()
-                    if runner.deleting_since is not None and runner.all_stopped():
-                        self._finish_delete(runner.pod)
+                    with self.links:
+                        if not node.healthy:
+                            continue  # cut off or dead while this tick ran: its probes' verdict goes nowhere
+                        runner.report()
+                        if runner.deleting_since is not None and runner.all_stopped():
+                            self._finish_delete(runner.pod)
                 except Exception as err:  # noqa: BLE001
                     log.warning("supervising %s: %s", runner.key, err)
 
@@ -260,7 +270,8 @@ class Agent:
     def fail_node(self, name: str) -> int:
         """Heartbeats stop and every process on the node dies, as in a power loss."""
         node = self.nodes[name]
-        node.healthy = False
+        with self.links:
+            node.healthy = False
         killed = 0
         with self.lock:
             for runner in self.pods.values():
@@ -272,7 +283,8 @@ class Agent:
     def partition_node(self, name: str) -> int:
         """Heartbeats stop and the node's pods lose their links; processes keep running."""
         node = self.nodes[name]
-        node.healthy, node.partitioned = False, True
+        with self.links:
+            node.healthy, node.partitioned = False, True
         count = 0
         with self.lock:
             for runner in self.pods.values():

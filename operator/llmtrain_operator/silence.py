@@ -8,6 +8,9 @@ first unanswered probe in a row is remembered here, in memory and by this proces
 monotonic clock (a new leader learns it again from its own first probe: until then the
 liveness probe is the line that acts). The operator's passes and ``llmtrain run`` each
 keep one ``Silences``.
+
+It also remembers when each launcher last answered (``since_answer``): a kubelet's "not
+ready" written before that moment was no verdict on the silence (``frozen_pods``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ class Silences:
         self._clock = clock
         self._first_unanswered: dict[Hashable, dict[str, float]] = {}
         """Job -> pod (name and uid) -> when its launcher first did not answer, in a row."""
+        self._last_answered: dict[Hashable, dict[str, float]] = {}
+        """Job -> pod (name and uid) -> when its launcher last answered."""
+        self._since_answer: dict[Hashable, dict[str, float]] = {}
+        """Job -> pod name -> seconds since its last answer, for the pods silent at the last
+        ``track`` that answered before."""
 
     def track(self, job: Hashable, probed: Iterable[Any], answered: Mapping[str, Any]) -> dict[str, float]:
         """Record this pass's probes of ``probed`` (pod views; ``answered``: pod name -> the
@@ -29,20 +37,35 @@ class Silences:
         no longer probed are forgotten, so the book stays bounded by the job's running pods."""
         now = self._clock()
         before = self._first_unanswered.get(job, {})
+        heard_before = self._last_answered.get(job, {})
         book: dict[str, float] = {}
+        heard: dict[str, float] = {}
         silent: dict[str, float] = {}
+        since_answer: dict[str, float] = {}
         for pod in probed:
-            if pod.name in answered:
-                continue
             key = f"{pod.name}/{pod.uid}"
+            if pod.name in answered:
+                heard[key] = now
+                continue
             first = book[key] = before.get(key, now)
             silent[pod.name] = now - first
-        if book:
-            self._first_unanswered[job] = book
-        else:
-            self._first_unanswered.pop(job, None)
+            if key in heard_before:
+                heard[key] = heard_before[key]
+                since_answer[pod.name] = now - heard_before[key]
+        for books, entries in ((self._first_unanswered, book), (self._last_answered, heard), (self._since_answer, since_answer)):
+            if entries:
+                books[job] = entries
+            else:
+                books.pop(job, None)
         return silent
+
+    def since_answer(self, job: Hashable) -> dict[str, float]:
+        """Pod name -> seconds since its launcher last answered, for the pods the last
+        ``track`` found silent that this process heard before (a pod never heard, or heard
+        only by another leader, is absent)."""
+        return dict(self._since_answer.get(job, {}))
 
     def forget(self, job: Hashable) -> None:
         """A deleted job's silences."""
-        self._first_unanswered.pop(job, None)
+        for books in (self._first_unanswered, self._last_answered, self._since_answer):
+            books.pop(job, None)

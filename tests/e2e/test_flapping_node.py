@@ -22,6 +22,12 @@ def _worker_on(bed, node: str) -> dict | None:
                  and not p["metadata"].get("deletionTimestamp") and p.get("status", {}).get("phase") == "Running"), None)
 
 
+def _pool(bed) -> list[str]:
+    """The nodes the job's pods may use (``job_manifest``'s node selector)."""
+    out = bed.kubectl("get", "nodes", "-l", "llmtrain.io/pool=gpu", "-o", "jsonpath={.items[*].metadata.name}")
+    return out.stdout.split()
+
+
 def test_a_node_killing_the_jobs_pods_again_and_again_is_charged_once_and_quarantined(operator):
     bed = operator
     create(bed, NS, job_manifest(NAME, {
@@ -33,18 +39,28 @@ def test_a_node_killing_the_jobs_pods_again_and_again_is_charged_once_and_quaran
         wait_status(bed, NS, NAME, lambda s: s.get("workers") == "2/2" and s.get("step", 0) >= 2, 300, "training 2/2")
         store_node = pods(bed, NS, NAME, role="rendezvous")[0]["spec"]["nodeName"]
         node = next(p["spec"]["nodeName"] for p in pods(bed, NS, NAME) if p["spec"]["nodeName"] != store_node)
+        # Until the node is quarantined, its pod's replacement can only land on it again (a
+        # reboot loop keeps taking the pods it is given): the scheduler would otherwise pick
+        # any other node of the pool as often, and the loop would end before it began.
+        others = [n for n in _pool(bed) if n != node]
+        for other in others:
+            bed.kubectl("cordon", other)
         kills = 0
-        while kills < 3:
-            # Its processes die and it comes back at once: never NotReady (the grace is 120 s).
-            pod = wait_for(lambda: _worker_on(bed, node), 120, what=f"a worker running on {node}") if kills else _worker_on(bed, node)
-            bed.fail_node(node)
-            bed.heal_node(node)
-            kills += 1
-            name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
-            wait_for(lambda uid=uid: all(p["metadata"]["uid"] != uid for p in pods(bed, NS, NAME)), 120,
-                     what=f"{name} replaced after kill {kills}")
-            if any(q["node"] == node for q in status(bed, NS, NAME).get("quarantinedNodes") or []):
-                break
+        try:
+            while kills < 3:
+                # Its processes die and it comes back at once: never NotReady (the grace is 120 s).
+                pod = wait_for(lambda: _worker_on(bed, node), 120, what=f"a worker running on {node}") if kills else _worker_on(bed, node)
+                bed.fail_node(node)
+                bed.heal_node(node)
+                kills += 1
+                name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+                wait_for(lambda uid=uid: all(p["metadata"]["uid"] != uid for p in pods(bed, NS, NAME)), 120,
+                         what=f"{name} replaced after kill {kills}")
+                if any(q["node"] == node for q in status(bed, NS, NAME).get("quarantinedNodes") or []):
+                    break
+        finally:
+            for other in others:
+                bed.kubectl("uncordon", other, check=False)
         final = wait_status(bed, NS, NAME, lambda s: any(q["node"] == node for q in s.get("quarantinedNodes") or []), 120,
                             f"{node} quarantined")
         assert kills == 2, f"quarantined after {kills} kills (threshold 2)"

@@ -50,3 +50,25 @@ def test_a_deleted_jobs_silences_are_forgotten_and_each_job_keeps_its_own():
     silence.forget(JOB)
     assert silence.track(JOB, [worker(0, uid="a")], {}) == {"tiny-elastic-worker-0": 0.0}
     assert silence.track(("ml", "other"), [worker(0, uid="a")], {}) == {"tiny-elastic-worker-0": 10.0}
+
+
+def test_since_answer_dates_each_silent_pods_last_answer_and_knows_nothing_of_a_pod_never_heard():
+    clock = Clock()
+    silence = Silences(clock)
+    pods = [worker(0, uid="a"), worker(1, uid="b")]
+    silence.track(JOB, pods, {"tiny-elastic-worker-0": object()})
+    assert silence.since_answer(JOB) == {}, "worker-1 was never heard"
+    clock.now += 2
+    silence.track(JOB, pods, {"tiny-elastic-worker-1": object()})
+    assert silence.since_answer(JOB) == {"tiny-elastic-worker-0": 2.0}
+    clock.now += 3
+    silence.track(JOB, pods, {})
+    assert silence.since_answer(JOB) == {"tiny-elastic-worker-0": 5.0, "tiny-elastic-worker-1": 3.0}
+    # A new pod under the same name (another uid) was never heard; an answer clears it.
+    clock.now += 1
+    silence.track(JOB, [worker(0, uid="a"), worker(1, uid="c")], {"tiny-elastic-worker-0": object()})
+    assert silence.since_answer(JOB) == {}
+    silence.forget(JOB)
+    clock.now += 1
+    silence.track(JOB, [worker(0, uid="a")], {})
+    assert silence.since_answer(JOB) == {}, "forgotten with the job"

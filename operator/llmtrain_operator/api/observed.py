@@ -80,6 +80,9 @@ class PodView:
     same stable name is another pod)."""
     node: str | None = None
     ready: bool = False
+    ready_since: datetime | None = None
+    """When the Ready condition last changed (its ``lastTransitionTime``, whole seconds, by
+    the clock of whoever wrote it: the kubelet, or the node lifecycle controller)."""
     deleting: bool = False
     created: datetime | None = None
     started: datetime | None = None
@@ -240,6 +243,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         uid=meta.get("uid") or "",
         node=(pod.get("spec") or {}).get("nodeName"),
         ready=(conditions.get("Ready") or {}).get("status") == "True",
+        ready_since=parse_time((conditions.get("Ready") or {}).get("lastTransitionTime")),
         deleting=meta.get("deletionTimestamp") is not None,
         created=parse_time(meta.get("creationTimestamp")),
         started=parse_time(status.get("startTime")),
@@ -525,6 +529,9 @@ class Observed:
     """Running worker pod -> seconds its launcher has not answered the operator's probes
     (since the first unanswered one in a row, by this operator's clock); only pods whose
     launcher did not answer this pass."""
+    since_answer: dict[str, float] = field(default_factory=dict)
+    """Silent pod -> seconds since its launcher last answered this operator (only pods it
+    heard before: not after a leader change, nor a pod never heard)."""
     rejected_values: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Pod name -> values its trainer's or launcher's endpoint served that were unusable
     and ignored, each named (``probe.parse``): reported once as an Event."""

@@ -340,6 +340,7 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
     rejected: dict[str, tuple[str, ...]] = {}
     peer_waits: dict[str, float] = {}
     silent: dict[str, float] = {}
+    since_answer: dict[str, float] = {}
     job = received.job
     if settings.probes_enabled and job is not None:  # the plan of an invalid job reads no probe
         pods = [pod_view(p) for p in before.owned_by(job_uid(body)).pods]
@@ -351,6 +352,7 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
         probes, attempts, rejected = combine(trainers, launchers)
         memory, peer_waits = memory_of(launchers), peer_waits_of(launchers)
         silent = SILENCES.track((ns, name), _running_workers(pods), launchers)
+        since_answer = SILENCES.since_answer((ns, name))
     probed = time.perf_counter()
     async with slots.held(urgent, key) if slots is not None else no_slot() as waited:
         # A watch-fed source costs nothing to read again; a listing one (tests) is read once.
@@ -358,7 +360,8 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
         if children.body is not None and children.body is not body:
             body, received = children.body, receive(children.body)
         observed = children.owned_by(job_uid(body)).observed(probes=probes, launcher_attempts=attempts, launcher_memory=memory,
-                                                                 peer_waits=peer_waits, silent=silent, rejected_values=rejected,
+                                                                 peer_waits=peer_waits, silent=silent, since_answer=since_answer,
+                                                                 rejected_values=rejected,
                                                                  tier_conflicts=tier_conflicts(body, children.jobs),
                                                                  **refused_before(ns, name))
         try:

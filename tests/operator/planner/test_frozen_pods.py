@@ -2,10 +2,12 @@
 ``Observed.peer_waits``) once its own launcher's silence is confirmed
 (``Observed.silent``) and its kubelet reports it not ready, charged as a ``Hang`` on that
 pod; a pod that is merely silent, a replacement still starting, a pod still ready (a
-partitioned node's), a failed node's pod and a pod already charged are not."""
+partitioned node's), a pod whose "not ready" predates its launcher's last answer, a failed
+node's pod and a pod already charged are not."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 from llmtrain_operator.planner import plan
@@ -117,3 +119,28 @@ def test_a_silent_pod_its_kubelet_still_reports_ready_is_a_partitioned_nodes_and
     result = plan(raw, observed(raw, [worker(0), worker(1, ready=True)], peer_waits={W0: 5.0}, silent={W1: 40.0}), NOW)
     assert result.status.get("restarts", 0) == 0 and not any("delete" in a for a in summary(result.actions))
     assert result.requeue_after is not None and result.requeue_after <= RECHECK_SECONDS, "watched closely meanwhile"
+
+
+def test_a_not_ready_written_before_the_launcher_last_answered_is_no_verdict_on_its_silence():
+    """A pod not ready since before this operator last heard its launcher (still starting,
+    a readiness probe failed once under load) and then cut off with its node: the kubelet's
+    word is older than the silence, so it proves no kubelet alive since; the node's failure
+    comes after its grace. A not-ready written after the last answer is a live kubelet's."""
+    raw = job(status=running_status())
+    heard = 12.0  # the launcher last answered 12 s ago, then went silent
+    stale = replace(worker(1, uid="u1", ready=False), ready_since=NOW - timedelta(seconds=heard + 5))
+    kept = plan(raw, observed(raw, [worker(0, uid="u0"), stale], peer_waits={W0: 10.0}, silent={W1: 11.0},
+                              since_answer={W1: heard}), NOW)
+    assert kept.status.get("restarts", 0) == 0 and not any("delete" in a for a in summary(kept.actions))
+    assert kept.requeue_after is not None and kept.requeue_after <= RECHECK_SECONDS, "watched closely meanwhile"
+    # Written within the same second as the last answer (transition times are whole
+    # seconds), or later: the kubelet saw the pod broken after the silence began.
+    for after in (heard - 0.5, heard + 0.9, 3.0):
+        fresh = replace(worker(1, uid="u1", ready=False), ready_since=NOW - timedelta(seconds=after))
+        result = plan(raw, observed(raw, [worker(0, uid="u0"), fresh], peer_waits={W0: 10.0}, silent={W1: 11.0},
+                                    since_answer={W1: heard}), NOW)
+        assert f"force-delete {W1}" in summary(result.actions), after
+        assert result.status["restartsByReason"] == {"Hang": 1}
+    # Never heard by this operator (a new leader): the kubelet's word as it stands.
+    unheard = plan(raw, observed(raw, [worker(0, uid="u0"), stale], peer_waits={W0: 10.0}, silent={W1: 11.0}), NOW)
+    assert f"force-delete {W1}" in summary(unheard.actions)

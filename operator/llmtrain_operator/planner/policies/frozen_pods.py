@@ -16,6 +16,11 @@ A pod is replaced as the cause, charged as a ``Hang`` on that pod, when
   alive and sees the pod broken. A pod on a partitioned node is silent too, and its peers
   wait on it, but nobody reports it not ready until the node is NotReady: a node's
   failure, left to ``node_failures`` (and to its grace), as is any pod of a failed node.
+  So a "not ready" counts only if it was written after this operator last heard the
+  launcher (``Observed.since_answer``, where it knows that moment; with a second's slack:
+  transition times are whole seconds): one written before (a pod still starting, a probe
+  failed once under load) is the last word of a kubelet that may since have been cut
+  off with its node, no verdict on the silence.
 
 It is force-deleted (a frozen process ignores SIGTERM: the kubelet kills it) and counts
 against its node like a kill with no report
@@ -26,6 +31,8 @@ no peer to report it. While any worker is silent the job is looked at every
 """
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 from ...api.observed import PodView
 from ...api.vocabulary import FailureKind, PodPhase, Reason
@@ -51,8 +58,17 @@ def _silent_workers(ctx: Pass) -> list[tuple[PodView, float]]:
             if p.name in silent and p.phase == PodPhase.RUNNING and not p.deleting]
 
 
-def _kubelet_says_broken(pod: PodView) -> bool:
-    return not pod.ready
+TIMESTAMP_SLACK_SECONDS = 1.0
+"""A Ready transition time is truncated to the second."""
+
+
+def _kubelet_says_broken(ctx: Pass, pod: PodView) -> bool:
+    if pod.ready:
+        return False
+    heard = ctx.observed.since_answer.get(pod.name)
+    if heard is None or pod.ready_since is None:
+        return True  # nothing to date it against: the kubelet's word as it stands
+    return pod.ready_since >= ctx.now - timedelta(seconds=heard + TIMESTAMP_SLACK_SECONDS)
 
 
 def handle(ctx: Pass) -> Verdict:
@@ -69,7 +85,7 @@ def handle(ctx: Pass) -> Verdict:
     longest = max(waits.values())
     for pod, quiet in silent:
         node = ctx.observed.nodes.get(pod.node) if pod.node else None
-        if quiet < max(CONFIRM_SECONDS, longest) or (node is not None and node.failed) or not _kubelet_says_broken(pod):
+        if quiet < max(CONFIRM_SECONDS, longest) or (node is not None and node.failed) or not _kubelet_says_broken(ctx, pod):
             continue
         key = pod_key(pod)
         if charged(ctx, key):
