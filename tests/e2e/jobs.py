@@ -78,6 +78,14 @@ def pod_with_marker(bed, namespace: str, name: str, marker: str) -> dict[str, An
     raise AssertionError(f"no pod of {name} fired {marker}")
 
 
+def wait_event(bed, namespace: str, name: str, reason: str, words: str, timeout: float = 30) -> None:
+    """Wait for an Event of ``reason`` about ``name`` whose message holds ``words``: the
+    operator posts Events after the status write, in the background, so a status that
+    shows a failure may come a moment before its Event does."""
+    wait_for(lambda: any(r == reason and words in m for r, m in event_messages(bed, namespace, name)), timeout, 0.5,
+             f"a {reason} Event about {namespace}/{name} naming {words!r}")
+
+
 def run_dir(bed, pod: dict[str, Any]) -> Path:
     """A worker pod's run volume on the local cluster's disk."""
     return bed.state / "pods" / pod["metadata"]["uid"] / "volumes" / "run"

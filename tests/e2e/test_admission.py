@@ -11,7 +11,7 @@ import pytest
 import yaml
 from support.waiting import wait_for
 
-from .jobs import create, event_messages, job_manifest, pods, wait_status
+from .jobs import create, job_manifest, pods, wait_event, wait_status
 
 pytestmark = pytest.mark.e2e
 
@@ -33,7 +33,7 @@ def test_a_quota_that_refuses_the_pods_is_in_the_status_and_the_job_runs_once_it
     refused = wait_status(bed, ns, name, lambda s: (_failure(s) or {}).get("status") == "True", 120, "ReplicaFailure")
     failure = _failure(refused)
     assert failure["reason"] == "FailedCreate" and "exceeded quota: pods" in failure["message"], failure
-    assert any(r == "FailedCreate" and "exceeded quota" in m for r, m in event_messages(bed, ns, name))
+    wait_event(bed, ns, name, "FailedCreate", "exceeded quota")
     assert len(pods(bed, ns, name)) + len(pods(bed, ns, name, "rendezvous")) <= 1
     bed.kubectl("patch", "resourcequota", "pods", "-n", ns, "--type=merge", "-p", '{"spec": {"hard": {"pods": "10"}}}')
     done = wait_status(bed, ns, name, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, "the job ran after the quota rose")

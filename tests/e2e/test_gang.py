@@ -14,7 +14,7 @@ import pytest
 from support import scheduler_crds as crds
 from support.waiting import wait_for
 
-from .jobs import create, event_messages, get, job_manifest, pods, wait_status
+from .jobs import create, get, job_manifest, pods, wait_event, wait_status
 from .webhook import REFUSAL, RefusingWebhook
 
 pytestmark = pytest.mark.e2e
@@ -53,7 +53,7 @@ def test_a_gang_job_without_the_pod_group_api_says_so_once_and_runs_without_one(
         missing = wait_status(bed, NS, "gang-nocrd", lambda s: _condition(s, "PodGroupReady").get("reason") == "PodGroupAPIMissing",
                               60, "PodGroupAPIMissing")
         assert "podgroups.scheduling.x-k8s.io/v1alpha1" in _condition(missing, "PodGroupReady")["message"]
-        assert any(r == "PodGroupAPIMissing" for r, _ in event_messages(bed, NS, "gang-nocrd"))
+        wait_event(bed, NS, "gang-nocrd", "PodGroupAPIMissing", "")
         wait_for(lambda: len(pods(bed, NS, "gang-nocrd")) == 2, 60, what="the workers, without a PodGroup")
     finally:
         bed.kubectl("delete", "ltj", "gang-nocrd", "-n", NS, "--wait=false", check=False)
@@ -115,7 +115,7 @@ def test_an_admission_webhook_refusing_a_gang_jobs_pods_shows_in_a_condition_and
             failure = _condition(refused, "ReplicaFailure")
             assert failure["reason"] == "FailedCreate" and REFUSAL in failure["message"], failure
             assert 'admission webhook "refuse.e2e.llmtrain.io" denied the request' in failure["message"]
-            assert any(r == "FailedCreate" and REFUSAL in m for r, m in event_messages(bed, NS, "gang-refused"))
+            wait_event(bed, NS, "gang-refused", "FailedCreate", REFUSAL)
             assert seen_after < 20, f"the refusal showed after {seen_after:.1f}s"
             assert hook.seen, "the API server asked the webhook"
             assert not pods(bed, NS, "gang-refused") and not pods(bed, NS, "gang-refused", "rendezvous")

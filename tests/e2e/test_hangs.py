@@ -18,7 +18,7 @@ import time
 import pytest
 from support.waiting import wait_for
 
-from .jobs import GANG, create, event_messages, job_manifest, pod_with_marker, pods, run_dir, wait_status
+from .jobs import GANG, create, job_manifest, pod_with_marker, pods, run_dir, wait_event, wait_status
 from .matrix import check_counters, restores
 
 pytestmark = pytest.mark.e2e
@@ -67,8 +67,7 @@ def test_a_frozen_only_rank_is_ended_by_its_launcher_and_restored_from_tier_1(op
     (pod,) = pods(bed, NS, "single")
     assert (failure["kind"], failure["reason"], failure["pod"], failure["node"]) == \
         ("Hang", "Hang", "single-worker-0", pod["spec"]["nodeName"]), failure
-    assert any(r == "RestartedInPlace" and f"pod single-worker-0 on node {pod['spec']['nodeName']}" in m
-               for r, m in event_messages(bed, NS, "single")), event_messages(bed, NS, "single")
+    wait_event(bed, NS, "single", "RestartedInPlace", f"pod single-worker-0 on node {pod['spec']['nodeName']}")
     # Frozen at step 8, restored at most one interval back, from its node-local tier.
     frozen_at = float((run_dir(bed, pod) / "faults" / "fault-0-rank-0.fired").read_text())
     resumed = wait_for(lambda: restores(bed, NS, "single", since=frozen_at), 120, 1, "the single job's restore")
@@ -117,7 +116,7 @@ def test_a_frozen_pod_is_replaced_on_its_peers_reports_and_charged_as_a_hang_on_
     assert replaced["restartsByReason"] == {"Hang": 2}, replaced["restartsByReason"]
     # A sanity bound only (bench/recovery.py measures it): before the liveness probe could act.
     assert seen_after < HANG + 20, seen_after
-    assert any(r == "PodUnresponsive" and name in m for r, m in event_messages(bed, NS, "pair"))
+    wait_event(bed, NS, "pair", "PodUnresponsive", name)
 
 
 def test_a_straggler_is_reported_with_its_rank_pod_and_node_and_not_charged(operator, jobs):
@@ -127,7 +126,7 @@ def test_a_straggler_is_reported_with_its_rank_pod_and_node_and_not_charged(oper
     message = next(c["message"] for c in slow["conditions"] if c["type"] == "Straggler")
     holders = [p for p in pods(bed, NS, "pair") if f"rank 1 in pod {p['metadata']['name']} on node {p['spec']['nodeName']}" in message]
     assert len(holders) == 1, message
-    assert any(r == "Straggler" and f"rank 1 in pod {holders[0]['metadata']['name']}" in m for r, m in event_messages(bed, NS, "pair"))
+    wait_event(bed, NS, "pair", "Straggler", f"rank 1 in pod {holders[0]['metadata']['name']}")
     assert slow["restartsByReason"] == {"Hang": 2}
 
 
@@ -137,7 +136,7 @@ def test_the_single_job_rolls_back_its_nan_and_succeeds_charged_only_its_hang(op
     assert single["phase"] == "Succeeded", json.dumps(single)[:3000]
     assert single["restartsByReason"] == {"Hang": 1}, "a rollback is not a restart"
     assert single["numerics"] == {"rollbacks": 1, "skipped": [{"firstStep": 16, "lastStep": 20, "firstSample": 120, "endSample": 160}]}
-    assert any(r == "RolledBack" and "samples 120..159" in m for r, m in event_messages(bed, NS, "single"))
+    wait_event(bed, NS, "single", "RolledBack", "samples 120..159")
 
 
 def test_the_pair_succeeds_charged_its_hang_and_its_frozen_pod_once_each(operator, jobs):

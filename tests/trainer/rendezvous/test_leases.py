@@ -5,6 +5,7 @@ state is touched."""
 
 from __future__ import annotations
 
+import base64
 import datetime
 import json
 import os
@@ -438,3 +439,77 @@ def test_a_torchrun_agent_refuses_a_forged_state_in_the_store_and_runs_nothing(s
         assert agent.returncode != 0 and "names posix.system" in agent.stderr, agent.stderr[-2000:]
     else:
         assert marker.exists(), "plain torchrun no longer unpickles the state: this test's control is gone"
+
+
+def test_the_guard_puts_back_the_last_good_state_over_a_forged_one_and_says_so(store, tmp_path, capsys):
+    """A forged state (naming os.system, or bytes that do not decode) is replaced by the
+    last good one, byte for byte (so an agent's compare-and-set token taken before the
+    forgery is valid again), without running it; with no good state seen, it is reported
+    and left; later forgeries within the report interval are counted, not each logged."""
+    marker = tmp_path / "ran"
+    clock = [0.0]
+    guard = leases.StateGuard(clock=lambda: clock[0])
+    key = leases.STATE_KEY_PREFIX + RUN
+    C10dRendezvousBackend(store, RUN)  # writes the "no state" sentinel, as torchrun's backend does
+    assert guard.check(store, RUN), "no state yet is nothing to refuse"
+    forged = base64.b64encode(pickle.dumps(_Forged(marker)))
+    store.set(key, forged)
+    assert not guard.check(store, RUN)
+    assert store.get(key) == forged, "nothing good to put back: left as it is"
+    assert "no good state seen yet" in capsys.readouterr().err
+    _write_raw(store, key, _state(True, A, B))
+    good = store.get(key)
+    assert guard.check(store, RUN)
+    clock[0] += leases.FORGERY_REPORT_SECONDS
+    for bad in (forged, b"%%% not base64 %%%", base64.b64encode(b"\x80\x05 truncated")):
+        clock[0] += 1
+        store.set(key, bad)
+        assert not guard.check(store, RUN)
+        assert store.get(key) == good, bad
+    assert not marker.exists(), "the forged state ran its command in the store's process"
+    err = capsys.readouterr().err
+    assert err.count("refused a forged rendezvous state") == 1 and "names posix.system" in err and "put back" in err, err
+    clock[0] += leases.FORGERY_REPORT_SECONDS
+    store.set(key, forged)
+    assert not guard.check(store, RUN)
+    assert "(2 more since the last report)" in capsys.readouterr().err
+    assert rdzvstate.load_state(base64.b64decode(store.get(key))).participants == {A: 0, B: 1}
+
+
+def _write_raw(store, key: str, state: _RendezvousState) -> None:
+    store.set(key, base64.b64encode(pickle.dumps(state)))
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["store-guarded", "unguarded"])
+def test_an_agent_trains_through_a_forged_state_its_store_puts_back(store, tmp_path, guarded):
+    """A running torchrun agent (ours) and a forgery written into its store while its
+    worker runs. Once the agent has read the forgery (it says so), the store's guard puts
+    back the good state and the agent's worker ends well; with no guard, the agent fails
+    once its wait is over (the control: without the guard the forgery would fail the job).
+    Neither runs the forgery."""
+    marker, log = tmp_path / "ran", tmp_path / "agent.err"
+    guard = leases.StateGuard()
+    key = leases.STATE_KEY_PREFIX + RUN
+    with log.open("w") as err:
+        agent = subprocess.Popen([sys.executable, str(AGENT), "--nnodes=1", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                                  f"--rdzv-endpoint=127.0.0.1:{store.port}", f"--rdzv-id={RUN}",
+                                  "--rdzv-conf=is_host=false,join_timeout=15", "--max-restarts=0",
+                                  "--monitor-interval=0.1", "--no-python", "sleep", "12"],
+                                 stdout=subprocess.DEVNULL, stderr=err, cwd=tmp_path)
+    try:
+        wait_for(lambda: store.check([key]) and guard.check(store, RUN) and store.get(key) != leases.NO_STATE
+                 and rdzvstate.load_state(base64.b64decode(store.get(key))).complete, 60, 0.1, "the agent's round complete")
+        store.set(key, base64.b64encode(pickle.dumps(_Forged(marker))))
+        wait_for(lambda: "refused the rendezvous state in the store" in log.read_text(), 10, 0.05, "the agent reading the forgery")
+        if guarded:
+            assert not guard.check(store, RUN), "the guard refuses the forgery"
+        agent.wait(timeout=120)
+    finally:
+        agent.kill()
+    said = log.read_text()
+    assert not marker.exists(), "the forged state ran its command"
+    assert "names posix.system" in said, said[-3000:]
+    if guarded:
+        assert agent.returncode == 0, said[-3000:]
+    else:
+        assert agent.returncode != 0, "the agent failed on no forgery: this test's control is gone"

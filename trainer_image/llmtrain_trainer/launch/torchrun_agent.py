@@ -32,6 +32,12 @@ boundary (SIGTERM: an emergency checkpoint), so the step is kept. The hold lasts
 ``ADMIT_AFTER_SECONDS``, so a group stuck before its first step does not keep a node out
 longer than that.
 
+The agent reads the rendezvous state with a restricted unpickler (``read_state_safely``):
+a forged state naming a callable is refused, never run. A refused state is read again for
+a few seconds (``read_through_forgeries``) while the store's process puts back its last
+good one (``rendezvous/leases.py``), so a forgery written by a pod that reaches the store
+costs the job nothing; only a state refused for longer fails the agent, as torchrun would.
+
 The launcher runs this file by its path in place of ``python -m torch.distributed.run``,
 with the same arguments. It imports only torch, the standard library and the package's
 ``pod/heartbeat.py`` (by path), so it runs from a bundle in a user's image too; should that
@@ -275,8 +281,56 @@ def read_state_safely() -> bool:
     return True
 
 
+REFUSED_STATE_WAIT_SECONDS = 5.0
+"""How long an agent reads a refused rendezvous state again before it fails as torchrun
+would: the store's own process puts back the last good state within a poll (0.1 s,
+``rendezvous/leases.py``), so a forgery costs the job nothing; a state still refused this
+long after (no store of ours guards it) is corrupt to torchrun, as before."""
+REFUSED_STATE_POLL_SECONDS = 0.1
+
+
+def read_through_forgeries(wait: float = REFUSED_STATE_WAIT_SECONDS, poll: float = REFUSED_STATE_POLL_SECONDS,
+                           sleep: Callable[[float], None] | None = None, clock: Callable[[], float] | None = None) -> bool:
+    """Patch torch so that an agent reading a rendezvous state it refuses (a forged one, or
+    one that does not decode: ``RendezvousStateError``) reads it again for ``wait`` seconds
+    instead of failing at once: every read of the state (a keep-alive beat, the check for
+    waiting nodes, a join) goes through ``_BackendRendezvousStateHolder.sync``. False
+    (nothing patched) when this torch has not that class."""
+    import time  # noqa: PLC0415
+
+    try:
+        from torch.distributed.elastic.rendezvous.api import RendezvousStateError  # noqa: PLC0415 - a torch without it runs unpatched
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _BackendRendezvousStateHolder  # noqa: PLC0415
+    except ImportError:
+        return False
+    sync = getattr(_BackendRendezvousStateHolder, "sync", None)
+    if sync is None:
+        return False
+    pause, now = sleep or time.sleep, clock or time.monotonic
+
+    def sync_through_forgeries(self):
+        deadline = None
+        while True:
+            try:
+                return sync(self)
+            except RendezvousStateError as err:
+                if deadline is None:
+                    deadline = now() + wait
+                    cause = err.__cause__ if err.__cause__ is not None else err
+                    print(f"llmtrain torchrun agent: refused the rendezvous state in the store ({str(cause)[:300]}); "
+                          f"reading it again for up to {wait:.0f}s (the store puts back its last good state)",
+                          file=sys.stderr, flush=True)
+                if now() >= deadline:
+                    raise
+                pause(poll)
+
+    _BackendRendezvousStateHolder.sync = sync_through_forgeries  # type: ignore[method-assign]  # patching torch's class is the point
+    return True
+
+
 def main() -> None:
     read_state_safely()
+    read_through_forgeries()
     keep_open_on_failure()
     stop_on_permanent_exit(permanent_codes(os.environ.get(PERMANENT_EXIT_CODES)))
     poll_faster()

@@ -28,6 +28,16 @@ first line ``{"echo": N}`` (N at most ``ECHO_LIMIT``) gets its next N bytes sent
 they come, ``ECHO_SLOTS`` such connections at once; the rate the launcher measures is the
 rate of its node's path to the store.
 
+The store's process also guards the rendezvous state (``StateGuard``): the state lives
+pickled in the store, which any pod that reaches the store's port can write. Ten times a
+second it reads the state of the store's run (and of every run with a lease held) with the
+restricted unpickler the agents use (``pod/rdzvstate.py``); a state it refuses (a forgery
+naming a callable, bytes that do not decode) is replaced by the last good one it read,
+with compare-and-set, and logged. The agents read a refused state again for a few seconds
+before failing (``launch/torchrun_agent.py``), so the job trains on. A forgery made only of
+torchrun's own types is not caught here: the namespace's pods that the job's
+NetworkPolicy admits are trusted with the state, as they are with the process-group store.
+
 Everything here is best effort: a store that cannot serve leases, a launcher that cannot
 reach it, a state that cannot be edited, each leaves the rendezvous to the keep-alive and
 the last call.
@@ -35,6 +45,7 @@ the last call.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import json
 import pickle
@@ -143,6 +154,57 @@ def complete_if_all_joined(state: Any, hellos: list[dict[str, Any]]) -> bool:
     for rank, node in enumerate(sorted(state.participants)):
         state.participants[node] = rank
     return True
+
+
+STATE_KEY_PREFIX = "torch.rendezvous."
+"""torchrun's c10d backend keeps run ``R``'s state under ``torch.rendezvous.R``, base64 of
+its pickle (or the backend's sentinel while there is none)."""
+NO_STATE = b"Y2FuaW1hZGFt"
+"""The c10d backend's sentinel for "no state yet"."""
+FORGERY_REPORT_SECONDS = 10.0
+"""A run's forgeries after its first are logged at most this often, with their count."""
+
+
+class StateGuard:
+    """The last good rendezvous state of each run, put back over one the agents would
+    refuse. ``check`` is called with the store's lock held."""
+
+    def __init__(self, clock: Any = time.monotonic):
+        self.good: dict[str, bytes] = {}
+        self.refused: dict[str, tuple[int, float]] = {}  # run -> forgeries since the last report, when reported
+        self._clock = clock
+
+    def check(self, store: Any, run_id: str) -> bool:
+        """True when run ``run_id``'s state in ``store`` reads as torchrun's own (or there is
+        none yet); False after a refused one, put back if a good one was seen."""
+        key = STATE_KEY_PREFIX + run_id
+        raw = store.get(key)
+        if raw == NO_STATE:
+            return True
+        try:
+            load_state(base64.b64decode(raw))
+        except Exception as err:  # noqa: BLE001 - ForgedState, or base64 that does not decode: both refused
+            good = self.good.get(run_id)
+            if good is None:
+                self._report(run_id, f"{err}; no good state seen yet to put back")
+                return False
+            now = store.compare_set(key, raw, good)
+            self._report(run_id, f"{err}; " + ("the last good state put back" if now == good
+                                                else "it changed again meanwhile: checked again at the next poll"))
+            return False
+        self.good[run_id] = raw
+        return True
+
+    def _report(self, run_id: str, what: str) -> None:
+        count, last = self.refused.get(run_id, (0, float("-inf")))
+        now = self._clock()
+        if now - last < FORGERY_REPORT_SECONDS:
+            self.refused[run_id] = (count + 1, last)
+            return
+        more = f" ({count} more since the last report)" if count else ""
+        print(f"rendezvous leases: refused a forged rendezvous state of rendezvous {run_id!r}{more}: {what[:400]}",
+              file=sys.stderr, flush=True)
+        self.refused[run_id] = (0, now)
 
 
 def backend_for(store: Any, run_id: str) -> Any:
@@ -288,6 +350,7 @@ class LeaseServer:
         self.stopped = threading.Event()
         self.reported: set[str] = set()
         self.backends: dict[str, Any] = {}  # run -> its backend, for the round checks ten times a second
+        self.guard = StateGuard()
         self.echo_slots = threading.BoundedSemaphore(ECHO_SLOTS)
         threading.Thread(target=self._accept, name="rdzv-leases", daemon=True).start()
         threading.Thread(target=self._complete_rounds, args=(round_poll_seconds,), name="rdzv-rounds", daemon=True).start()
@@ -367,11 +430,12 @@ class LeaseServer:
             self.echo_slots.release()
 
     def _complete_rounds(self, poll: float) -> None:
-        """Every ``poll`` seconds, for each run with leases held: complete its forming
-        round if every holder has joined (``complete_if_all_joined``)."""
+        """Every ``poll`` seconds, for the store's run and each run with leases held: put
+        back a forged state (``StateGuard``), then complete its forming round if every
+        lease holder has joined (``complete_if_all_joined``)."""
         while not self.stopped.wait(poll):
             with self.held_lock:
-                runs: dict[str, list[dict[str, Any]]] = {}
+                runs: dict[str, list[dict[str, Any]]] = {self.run_id: []} if self.run_id is not None else {}
                 for hello in self.held.values():
                     runs.setdefault(hello["run_id"], []).append(hello)
             for run_id, hellos in runs.items():
@@ -381,6 +445,8 @@ class LeaseServer:
                     try:
                         if run_id not in self.backends:
                             self.backends[run_id] = backend_for(self.store, run_id)
+                        if not self.guard.check(self.store, run_id) or not hellos:
+                            continue
                         state = _edit(self.backends[run_id], lambda st, hs=hellos: complete_if_all_joined(st, hs))
                     except Exception as err:  # noqa: BLE001 - best effort: the last call still completes it
                         said = f"rendezvous leases: could not check rendezvous {run_id!r}: {type(err).__name__}: {err}"
