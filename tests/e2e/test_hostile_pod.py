@@ -27,7 +27,7 @@ NS, NAME = "e2e-hostile", "hostile"
 RAN = "FORGERY-RAN"
 CRASH = "crash-now"
 FORGER = """
-import base64, datetime, json, os, pickle, socket, sys
+import base64, datetime, json, os, pickle, socket, sys, time
 from torch.distributed import TCPStore
 
 host, port, run_id, victim = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -40,7 +40,13 @@ class Forged:
 
 store = TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=30))
 store.set("torch.rendezvous." + run_id, base64.b64encode(pickle.dumps(Forged())))
-with socket.create_connection((host, port + LEASE_OFFSET), timeout=10) as conn:
+for attempt in range(50):  # the store's client above retried; this is a plain socket
+    try:
+        conn = socket.create_connection((host, port + LEASE_OFFSET), timeout=10)
+        break
+    except OSError:
+        time.sleep(0.2)
+with conn:
     conn.sendall((json.dumps({"run_id": run_id, "addr": victim, "pid": 1, "min_nodes": 1}) + "\\n").encode())
 print("forged", flush=True)
 """.replace("RAN_MARK", RAN).replace("LEASE_OFFSET", str(RDZV_LEASE_PORT_OFFSET))
@@ -53,10 +59,18 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 held = []
 for i in range(count):
     host, port = targets[i % len(targets)]
-    try:
-        held.append(socket.create_connection((host, port), timeout=5))
-    except OSError as err:
-        print("refused", i, type(err).__name__, flush=True)
+    # A new pod's address reaches a policy plugin's sets a moment after it starts (kube-router:
+    # within about a second): an admitted pod may be refused at first.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            held.append(socket.create_connection((host, port), timeout=5))
+            break
+        except OSError as err:
+            if time.monotonic() > deadline:
+                print("refused", i, type(err).__name__, flush=True)
+                break
+            time.sleep(0.2)
 print("holding", len(held), flush=True)
 time.sleep(hold)
 print("released", flush=True)

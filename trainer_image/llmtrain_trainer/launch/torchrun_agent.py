@@ -289,8 +289,7 @@ long after (no store of ours guards it) is corrupt to torchrun, as before."""
 REFUSED_STATE_POLL_SECONDS = 0.1
 
 
-def read_through_forgeries(wait: float = REFUSED_STATE_WAIT_SECONDS, poll: float = REFUSED_STATE_POLL_SECONDS,
-                           sleep: Callable[[float], None] | None = None, clock: Callable[[], float] | None = None) -> bool:
+def read_through_forgeries(wait: float = REFUSED_STATE_WAIT_SECONDS, poll: float = REFUSED_STATE_POLL_SECONDS) -> bool:
     """Patch torch so that an agent reading a rendezvous state it refuses (a forged one, or
     one that does not decode: ``RendezvousStateError``) reads it again for ``wait`` seconds
     instead of failing at once: every read of the state (a keep-alive beat, the check for
@@ -306,7 +305,6 @@ def read_through_forgeries(wait: float = REFUSED_STATE_WAIT_SECONDS, poll: float
     sync = getattr(_BackendRendezvousStateHolder, "sync", None)
     if sync is None:
         return False
-    pause, now = sleep or time.sleep, clock or time.monotonic
 
     def sync_through_forgeries(self):
         deadline = None
@@ -315,14 +313,14 @@ def read_through_forgeries(wait: float = REFUSED_STATE_WAIT_SECONDS, poll: float
                 return sync(self)
             except RendezvousStateError as err:
                 if deadline is None:
-                    deadline = now() + wait
+                    deadline = time.monotonic() + wait
                     cause = err.__cause__ if err.__cause__ is not None else err
                     print(f"llmtrain torchrun agent: refused the rendezvous state in the store ({str(cause)[:300]}); "
                           f"reading it again for up to {wait:.0f}s (the store puts back its last good state)",
                           file=sys.stderr, flush=True)
-                if now() >= deadline:
+                if time.monotonic() >= deadline:
                     raise
-                pause(poll)
+                time.sleep(poll)
 
     _BackendRendezvousStateHolder.sync = sync_through_forgeries  # type: ignore[method-assign]  # patching torch's class is the point
     return True
