@@ -171,6 +171,9 @@ class StateGuard:
 
     def __init__(self, clock: Any = time.monotonic):
         self.good: dict[str, bytes] = {}
+        self.read: tuple[Any, bytes] | None = None
+        """The last ``check``'s good state, decoded, and its raw value (the backend's token):
+        the round check that follows edits it without reading and decoding it again."""
         self.refused: dict[str, tuple[int, float]] = {}  # run -> forgeries since the last report, when reported
         self._clock = clock
 
@@ -179,10 +182,11 @@ class StateGuard:
         none yet); False after a refused one, put back if a good one was seen."""
         key = STATE_KEY_PREFIX + run_id
         raw = store.get(key)
+        self.read = None
         if raw == NO_STATE:
             return True
         try:
-            load_state(base64.b64decode(raw))
+            state = load_state(base64.b64decode(raw))
         except Exception as err:  # noqa: BLE001 - ForgedState, or base64 that does not decode: both refused
             good = self.good.get(run_id)
             if good is None:
@@ -193,6 +197,7 @@ class StateGuard:
                                                 else "it changed again meanwhile: checked again at the next poll"))
             return False
         self.good[run_id] = raw
+        self.read = (state, raw)
         return True
 
     def _report(self, run_id: str, what: str) -> None:
@@ -215,16 +220,20 @@ def backend_for(store: Any, run_id: str) -> Any:
     return C10dRendezvousBackend(store, run_id)
 
 
-def _edit(backend: Any, change: Any, attempts: int = 20) -> Any:
+def _edit(backend: Any, change: Any, attempts: int = 20, first: tuple[Any, bytes] | None = None) -> Any:
     """Apply ``change(state) -> bool`` to the rendezvous state of ``backend`` with
     compare-and-set, again when another node wrote it in between; the state written, or
-    None when ``change`` changed nothing (or no state exists)."""
-    for _ in range(attempts):
-        current = backend.get_state()
-        if current is None:
-            return None
-        bits, token = current
-        state = load_state(bits)
+    None when ``change`` changed nothing (or no state exists). ``first``: the state just
+    read (decoded, and its token), for the first attempt."""
+    for attempt in range(attempts):
+        if attempt == 0 and first is not None:
+            state, token = first
+        else:
+            current = backend.get_state()
+            if current is None:
+                return None
+            bits, token = current
+            state = load_state(bits)
         if not change(state):
             return None
         written = backend.set_state(pickle.dumps(state), token)
@@ -447,7 +456,8 @@ class LeaseServer:
                             self.backends[run_id] = backend_for(self.store, run_id)
                         if not self.guard.check(self.store, run_id) or not hellos:
                             continue
-                        state = _edit(self.backends[run_id], lambda st, hs=hellos: complete_if_all_joined(st, hs))
+                        state = _edit(self.backends[run_id], lambda st, hs=hellos: complete_if_all_joined(st, hs),
+                                      first=self.guard.read)
                     except Exception as err:  # noqa: BLE001 - best effort: the last call still completes it
                         said = f"rendezvous leases: could not check rendezvous {run_id!r}: {type(err).__name__}: {err}"
                         if said not in self.reported:  # once, not ten times a second
