@@ -20,8 +20,15 @@ own clock (see docs/benchmarks.md for the results and how to read them):
 - ``balanced_persist_speedup``: a job-wide copy of the replicated state persisted by one
   node over by two, each node behind its own shaped link (``_links.NodeLinks``).
 - a sweep of the stall over step times (batch sizes) and state sizes (presets), plotted.
+- *incremental* (``_ckpt_delta.py``): bytes each checkpoint after the first adds to the
+  shared tier and to S3, and the time until it is committed there, for full training,
+  90 % of the weights frozen and LoRA, with the tiers storing pieces by content against
+  storing them whole; ``<mode>_s3_later_fraction`` = bytes added / the state's bytes,
+  ``<mode>_bytes_whole_over_pieces`` = whole / by content, and the restore's time by
+  content over whole.
 
     sudo python bench/checkpoint.py [--quick] [--plot docs/img/checkpoint_stall.png]
+    python bench/checkpoint.py --incremental-only [--quick]     # the last row alone (no root)
 
 Needs root (dropping the page cache, network namespaces) and MinIO
 (``make cluster-tools``). The last line is ``RESULT ...``.
@@ -90,7 +97,17 @@ def main() -> None:
     p.add_argument("--dir", default="/var/tmp", help="a folder on the disk under test (not tmpfs)")
     p.add_argument("--plot", default=None, help="write the sweep's PNG here")
     p.add_argument("--no-sweep", action="store_true")
+    p.add_argument("--incremental-only", action="store_true", help="only the incremental rows (no root needed)")
     args = p.parse_args()
+    if args.incremental_only:
+        folder = Path(tempfile.mkdtemp(prefix="llmtrain-bench-delta-", dir=args.dir))
+        try:
+            values, rows = incremental_rows(folder, args.quick)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        say("JSON " + json.dumps({"incremental": rows}, default=str))
+        result(**values)
+        return
     if os.geteuid() != 0:
         raise SystemExit("bench/checkpoint.py needs root: it drops the page cache and creates network namespaces")
     quick = args.quick
@@ -193,6 +210,8 @@ def main() -> None:
                 shutil.rmtree(folder, ignore_errors=True)
         sweep.append({"preset": preset, "batch": batch, "step_seconds": stall_disk.step_seconds, "state_bytes": state,
                       "stall": stall_disk.mean, "sync": sync})
+        say("[8/8] incremental checkpoints into the shared tier and S3: full, 90 % frozen, LoRA; by content against whole")
+        delta_values, delta_rows = incremental_rows(disk / "delta", quick)
     finally:
         shutil.rmtree(disk, ignore_errors=True)
         shutil.rmtree(ram, ignore_errors=True)
@@ -214,6 +233,7 @@ def main() -> None:
         "s3": {"paced_rate": rate, "paced_parallel": paced_parallel, "paced_single": paced_single,
                "loopback_parallel": loop_parallel, "loopback_single": loop_single},
         "balanced": {"link_mbit": link, "one_node": one, "two_nodes": two}, "deferral": deferred, "sweep": sweep, **values,
+        "incremental": delta_rows,
     })
     say("JSON " + json.dumps(out, default=str))
     if args.plot:
@@ -222,7 +242,36 @@ def main() -> None:
     result(**{k: round(v, 3) for k, v in values.items()}, stall_s=round(stall_disk.mean, 3),
            stall_ram_tier_s=round(stall_ram.mean, 3), io_steal_s=round(steal, 3), sync_save_s=round(sync, 2),
            dcp_stall_s=round(stall_dcp.mean, 3), deepspeed_stall_s=round(stall_ds.mean, 3),
-           s3_restore_speedup_loopback=round(loop_single / loop_parallel, 2))
+           s3_restore_speedup_loopback=round(loop_single / loop_parallel, 2), **delta_values)
+
+
+def incremental_rows(folder: Path, quick: bool) -> tuple[dict[str, float], list[dict[str, object]]]:
+    """The incremental section (``_ckpt_delta.py``): its RESULT values and its rows."""
+    from _ckpt_delta import MODES, incremental  # noqa: PLC0415
+    from s3server import MinioServer  # noqa: PLC0415
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with MinioServer(folder / "s3") as server:
+        server.make_bucket("bench")
+        os.environ.update(server.env())
+        deltas = incremental(folder / "runs", server, "small" if quick else "gpt2-124m", 3 if quick else 4, 2, say)
+    rows = [d.row() for d in deltas]
+    by = {(r["mode"], r["store"]): r for r in rows}
+    values: dict[str, float] = {}
+    for mode in MODES:
+        pieces, whole = by[(mode, "pieces")], by[(mode, "whole")]
+        say(f"  {mode:<9} by content: S3 +{pieces['s3_later_bytes_median'] / 1e6:.1f} MB per checkpoint "
+            f"({pieces['s3_later_fraction']:.1%} of its state, {pieces['s3_later_fraction_of_full']:.1%} of full training's) "
+            f"in {pieces['s3_seconds_median']:.2f}s; whole: +{whole['s3_later_bytes_median'] / 1e6:.1f} MB "
+            f"in {whole['s3_seconds_median']:.2f}s; restore from S3 {pieces['s3_restore_seconds']:.2f}s against "
+            f"{whole['s3_restore_seconds']:.2f}s, from the shared tier {pieces['shared_restore_seconds']:.2f}s against "
+            f"{whole['shared_restore_seconds']:.2f}s")
+        values[f"{mode}_s3_later_fraction"] = round(pieces["s3_later_fraction"], 3)
+        values[f"{mode}_shared_later_fraction"] = round(pieces["shared_later_fraction"], 3)
+        values[f"{mode}_bytes_whole_over_pieces"] = round(whole["s3_later_bytes_median"] / max(1, pieces["s3_later_bytes_median"]), 2)
+        values[f"{mode}_s3_restore_pieces_over_whole"] = round(pieces["s3_restore_seconds"] / whole["s3_restore_seconds"], 2)
+        values[f"{mode}_shared_restore_pieces_over_whole"] = round(pieces["shared_restore_seconds"] / whole["shared_restore_seconds"], 2)
+    return values, rows
 
 
 def plot(sweep: list[dict[str, float]], path: Path, preset: str) -> None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from collections.abc import Sequence
+from fnmatch import fnmatchcase
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StringConstraints
 
 from .base import CamelModel
 from .names import METRICS_PORT
@@ -156,6 +158,87 @@ class StrategyConfig(Ruled):
     ``microBatchSize`` so they stay correct at every world size."""
 
 
+# --------------------------------------------------------------------- fine-tuning
+
+LoraTarget = Literal["qkv", "proj"]
+LORA_TARGETS: tuple[LoraTarget, ...] = ("qkv", "proj")
+ADAPTER_SUFFIXES = (".lora_a", ".lora_b")
+"""The names of a LoRA layer's two adapter matrices, after the layer's own name."""
+MAX_FREEZE_PATTERNS = 256
+FreezePattern = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.*?!\[\]-]+$")]
+"""A glob over parameter names: those are letters, digits, ``_`` and ``.``; the rest are
+``fnmatch``'s own (``*``, ``?``, ``[...]``, ``[!...]``). Any other character could only
+make a pattern match nothing, so it is refused outright."""
+
+
+class LoraConfig(Ruled):
+    """Low-rank adapters (LoRA, Hu et al. 2021) on the attention projections."""
+
+    rank: int = Field(8, ge=1, le=256)
+    """The adapters' rank r, 1..256 and at most the model's width. Default 8."""
+
+    alpha: float = Field(16.0, gt=0.0, le=4096.0)
+    """The adapters' scale is ``alpha / rank``. Default 16."""
+
+    targets: list[LoraTarget] = Field(default_factory=lambda: list(LORA_TARGETS), min_length=1, max_length=2)
+    """Which projections of every block's attention get adapters: ``qkv`` (the joint
+    query/key/value projection, ``blocks.N.attn.qkv``) and ``proj`` (its output
+    projection, ``blocks.N.attn.proj``). Default both."""
+
+
+def is_adapter(name: str) -> bool:
+    return name.endswith(ADAPTER_SUFFIXES)
+
+
+def parameter_names(shape: ModelShape, lora_targets: Sequence[str] = ()) -> list[str]:
+    """The built-in model's parameter names, in its own order (``named_parameters``). The
+    output head shares ``wte.weight`` (tied embeddings) and has no name of its own."""
+    names = ["wte.weight", "wpe.weight"]
+    for i in range(shape.n_layer):
+        block = f"blocks.{i}"
+        names += [f"{block}.ln1.weight", f"{block}.ln1.bias"]
+        for target in LORA_TARGETS:
+            layer = f"{block}.attn.{target}"
+            names += [f"{layer}.weight", f"{layer}.bias"]
+            if target in lora_targets:
+                names += [layer + suffix for suffix in ADAPTER_SUFFIXES]
+        names += [f"{block}.ln2.weight", f"{block}.ln2.bias"]
+        names += [f"{block}.mlp.{j}.{kind}" for j in (0, 2) for kind in ("weight", "bias")]
+    return names + ["ln_f.weight", "ln_f.bias"]
+
+
+class FreezeError(ValueError):
+    """``freeze`` does not fit the model: a pattern matches nothing, or nothing trains."""
+
+
+def unmatched(patterns: Sequence[str], names: Sequence[str]) -> list[str]:
+    """The patterns that match none of ``names``."""
+    return [p for p in patterns if not any(fnmatchcase(n, p) for n in names)]
+
+
+def frozen_names(names: Sequence[str], freeze: Sequence[str], lora: bool) -> list[str]:
+    """Which of the model's parameters ``names`` are frozen, in the model's order.
+
+    The patterns match base parameters only: an adapter always trains. With LoRA and no
+    pattern, every base parameter is frozen (the usual LoRA fine-tune); with patterns,
+    exactly the ones they match, and the rest of the base trains beside the adapters.
+    Raises ``FreezeError`` naming a pattern that matches nothing (a typo must not
+    silently train everything), or when nothing would train."""
+    base = [n for n in names if not is_adapter(n)]
+    missing = unmatched(freeze, base)
+    if missing:
+        hint = " (the output head is tied to wte.weight)" if any(fnmatchcase("head.weight", p) for p in missing) else ""
+        raise FreezeError(f"{missing[0]!r} matches no parameter of the model{hint}, whose parameters are "
+                          f"{', '.join(base[:6])}, ..., {base[-1]}")
+    if lora and not freeze:
+        return base
+    frozen = [n for n in base if any(fnmatchcase(n, p) for p in freeze)]
+    if len(frozen) == len(names):
+        raise FreezeError(f"{', '.join(repr(p) for p in freeze[:3])}{', ...' if len(freeze) > 3 else ''} "
+                          f"freeze all {len(names)} parameters: nothing would train")
+    return frozen
+
+
 # ---------------------------------------------------------------------- train spec
 
 
@@ -207,6 +290,37 @@ class TrainSpec(Ruled):
     resumed instead (the file is then not needed: a failure to read it is only said).
     Not part of the checkpoint identity: a job may resume checkpoints made from other
     starting weights."""
+
+    freeze: list[FreezePattern] | None = Field(None, max_length=MAX_FREEZE_PATTERNS)
+    """Parameters that are not trained: globs (``fnmatch``: ``*`` also matches dots) over
+    the built-in model's parameter names, at most 256 patterns of at most 256 characters.
+    The names: ``wte.weight`` (token embedding, shared with the output head),
+    ``wpe.weight`` (positions), per block N (0-based) ``blocks.N.ln1.weight``/``.bias``,
+    ``blocks.N.attn.qkv.weight``/``.bias``, ``blocks.N.attn.proj.weight``/``.bias``,
+    ``blocks.N.ln2.weight``/``.bias``, ``blocks.N.mlp.0.weight``/``.bias`` (the MLP's
+    up-projection), ``blocks.N.mlp.2.weight``/``.bias`` (its down-projection), and
+    ``ln_f.weight``/``.bias``. E.g. ``wte.weight``, ``blocks.*.mlp.*``,
+    ``blocks.[0-5].*``. A pattern that matches no parameter of the preset is an error, and
+    so is freezing every parameter. Patterns match base parameters only (LoRA's adapters
+    always train). Default none (unset and an empty list are the same); with ``lora`` and
+    no pattern, every base parameter is frozen, and with patterns exactly those. A frozen
+    parameter stays bit for bit what step 0 had (the seeded init or ``initFrom``) and is
+    in every checkpoint (under DDP first, in one run: docs/trainer.md)."""
+
+    lora: LoraConfig | None = None
+    """Low-rank adapters on the attention projections: each targeted layer computes
+    ``W x + b + (alpha / rank) * B (A x)``, with ``A`` (rank x in) drawn from the seed and
+    ``B`` (out x rank) zero, so that step 0 is the base model exactly. The adapters are
+    parameters ``blocks.N.attn.qkv.lora_a``/``.lora_b`` (and ``proj``'s). Default off."""
+
+    def frozen_parameters(self) -> list[str]:
+        """The names of the parameters this spec freezes (``frozen_names``), from the
+        preset's names; raises ``FreezeError``."""
+        if not self.freeze and self.lora is None:
+            return []
+        shape = self.model.shape(self.data.seq_len)
+        names = parameter_names(shape, self.lora.targets if self.lora else ())
+        return frozen_names(names, self.freeze or [], self.lora is not None)
 
     def grad_accum_steps(self, world_size: int) -> int:
         """Gradient accumulation that keeps the global batch at ``world_size``.
@@ -263,6 +377,40 @@ StrategyConfig.RULES = (
          example={"kind": "deepspeed", "deepspeedConfig": {"train_batch_size": 32}}),
 )
 
+LoraConfig.RULES = (
+    Rule("lora-targets-unique", "targets", "lora.targets must not name a projection twice",
+         check=lambda c: ", ".join(sorted({t for t in c.targets if c.targets.count(t) > 1})) or None,
+         cel="!has(self.targets) || self.targets.all(t, self.targets.exists_one(u, u == t))",
+         example={"targets": ["qkv", "qkv"]}),
+)
+
+WIDTHS = {name: shape.n_embd for name, shape in MODEL_PRESETS.items()}
+
+
+def _base_names(t: TrainSpec) -> list[str]:
+    return [n for n in parameter_names(t.model.shape(t.data.seq_len)) if not is_adapter(n)]
+
+
+def _unmatched_freeze(t: TrainSpec) -> str | None:
+    missing = unmatched(t.freeze or [], _base_names(t))
+    if not missing:
+        return None
+    tied = " (the output head is tied to wte.weight)" if fnmatchcase("head.weight", missing[0]) else ""
+    return f"{missing[0]!r} matches no parameter of '{t.model.preset}'{tied}"
+
+
+def _all_frozen(t: TrainSpec) -> str | None:
+    patterns = t.freeze or []
+    if t.lora is not None or not patterns:
+        return None
+    names = _base_names(t)
+    if all(any(fnmatchcase(n, p) for p in patterns) for n in names):
+        return f"they match all {len(names)} parameters of '{t.model.preset}'"
+    return None
+
+
+_FREEZE_CANNOT = ("CEL has no glob matching, and the parameter names depend on the preset's depth; the operator reports "
+                  "the job Invalid")
 _PRESET = cel_get("self.model.preset", default_of(ModelConfig, "preset"))
 TrainSpec.RULES = (
     Rule("seq-len-fits-the-model", "data.seqLen",
@@ -283,6 +431,18 @@ TrainSpec.RULES = (
          cel=f"{cel_get('self.globalBatchSize', default_of(TrainSpec, 'global_batch_size'))} % "
              f"{cel_get('self.microBatchSize', default_of(TrainSpec, 'micro_batch_size'))} == 0",
          example={"globalBatchSize": 9}),
+    Rule("freeze-patterns-match", "freeze",
+         "every freeze pattern must match a parameter of the model (names such as wte.weight, blocks.0.attn.qkv.weight, "
+         "blocks.0.mlp.0.bias, ln_f.weight)",
+         check=_unmatched_freeze, server_cannot=_FREEZE_CANNOT, example={"freeze": ["blocks.99.*"]}),
+    Rule("freeze-leaves-something-to-train", "freeze", "freeze must leave a parameter to train (or set lora)",
+         check=_all_frozen, server_cannot=_FREEZE_CANNOT, example={"freeze": ["*"]}),
+    Rule("lora-rank-fits-the-model", "lora.rank",
+         "lora.rank must not exceed the model preset's width (" + ", ".join(f"{k} {v}" for k, v in WIDTHS.items()) + ")",
+         check=lambda t: (f"{t.lora.rank} > {WIDTHS[t.model.preset]} of '{t.model.preset}'"
+                          if t.lora is not None and t.lora.rank > WIDTHS[t.model.preset] else None),
+         cel=f"!has(self.lora) || {cel_get('self.lora.rank', default_of(LoraConfig, 'rank'))} <= {cel_literal(WIDTHS)}[{_PRESET}]",
+         example={"lora.rank": 200}),
 )
 
 
@@ -416,5 +576,14 @@ class TrainerConfig(TrainSpec):
         # Kubernetes `trainer` is immutable, so this happens only to a new job reusing a
         # job's checkpoints, or to `llmtrain run` of an edited file.)
         train_part.pop("strategy", None)
+        # What trains is the identity, not how the patterns spell it: the frozen names.
+        # Absent when nothing is frozen and there are no adapters, so that a plain run's
+        # hash (and its checkpoints) stays what it was before these options existed.
+        train_part.pop("freeze", None)
+        if train_part.get("lora") is None:
+            train_part.pop("lora", None)
+        frozen = self.frozen_parameters()
+        if frozen:
+            train_part["frozen"] = frozen
         blob = json.dumps(train_part, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

@@ -43,6 +43,9 @@ class Env:
     ZYGOTE = "LLMTRAIN_ZYGOTE"
     """The socket of the pod's fork server (``llmtrain_trainer.launch.zygote``), set by the launcher
     for the built-in trainer; a user may set it to ``0`` to start every rank from scratch."""
+    PREFETCH = "LLMTRAIN_PREFETCH"
+    """``0``: the launcher does not pull the job's newest checkpoint into tier 1 at pod
+    start (``llmtrain_trainer.checkpoint.prefetch``); the restore pulls it on demand."""
     ADMIT_AFTER_FIRST_STEP = "LLMTRAIN_ADMIT_AFTER_FIRST_STEP"
     """The run dir whose heartbeat files the torchrun agent reads before it admits a
     waiting node (set by the launcher for the built-in trainer). ``torchrun_agent.py``

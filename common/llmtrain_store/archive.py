@@ -79,14 +79,25 @@ def payload_size(entries: list[TensorEntry] | tuple[TensorEntry, ...]) -> int:
     return max((e.offset + aligned(max(e.nbytes, 1)) for e in entries), default=0)
 
 
+META_ROOM = 8 << 10
+"""Bytes of the header kept for its metadata (step counts, settings: a few hundred)."""
+
+
 def encode_header(meta: dict[str, Any], entries: list[TensorEntry] | tuple[TensorEntry, ...]) -> bytes:
-    """The header block, padded so that the payload starts aligned."""
-    body = json.dumps({
+    """The header block, padded so that the payload starts aligned. The JSON is padded
+    with spaces to a length set by the tensors alone (plus ``META_ROOM``), so that the
+    payload starts at the same offset in every checkpoint of a run whatever its metadata
+    says: a step count gaining a digit must not shift every tensor by 4 KiB, or none of
+    the pieces a content-addressed tier already holds (``pieces.py``) would match."""
+    doc = {
         "meta": meta,
         "payload_size": payload_size(entries),
         "tensors": [{"name": e.name, "dtype": e.dtype, "shape": list(e.shape), "offset": e.offset, "nbytes": e.nbytes}
                     for e in entries],
-    }, sort_keys=True).encode()
+    }
+    body = json.dumps(doc, sort_keys=True).encode()
+    room = aligned(16 + len(json.dumps({**doc, "meta": {}}, sort_keys=True)) + META_ROOM) - 16
+    body += b" " * max(0, room - len(body))  # JSON allows trailing whitespace
     head = MAGIC + struct.pack("<Q", len(body)) + body
     return head + b"\0" * (aligned(len(head)) - len(head))
 

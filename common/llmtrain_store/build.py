@@ -18,10 +18,15 @@ from .tier import Tier
 
 
 def build_tier(spec: CheckpointTierConfig) -> Tier:
+    """The job-wide tiers (``shared``, ``s3``) store pieces by content, once per job
+    (``pieces.py``); tier 1 (``local``) keeps whole files, written straight from the
+    arena by direct I/O while training waits on nothing but the disk."""
+    by_content = spec.name != "local"
     if spec.uri.startswith("s3://"):
         return S3Tier(spec.name, spec.uri, keep=spec.keep, interval_steps=spec.interval_steps, endpoint=spec.endpoint,
-                      region=spec.region, path_style=spec.path_style)
-    return DirTier(spec.name, Path(spec.uri), keep=spec.keep, interval_steps=spec.interval_steps)
+                      region=spec.region, path_style=spec.path_style, content_addressed=by_content)
+    return DirTier(spec.name, Path(spec.uri), keep=spec.keep, interval_steps=spec.interval_steps,
+                   content_addressed=by_content)
 
 
 def build_tiers(specs: Sequence[CheckpointTierConfig]) -> list[Tier]:

@@ -14,6 +14,13 @@ Layout of one tier::
     <root>/.pins/step-00000120.rank-00001   a reader (an upload to a slower tier) holds
                                     that step: retention leaves it until it is done
 
+A content-addressed tier (``content_addressed``: the shared filesystem tier) keeps each
+piece once (``pieces.py``): its step folders hold the manifest and ``COMMITTED`` only::
+
+    <root>/pieces/<hash>-<size>[.zst]   a piece, shared by every step that holds it
+    <root>/.staging-.../claims/rank-00000.json   the pieces a writer will refer to
+    <root>/.collecting/<token>          a piece collection in progress
+
 Several writers (the ranks of a node, or the nodes of a job for a shared tier) fill one
 staging folder; each announces its files with a part record; a single committer waits
 for every expected part, writes the manifest and COMMITTED, and renames the folder. A
@@ -32,6 +39,8 @@ import logging
 import os
 import re
 import shutil
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from . import manifest as mf
+from . import pieces, piecestore
 from .fileio import HASH, Hasher, fsync_dir, fsync_file, hash_file, iter_file
 from .sources import Source, iter_range
 from .health import absent
@@ -50,6 +60,8 @@ from .tier import (CheckpointError, Committed, StepUnreadable, allocate, digest_
 log = logging.getLogger("llmtrain.checkpoint")
 PINS_DIR = ".pins"
 DELETING_PREFIX = ".deleting-"
+COLLECTING_DIR = ".collecting"
+CLAIMS_DIR = "claims"
 
 
 def _alive(pid: int) -> bool:
@@ -74,6 +86,8 @@ class DirTier:
     scope: Scope | None = None
     """The run writing this tier (set once its restore is agreed): clean-up touches only
     its lineage's steps. None (a tool acting by hand): every step."""
+    content_addressed: bool = False
+    """Store pieces by content, once for every step that holds them (``pieces.py``)."""
     _verified: dict[tuple[int, tuple[str, ...]], str | None] = field(default_factory=dict, repr=False)
 
     kind = "dir"
@@ -120,11 +134,109 @@ class DirTier:
             out.flush()
             os.fsync(out.fileno())
 
+    # ------------------------------------------------------------------ pieces (content_addressed)
+
+    def claim(self, step: int, writer: int, refs: set[str]) -> piecestore.Held:
+        """Before storing ``writer``'s pieces of ``step``: claim the ones it will refer to;
+        the pieces held now (``piecestore.settle``)."""
+        return piecestore.settle(self, step, writer, refs)
+
+    def put_pieces(self, source: Source, run: list[tuple[int, int, str]], held: piecestore.Held,
+                   heartbeat: Callable[[], None] = lambda: None) -> piecestore.Written:
+        return piecestore.store(self, source, run, held, heartbeat)
+
+    def collect(self) -> list[str]:
+        """Delete the pieces nothing refers to (``piecestore.collect_quietly``)."""
+        return piecestore.collect_quietly(self) if (self.root / pieces.PIECES_DIR).is_dir() else []
+
+    def piece_objects(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        try:
+            with os.scandir(self.root / pieces.PIECES_DIR) as listing:
+                for entry in listing:
+                    if entry.is_file(follow_symlinks=False):
+                        out[entry.name] = entry.stat(follow_symlinks=False).st_size
+        except FileNotFoundError:
+            pass
+        return out
+
+    def piece_put(self, obj: str, data: bytes) -> None:
+        folder = self.root / pieces.PIECES_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".tmp-{os.getpid()}-{threading.get_ident()}"
+        with open(tmp, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        tmp.replace(folder / obj)
+        fsync_dir(folder)
+
+    def piece_get(self, obj: str) -> bytes:
+        return mf.inside(self.root, f"{pieces.PIECES_DIR}/{obj}").read_bytes()
+
+    def piece_delete(self, obj: str) -> None:
+        (self.root / pieces.PIECES_DIR / obj).unlink(missing_ok=True)
+
+    def claims(self) -> builtins.list[Any]:
+        out = []
+        for path in self.root.glob(f"{mf.STAGING_PREFIX}*/{CLAIMS_DIR}/*.json"):
+            try:
+                out.append(json.loads(path.read_bytes()))
+            except FileNotFoundError:
+                continue  # committed or swept meanwhile: its manifest (if any) is read next
+            except (OSError, ValueError) as err:
+                raise CheckpointError(f"{self.name} tier: claim {path.name} cannot be read ({err}); no piece is collected") from err
+        return out
+
+    def claim_put(self, step: int, writer: int, record: dict[str, Any]) -> None:
+        folder = self.staging(step) / CLAIMS_DIR
+        folder.mkdir(exist_ok=True)
+        write_json_durably(folder / f"rank-{writer:05d}.json", record)
+        fsync_dir(folder)
+
+    def markers(self) -> builtins.list[str]:
+        folder = self.root / COLLECTING_DIR
+        return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+    def marker_put(self, token: str) -> None:
+        folder = self.root / COLLECTING_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / token).write_text(str(os.getpid()))
+        fsync_dir(folder)
+
+    def marker_drop(self, token: str) -> None:
+        (self.root / COLLECTING_DIR / token).unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ committing
+
     def commit(self, step: int, meta: dict[str, Any], expected: set[int], ranks: set[int], timeout: float,
                heartbeat: Callable[[], None] = lambda: None) -> Committed:
         """Wait for every expected writer's part, then write the manifest and COMMITTED and
         rename the staging folder into place. Only one process per tier calls this.
         ``ranks``: the ranks whose state the checkpoint covers."""
+        folder, manifest = self._seal(step, meta, expected, ranks, timeout, heartbeat)
+        final = self.final(step)
+        if final.exists():  # re-saving a step after a restore: replace the old copy
+            shutil.rmtree(final)
+        folder.replace(final)
+        return self._placed(step, manifest)
+
+    def commit_unless_present(self, step: int, meta: dict[str, Any], expected: set[int], ranks: set[int],
+                              timeout: float) -> Committed | None:
+        """``commit``, except that a committed copy of ``step`` already there stays (the
+        staged one is dropped, None returned): for a writer racing another over one step
+        (a prefetch and a rank's pull), so that no copy is removed under a reader."""
+        folder, manifest = self._seal(step, meta, expected, ranks, timeout, lambda: None)
+        try:
+            os.rename(folder, self.final(step))  # fails on a non-empty folder: no clobbering
+        except OSError:
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        return self._placed(step, manifest)
+
+    def _seal(self, step: int, meta: dict[str, Any], expected: set[int], ranks: set[int], timeout: float,
+              heartbeat: Callable[[], None]) -> tuple[Path, dict[str, Any]]:
+        """The staging folder made whole: every part in, the manifest and COMMITTED written."""
         folder = self.staging(step)
         parts_dir = folder / "parts"
         wait_for_parts(self.name, step, expected, lambda: {int(p.stem.split("-")[1]) for p in parts_dir.glob("rank-*.json")},
@@ -135,11 +247,13 @@ class DirTier:
         shutil.rmtree(parts_dir, ignore_errors=True)
         (folder / mf.COMMITTED).write_text(digest_bytes(text) + "\n")
         fsync_file(folder / mf.COMMITTED)
+        return folder, manifest
+
+    def _placed(self, step: int, manifest: dict[str, Any]) -> Committed:
         final = self.final(step)
-        if final.exists():  # re-saving a step after a restore: replace the old copy
-            shutil.rmtree(final)
-        folder.replace(final)
         fsync_dir(self.root)
+        # The manifest holds the pieces now; the claims held them until it did.
+        shutil.rmtree(final / CLAIMS_DIR, ignore_errors=True)
         self._verified = {k: v for k, v in self._verified.items() if k[0] != step}
         return Committed(self, step, str(final), manifest)
 
@@ -163,6 +277,7 @@ class DirTier:
                 staged = mf.staged(stale.name)
                 if staged is not None and staged[0] < steps[-1] and my_token(self.scope, staged[1]):
                     shutil.rmtree(stale, ignore_errors=True)
+        self.collect()
         return doomed
 
     def make_room(self, need: int) -> list[int]:
@@ -184,6 +299,7 @@ class DirTier:
                 break
             self.delete(older[0])
             deleted.append(older[0])
+            self.collect()  # a content-addressed step frees its space only with its pieces
         return deleted
 
     def delete(self, step: int) -> None:
@@ -204,6 +320,14 @@ class DirTier:
                  if (staged := mf.staged(p.name)) is not None and my_token(self.scope, staged[1])]
         for folder in [*stale, *self.root.glob(DELETING_PREFIX + "*")]:
             shutil.rmtree(folder, ignore_errors=True)
+        # A piece's temporary file left by a writer that died mid-write (any run's: one
+        # an hour old is no write in progress).
+        for tmp in (self.root / pieces.PIECES_DIR).glob(".tmp-*"):
+            try:
+                if time.time() - tmp.stat().st_mtime > 3600:
+                    tmp.unlink()
+            except OSError:
+                continue
 
     # ------------------------------------------------------------------ pins
 
@@ -289,7 +413,12 @@ class DirTier:
                     if size != expected if exact else size < expected:
                         return f"{stored} has {size} bytes, the manifest says {'' if exact else 'at least '}{expected}"
                 for piece in entry.pieces:
-                    if hash_file(mf.inside(folder, piece.name), piece.at, piece.size)[1] != piece.hash:
+                    if piece.ref is not None:
+                        try:
+                            piecestore.read(self, piece)
+                        except CheckpointError as err:
+                            return str(err)
+                    elif hash_file(mf.inside(folder, piece.name), piece.at, piece.size)[1] != piece.hash:
                         return f"{piece.name} fails its {HASH} check at bytes {piece.at}..{piece.at + piece.size}"
         except mf.ManifestRejected as err:
             return f"manifest rejected: {err}"
@@ -309,10 +438,15 @@ class DirTier:
         files = mf.entries(committed.manifest, allowed)
         folder = Path(committed.location)
         jobs = []
+        shared: dict[str, list[tuple[Path, str, mf.Piece]]] = {}
         for name in names:
             entry = files[name]
             target = allocate(dest, name, entry.size)
-            jobs += [(target, name, piece) for piece in entry.pieces]
+            for piece in entry.pieces:
+                if piece.ref is None:
+                    jobs.append((target, name, piece))
+                else:  # read once, however many places hold it
+                    shared.setdefault(piece.name, []).append((target, name, piece))
 
         def copy(job: tuple[Path, str, mf.Piece]) -> str | None:
             target, name, piece = job
@@ -337,6 +471,7 @@ class DirTier:
 
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckpt-fetch") as pool:
             failed = {job[1]: why for job, why in zip(jobs, pool.map(copy, jobs)) if why is not None}
+        failed.update(piecestore.place_all(self, shared, committed.step, workers, heartbeat))
         return finish_fetch(files, names, dest, failed, optional)
 
 

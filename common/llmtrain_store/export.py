@@ -10,6 +10,10 @@ export``.
   layers' weights (GPT-2 stores them as ``Conv1D``: input by output). No tokenizer goes
   with it: the built-in data are token ids, whose vocabulary is the job's own.
 
+A fine-tune's frozen weights leave with the trained ones. Its LoRA adapters stay apart
+under our names (``<layer>.lora_a``, ``.lora_b``: a LoRA job's ``initFrom`` reads them), and
+are folded into the weights they adapt for ``hf-gpt2`` (``lora.py``).
+
 Only the weights leave; the optimizer state stays (resume needs our format). Read from a
 verified copy: the step's files are fetched and every piece checked against the manifest,
 as a restore does, before a byte is exported. DDP checkpoints only: DeepSpeed's ZeRO
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from . import archive
+from . import archive, lora
 from . import manifest as mf
 from . import safetensors as st
 from .gpt2 import NotGPT2, gpt2_config, gpt2_name
@@ -35,7 +39,9 @@ from .tier import Committed
 FORMATS = ("safetensors", "hf-gpt2")
 STATE = "state.llmt"
 PARAM = "param/"
-"""The archive's prefix of the model's parameters (the optimizer's moments have their own)."""
+"""The archive's prefix of the model's trained parameters (the optimizer's moments have their own)."""
+FROZEN = "frozen/"
+"""The archive's prefix of the parameters a fine-tune does not train (``freeze``, ``lora``)."""
 
 class ExportError(Exception):
     """The checkpoint cannot be exported as asked; the message says why."""
@@ -121,15 +127,26 @@ def export(tier: Found, committed: Committed, fmt: str, out: Path, n_head: int |
                 header = archive.decode_header(head + f.read(archive.header_block_size(head) - 16), path.stat().st_size)
         except archive.ArchiveError as err:
             raise ExportError(f"step {committed.step}: {STATE}: {err}") from None
-        params = [e for e in header.tensors if e.name.startswith(PARAM)]
+        params = [e for e in header.tensors if e.name.startswith((PARAM, FROZEN))]
         odd = [e.name for e in params if e.dtype not in st.DTYPES]
         if odd:
             raise ExportError(f"step {committed.step}: {odd[0]} has dtype {next(e.dtype for e in params if e.name == odd[0])!r}, "
                               "which safetensors cannot hold")
         if not params:
             raise ExportError(f"step {committed.step}: its state holds no model parameters")
+        by_name = {e.name.split("/", 1)[1]: e for e in params}
+        # hf-gpt2 has no adapters: each is folded into the weight it adapts. Our own
+        # names keep them apart (a LoRA job's initFrom reads them back as they are).
+        scale = 1.0
+        folded = lora.adapted(list(by_name)) if fmt == "hf-gpt2" and header.meta.get("lora") is not None else {}
+        if folded:
+            try:
+                scale = lora.scale_of(header.meta["lora"])
+            except ValueError as err:
+                raise ExportError(f"step {committed.step}: {err}") from None
+        params = [e for n, e in by_name.items() if not any(n in pair for pair in folded.values())]
         if fmt == "hf-gpt2":
-            model = shape_of({e.name[len(PARAM):]: e.shape for e in params}, int(model["n_head"]))
+            model = shape_of({e.name.split("/", 1)[1]: e.shape for e in params}, int(model["n_head"]))
 
         def reader(entry: archive.TensorEntry, shape: tuple[int, ...], flip: bool) -> Callable[[], bytes]:
             def read() -> bytes:
@@ -140,9 +157,26 @@ def export(tier: Found, committed: Committed, fmt: str, out: Path, n_head: int |
                 return transpose(data, shape, st.ITEMSIZE[st.DTYPES[entry.dtype]]) if flip else data
             return read
 
+        def merged(entry: archive.TensorEntry, adapters: tuple[str, str], flip: bool) -> Callable[[], bytes]:
+            a, b = by_name[adapters[0]], by_name[adapters[1]]
+            rank = a.shape[0] if len(a.shape) == 2 else 0
+            if len(entry.shape) != 2 or a.shape != (rank, entry.shape[1]) or b.shape != (entry.shape[0], rank) \
+                    or {a.dtype, b.dtype} != {entry.dtype}:
+                raise ExportError(f"step {committed.step}: the adapters {adapters[0]} {list(a.shape)} and {adapters[1]} "
+                                  f"{list(b.shape)} do not fit {entry.name.split('/', 1)[1]} {list(entry.shape)}")
+
+            def read() -> bytes:
+                parts = [reader(e, e.shape, False)() for e in (entry, a, b)]
+                try:
+                    data = lora.merge(parts[0], parts[1], parts[2], (entry.shape[0], entry.shape[1]), rank, entry.dtype, scale)
+                except lora.MergeRefused as err:
+                    raise ExportError(str(err)) from None
+                return transpose(data, entry.shape, st.ITEMSIZE[st.DTYPES[entry.dtype]]) if flip else data
+            return read
+
         tensors = []
         for entry in params:
-            name = entry.name[len(PARAM):]
+            name = entry.name.split("/", 1)[1]
             try:
                 target, flip = gpt2_name(name) if fmt == "hf-gpt2" else (name, False)
             except NotGPT2 as err:
@@ -150,7 +184,8 @@ def export(tier: Found, committed: Committed, fmt: str, out: Path, n_head: int |
             if flip and len(entry.shape) != 2:
                 raise ExportError(f"step {committed.step}: {name} has shape {list(entry.shape)}, not a linear layer's weight")
             shape = entry.shape[::-1] if flip else entry.shape
-            tensors.append(st.Tensor(target, entry.dtype, tuple(shape), entry.nbytes, reader(entry, entry.shape, flip)))
+            read = merged(entry, folded[name], flip) if name in folded else reader(entry, entry.shape, flip)
+            tensors.append(st.Tensor(target, entry.dtype, tuple(shape), entry.nbytes, read))
         meta = {"format": "pt", "llmtrain_step": str(committed.step), "llmtrain_job": str(man.get("job", "")),
                 "llmtrain_names": "gpt2" if fmt == "hf-gpt2" else "llmtrain"}
         weights = out / "model.safetensors"

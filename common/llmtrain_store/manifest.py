@@ -13,6 +13,12 @@ job: each node stores its share, a run of whole pieces, as one object
 (``<file>.part-<i>-of-<n>``), with the same hashes. So copying or uploading a share needs
 no new hash, and a file pulled back together needs none either.
 
+In a content-addressed tier (format 3, ``pieces.py``) a piece is instead a reference,
+``{"ref": "<hash>-<size>", "offset", "size", "hash"}`` (with ``"codec": "zstd", "stored":
+<bytes>`` when stored compressed), to an object beside the step folders that every step
+holding those bytes shares. A reference names no path: the object's name is derived from
+the hash and size, checked to be exactly that.
+
 ``COMMITTED`` (the manifest's hash) is written last, so a torn checkpoint is never listed.
 It guards against torn writes, not tampering: so every name is also checked before use
 (relative, no ``..``, no symlink, one of the names the engine writes) and every byte read is
@@ -27,7 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from . import pieces
+
 FORMAT_VERSION = 2
+FORMAT_PIECES = 3
+"""A manifest whose pieces are references to content-addressed objects (``pieces.py``)."""
+FORMATS = (FORMAT_VERSION, FORMAT_PIECES)
 MANIFEST = "manifest.json"
 COMMITTED = "COMMITTED"
 STEP_PREFIX = "step-"
@@ -105,6 +116,16 @@ class Piece:
     size: int
     hash: str
     at: int
+    ref: str | None = None
+    """A content-addressed piece: ``name`` is then its object in the tier's pieces folder
+    (``pieces/<ref>`` or ``pieces/<ref>.zst``), not in the step's folder, and ``at`` 0."""
+    codec: str | None = None
+    stored: int | None = None
+    """The object's size when compressed (else ``size``)."""
+
+    @property
+    def object_size(self) -> int:
+        return self.stored if self.stored is not None else self.size
 
 
 @dataclass(frozen=True)
@@ -116,17 +137,29 @@ class FileEntry:
 
     @property
     def sliced(self) -> bool:
-        """Stored as separate slice objects (not as the file itself)."""
+        """Stored as separate slice objects or pieces (not as the file itself)."""
         return any(p.name != self.name for p in self.pieces)
 
+    @property
+    def referenced(self) -> bool:
+        """Stored as content-addressed pieces (``pieces.py``)."""
+        return any(p.ref is not None for p in self.pieces)
+
     def stored_sizes(self) -> dict[str, tuple[int, bool]]:
-        """Each object holding this file's bytes -> (the bytes it must hold, whether that
-        is exact). The file itself must have exactly its size; a slice object at least up
-        to its last piece used (a node may have stored more than the copy chosen)."""
+        """Each object in the step's folder holding this file's bytes -> (the bytes it
+        must hold, whether that is exact). The file itself must have exactly its size; a
+        slice object at least up to its last piece used (a node may have stored more than
+        the copy chosen). Content-addressed pieces are not in the step's folder: see
+        ``piece_sizes``."""
         sizes: dict[str, int] = {}
         for p in self.pieces:
-            sizes[p.name] = max(sizes.get(p.name, 0), p.at + p.size)
+            if p.ref is None:
+                sizes[p.name] = max(sizes.get(p.name, 0), p.at + p.size)
         return {n: ((self.size, True) if n == self.name else (need, False)) for n, need in sizes.items()}
+
+    def piece_sizes(self) -> dict[str, int]:
+        """Each content-addressed object (relative to the tier's root) -> its exact size."""
+        return {p.name: p.object_size for p in self.pieces if p.ref is not None}
 
 
 def _safe_name(name: Any, allowed: re.Pattern[str]) -> str:
@@ -148,8 +181,9 @@ def entries(manifest: dict[str, Any], allowed: re.Pattern[str]) -> dict[str, Fil
     """The manifest's files, each checked: a safe name the engine writes, a size, a hash,
     and slices that tile the file exactly. Raises ManifestRejected naming the first
     problem."""
-    if manifest.get("format") != FORMAT_VERSION:
-        raise ManifestRejected(f"format {manifest.get('format')!r}, this trainer reads format {FORMAT_VERSION}")
+    if manifest.get("format") not in FORMATS:
+        raise ManifestRejected(f"format {manifest.get('format')!r}, this trainer reads formats {', '.join(map(str, FORMATS))}")
+    by_ref = manifest.get("format") == FORMAT_PIECES
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         raise ManifestRejected("the manifest lists no files")
@@ -165,6 +199,12 @@ def entries(manifest: dict[str, Any], allowed: re.Pattern[str]) -> dict[str, Fil
             for piece in record["slices"] if isinstance(record["slices"], list) else [None]:
                 if not isinstance(piece, dict):
                     raise ManifestRejected(f"{name}: a slice is not a record")
+                if "ref" in piece:
+                    if not by_ref:
+                        raise ManifestRejected(f"{name}: a piece reference in a format {manifest.get('format')} manifest")
+                    pieces.append(_referenced(name, piece, offset))
+                    offset += piece["size"]
+                    continue
                 pname = _safe_name(piece.get("name"), allowed)
                 if pname != name and not (SLICE_SUFFIX.search(pname) and pname.startswith(name + ".")):
                     raise ManifestRejected(f"{name}: slice {pname!r} is not one of its slices")
@@ -182,12 +222,36 @@ def entries(manifest: dict[str, Any], allowed: re.Pattern[str]) -> dict[str, Fil
                 raise ManifestRejected(f"{name}: its pieces hold {offset} bytes, the file has {size}")
             if name in ends and len(ends) > 1:
                 raise ManifestRejected(f"{name}: mixes pieces of the file with slice objects")
+            if ends and any(p.ref is not None for p in pieces):
+                raise ManifestRejected(f"{name}: mixes piece references with stored objects")
             out[name] = FileEntry(name, size, tuple(pieces))
         else:
             if not isinstance(record.get("hash"), str):
                 raise ManifestRejected(f"{name}: no hash")
             out[name] = FileEntry(name, size, (Piece(name, 0, size, record["hash"], 0),))
     return out
+
+
+def _referenced(name: str, piece: dict[str, Any], offset: int) -> Piece:
+    """A content-addressed piece's record, checked: its reference is exactly its hash and
+    size (so it names no path but its own object), its codec known, its stored size sane."""
+    ref, size, digest = piece.get("ref"), piece.get("size"), piece.get("hash")
+    if piece.get("offset") != offset or not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        raise ManifestRejected(f"{name}: a piece reference does not continue at byte {offset}")
+    if not isinstance(digest, str) or not isinstance(ref, str) or ref != pieces.ref_of(digest, size) \
+            or not pieces.REF.fullmatch(ref):
+        raise ManifestRejected(f"{name}: piece reference {str(ref)[:80]!r} is not the hash and size of its piece")
+    if "name" in piece or "at" in piece:
+        raise ManifestRejected(f"{name}: piece reference {ref} also names an object")
+    codec = piece.get("codec")
+    if codec not in pieces.SUFFIX:
+        raise ManifestRejected(f"{name}: piece {ref} has an unknown codec {str(codec)[:40]!r}")
+    stored = piece.get("stored", size if codec is None else None)
+    if not isinstance(stored, int) or isinstance(stored, bool) or stored <= 0 or (codec is None and stored != size) \
+            or stored > size + (size >> 7) + (1 << 17):
+        raise ManifestRejected(f"{name}: piece {ref} has no plausible stored size")
+    return Piece(f"{pieces.PIECES_DIR}/{pieces.object_name(ref, codec)}", offset, size, digest, 0, ref, codec,
+                 stored if codec is not None else None)
 
 
 def inside(folder: Path, name: str) -> Path:
@@ -207,5 +271,5 @@ def inside(folder: Path, name: str) -> Path:
 
 
 def stored_names(files: Iterable[FileEntry]) -> list[str]:
-    """The objects a tier holds for these files."""
-    return sorted({p.name for f in files for p in f.pieces})
+    """The objects a tier holds for these files in the step's folder."""
+    return sorted({p.name for f in files for p in f.pieces if p.ref is None})

@@ -11,6 +11,11 @@ Layout under ``s3://bucket/prefix/``, as in a directory tier, except that S3 has
 rename: objects go straight under ``step-<n>/``, and ``COMMITTED`` (the manifest's hash),
 written last, is what makes a step exist for readers. Steps without it are swept.
 Part records go under ``step-<n>/parts/<owner token>/`` (``owner.py``).
+
+Content-addressed (``content_addressed``, ``pieces.py``): each piece is one object under
+``pieces/<hash>-<size>[.zst]``, shared by every step holding it; a writer's claim goes
+under ``claims/step-<n>.<owner token>.rank-<r>.json`` until its step is committed; a
+piece collection in progress is marked under ``collecting/``.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from . import manifest as mf
+from . import pieces, piecestore
 from .fileio import Hasher, hash_file
 from .sources import Source, iter_range
 from .health import absent
@@ -172,6 +178,8 @@ class S3Tier:
     scope: Scope | None = None
     """The run writing this tier (set once its restore is agreed): retention touches only
     its lineage's steps (``owner.py``). None (a tool acting by hand): every step."""
+    content_addressed: bool = False
+    """Store pieces by content, once for every step that holds them (``pieces.py``)."""
     _client: Any = field(default=None, repr=False)
 
     kind = "s3"
@@ -251,6 +259,72 @@ class S3Tier:
             self.client().delete_object(Bucket=self.bucket, Key=self.key(step, name))
             raise CheckpointError(f"{self.name} tier: {name} of step {step} read back from disk does not match its hash")
 
+    # ------------------------------------------------------------------ pieces (content_addressed)
+
+    def _under(self, folder: str) -> str:
+        return "/".join(p for p in (self.prefix, folder) if p) + "/"
+
+    def claim(self, step: int, writer: int, refs: set[str]) -> piecestore.Held:
+        """Before storing ``writer``'s pieces of ``step``: claim the ones it will refer to;
+        the pieces held now (``piecestore.settle``)."""
+        return piecestore.settle(self, step, writer, refs, poll=0.5)
+
+    def put_pieces(self, source: Source, run: list[tuple[int, int, str]], held: piecestore.Held,
+                   heartbeat: Callable[[], None] = lambda: None) -> piecestore.Written:
+        return piecestore.store(self, source, run, held, heartbeat)
+
+    def collect(self) -> list[str]:
+        """Delete the pieces nothing refers to (``piecestore.collect_quietly``)."""
+        return piecestore.collect_quietly(self) if self.piece_objects() else []
+
+    def piece_objects(self) -> dict[str, int]:
+        base = self._under(pieces.PIECES_DIR)
+        return {key[len(base):]: size for key, size in self._objects(base).items() if "/" not in key[len(base):]}
+
+    def piece_put(self, obj: str, data: bytes) -> None:
+        self._put(self._under(pieces.PIECES_DIR) + obj, data)
+
+    def piece_get(self, obj: str) -> bytes:
+        return self._get(self._under(pieces.PIECES_DIR) + obj)
+
+    def piece_delete(self, obj: str) -> None:
+        self._delete_keys([self._under(pieces.PIECES_DIR) + obj])
+
+    def _claim_key(self, step: int, writer: int | None = None) -> str:
+        token = self.scope.token if self.scope else "none"
+        tail = "" if writer is None else f"rank-{writer:05d}.json"
+        return f"{self._under('claims')}{mf.step_dir(step)}.{token}.{tail}"
+
+    def claims(self) -> builtins.list[Any]:
+        out = []
+        for key in self._objects(self._under("claims")):
+            try:
+                out.append(json.loads(self._get(key)))
+            except ValueError as err:
+                raise CheckpointError(f"{self.name} tier: claim {key.rsplit('/', 1)[-1]} is not JSON; no piece is collected") from err
+            except Exception as err:
+                if not absent(err):
+                    raise
+        return out
+
+    def claim_put(self, step: int, writer: int, record: dict[str, Any]) -> None:
+        self._put(self._claim_key(step, writer), json.dumps(record).encode())
+
+    def _drop_claims(self, step: int) -> None:
+        self._delete_keys(list(self._objects(self._claim_key(step))))
+
+    def markers(self) -> builtins.list[str]:
+        base = self._under("collecting")
+        return sorted(key[len(base):] for key in self._objects(base))
+
+    def marker_put(self, token: str) -> None:
+        self._put(self._under("collecting") + token, b"")
+
+    def marker_drop(self, token: str) -> None:
+        self._delete_keys([self._under("collecting") + token])
+
+    # ------------------------------------------------------------------ parts and commits
+
     def _parts(self, step: int) -> str:
         """Where ``step``'s part records go: under the writer's owner token, so that two
         runs writing one step number never count each other's parts."""
@@ -271,8 +345,10 @@ class S3Tier:
         text = json.dumps(manifest, indent=1, sort_keys=True).encode()
         self._put(self.key(step, mf.MANIFEST), text)
         self._put(self.key(step, mf.COMMITTED), (digest_bytes(text) + "\n").encode())
-        try:  # the manifest holds what the part records said; they are clutter now
+        try:  # the manifest holds what the part records and claims said; they are clutter now
             self._delete_keys([f"{parts_prefix}rank-{w:05d}.json" for w in sorted(expected)])
+            if self.content_addressed:
+                self._drop_claims(step)
         except Exception as err:  # noqa: BLE001 - the step is committed; leftovers are harmless
             log.debug("step %d: part records not removed (%s)", step, type(err).__name__)
         return Committed(self, step, self.key(step), manifest)
@@ -301,11 +377,15 @@ class S3Tier:
         committed = sorted(c.step for c in listed if mine(self.scope, c.manifest))
         untouchable |= {c.step for c in listed}
         doomed = committed[: max(0, len(committed) - self.keep)]
+        abandoned = []
         if committed:
-            doomed += [s for s in self._steps() if s < committed[-1] and s not in untouchable and self._abandoned_mine(s)]
-        for step in doomed:
+            abandoned = [s for s in self._steps() if s < committed[-1] and s not in untouchable and self._abandoned_mine(s)]
+        for step in doomed + abandoned:
             self.delete(step)
-        return sorted(set(doomed))
+        for step in abandoned:
+            self._drop_claims(step)
+        self.collect()
+        return sorted(set(doomed + abandoned))
 
     def _abandoned_mine(self, step: int) -> bool:
         """An uncommitted step holds no part record of another run (whose upload it may be)."""
@@ -355,6 +435,7 @@ class S3Tier:
             sizes = self._objects(committed.location + "/")
         except mf.ManifestRejected as err:
             return f"manifest rejected: {err}"
+        held = None
         for name in names if names is not None else list(files):
             if name not in files:
                 return f"{name} is not in the manifest"
@@ -364,6 +445,14 @@ class S3Tier:
                     return f"{stored} is missing"
                 if size != expected if exact else size < expected:
                     return f"{stored} has {size} bytes, the manifest says {'' if exact else 'at least '}{expected}"
+            if files[name].referenced:
+                held = self.piece_objects() if held is None else held
+                for obj, expected in files[name].piece_sizes().items():
+                    size = held.get(obj.removeprefix(pieces.PIECES_DIR + "/"))
+                    if size is None:
+                        return f"{obj} is missing"
+                    if size != expected:
+                        return f"{obj} has {size} bytes, the manifest says {expected}"
         return None
 
     def fetch(self, committed: Committed, names: builtins.list[str], dest: Path, allowed: re.Pattern[str],
@@ -375,9 +464,14 @@ class S3Tier:
         CheckpointError, except for ``optional`` files, which are left out."""
         files = mf.entries(committed.manifest, allowed)
         jobs = []
+        shared: dict[str, list[tuple[Path, str, mf.Piece]]] = {}
         for name in names:
             entry = files[name]
             target = allocate(dest, name, entry.size)
+            if entry.referenced:  # content-addressed: each object read once, checked in memory
+                for piece in entry.pieces:
+                    shared.setdefault(piece.name, []).append((target, name, piece))
+                continue
             # The pieces used from one object are a contiguous run of it (merge_parts
             # leaves an object only when it ends): it lands at its first piece's offset.
             spans: dict[str, tuple[int, int, int]] = {}
@@ -396,10 +490,13 @@ class S3Tier:
             finally:
                 os.close(fd)
 
+        failed: dict[str, str] = {}
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="s3-fetch") as pool:
             list(pool.map(download, jobs))
-        failed: dict[str, str] = {}
+        failed.update(piecestore.place_all(self, shared, committed.step, max(workers, self.concurrency), heartbeat))
         for name in names:
+            if files[name].referenced:
+                continue
             for piece in files[name].pieces:
                 if hash_file(dest / name, piece.offset, piece.size)[1] != piece.hash:
                     failed[name] = f"{self.name} tier: {piece.name} of step {committed.step} does not match its manifest"

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import manifest as mf
+from . import piecestore
 from .fileio import Hasher, iter_file
 from .s3 import S3Tier
 from .directory import DirTier
-from .tier import Committed, Tier
+from .tier import CheckpointError, Committed, Tier
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ class Row:
     problem: str | None
     """None when names and sizes check out; else why not."""
     committed: Committed
+    stored: int = 0
+    """Bytes this step added to the tier: its own objects, and the content-addressed
+    pieces no older listed step holds, as stored (compressed where they are)."""
 
 
 def rows(found: Found) -> list[Row]:
@@ -76,12 +80,41 @@ def rows(found: Found) -> list[Row]:
         out.append(Row(committed.step, committed.world_size, sorted(committed.ranks),
                        sum(f.size for f in files.values()) if files else 0, str(man.get("strategy")), committed.complete,
                        problem, committed))
+    _count_stored(out)
     return out
+
+
+def _count_stored(rows: list[Row]) -> None:
+    """Each row's ``stored``: oldest first, a content-addressed piece counts for the first
+    step that holds it (``pieces.py``)."""
+    seen: set[str] = set()
+    for row in sorted(rows, key=lambda r: r.step):
+        allowed = mf.ENGINE_FILES.get(str(row.committed.manifest.get("strategy")))
+        try:
+            files = mf.entries(row.committed.manifest, allowed) if allowed is not None else {}
+        except mf.ManifestRejected:
+            continue
+        for entry in files.values():
+            for obj, (size, _) in entry.stored_sizes().items():
+                row.stored += size if obj == entry.name else sum(p.size for p in entry.pieces if p.name == obj)
+            for obj, size in entry.piece_sizes().items():
+                if obj not in seen:
+                    seen.add(obj)
+                    row.stored += size
 
 
 def _sizes(committed: Committed, files: dict[str, mf.FileEntry] | None) -> str | None:
     folder = Path(committed.location)
     for entry in (files or {}).values():
+        for obj, expected in entry.piece_sizes().items():
+            try:
+                size = mf.inside(folder.parent, obj).stat().st_size
+            except mf.ManifestRejected as err:
+                return str(err)
+            except OSError:
+                return f"{obj} is missing"
+            if size != expected:
+                return f"{obj} has {size} bytes, the manifest says {expected}"
         for stored, (expected, exact) in entry.stored_sizes().items():
             try:
                 size = mf.inside(folder, stored).stat().st_size
@@ -114,7 +147,7 @@ def verify(found: Found, committed: Committed, progress: Callable[[int], None] =
                 hasher.update(block)
                 size += len(block)
                 progress(len(block))
-        except mf.ManifestRejected as err:
+        except (mf.ManifestRejected, CheckpointError) as err:
             return str(err)
         except Exception as err:  # noqa: BLE001 - a missing or unreadable object is a finding, not a crash
             return f"{piece.name}: cannot be read ({type(err).__name__})"
@@ -128,6 +161,10 @@ def verify(found: Found, committed: Committed, progress: Callable[[int], None] =
 
 
 def _blocks(tier: Tier, committed: Committed, piece: mf.Piece) -> Iterator[bytes]:
+    if piece.ref is not None:  # read whole, decompressed with a bound and checked (piecestore.read)
+        assert isinstance(tier, (S3Tier, DirTier))
+        yield piecestore.read(tier, piece)
+        return
     if isinstance(tier, S3Tier):
         body = tier.client().get_object(Bucket=tier.bucket, Key=f"{committed.location}/{piece.name}",
                                         Range=f"bytes={piece.at}-{piece.at + piece.size - 1}")["Body"]

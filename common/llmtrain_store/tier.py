@@ -56,6 +56,19 @@ class Tier(Protocol):
         hashing them as they are read; CheckpointError when a piece does not match."""
         ...
 
+    content_addressed: bool
+    """Pieces are stored by content, once (``pieces.py``): writers ``claim`` and
+    ``put_pieces`` instead of ``put_share``."""
+
+    def claim(self, step: int, writer: int, refs: set[str]) -> dict[str, tuple[str | None, int]]:
+        """Claim the pieces ``writer`` will refer to in ``step``; the pieces held now."""
+        ...
+
+    def put_pieces(self, source: Source, run: list[tuple[int, int, str]], held: dict[str, tuple[str | None, int]],
+                   heartbeat: Callable[[], None] = ...) -> Any:
+        """Store the pieces of ``run`` not ``held``; a ``piecestore.Written``."""
+        ...
+
     def commit(self, step: int, meta: dict[str, Any], expected: set[int], ranks: set[int], timeout: float,
                heartbeat: Callable[[], None] = ...) -> Committed:
         """Wait for every expected writer's part, then make the step exist for readers.
@@ -201,8 +214,9 @@ def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
             if not options:
                 raise CheckpointError(f"{name}: no writer stored the bytes from {covered}")
             # Prefer the object that already holds the previous piece (fewer objects).
-            previous = chosen[-1]["name"] if chosen else None
-            pick = next((o for o in options if o["name"] == previous), sorted(options, key=lambda o: o["name"])[0])
+            previous = chosen[-1].get("name") if chosen else None
+            pick = next((o for o in options if previous is not None and o.get("name") == previous),
+                        sorted(options, key=lambda o: str(o.get("name") or o.get("ref")))[0])
             chosen.append(pick)
             covered += int(pick["size"])
         files[name] = {"size": sizes[name], "slices": chosen}
@@ -210,7 +224,11 @@ def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def new_manifest(step: int, meta: dict[str, Any], ranks: set[int], files: dict[str, Any]) -> dict[str, Any]:
-    return {**meta, "format": mf.FORMAT_VERSION, "step": step, "ranks": sorted(ranks), "hash": HASH, "files": files}
+    """Format 3 when a piece is a reference to a content-addressed object (``pieces.py``),
+    so that a reader that knows only format 2 refuses it by name."""
+    by_ref = any("ref" in piece for record in files.values() for piece in record.get("slices", []))
+    return {**meta, "format": mf.FORMAT_PIECES if by_ref else mf.FORMAT_VERSION, "step": step, "ranks": sorted(ranks),
+            "hash": HASH, "files": files}
 
 
 def allocate(dest: Path, name: str, size: int) -> Path:

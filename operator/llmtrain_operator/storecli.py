@@ -93,13 +93,18 @@ def _ls(args: argparse.Namespace, found: list[survey.Found]) -> int:
             continue
         print(f"{tier.label}: {len(rows)} committed checkpoint{'s' if len(rows) != 1 else ''}")
         if rows:
-            print(f"  {'STEP':>9}  {'WORLD':>5}  {'RANKS':<12} {'SIZE':>10}  {'STRATEGY':<9} STATE")
+            print(f"  {'STEP':>9}  {'WORLD':>5}  {'RANKS':<12} {'SIZE':>10} {'STORED':>10}  {'STRATEGY':<9} STATE")
         for row in rows:
             ranks = f"{row.ranks[0]}-{row.ranks[-1]}" if len(row.ranks) > 1 else str(row.ranks[0]) if row.ranks else "-"
             state = ("complete" if row.complete else "partial (a node's share)") + (
                 ", ok" if row.problem is None else f", BAD: {row.problem}")
-            print(f"  {row.step:>9}  {row.world:>5}  {ranks:<12} {survey.human(row.bytes):>10}  {row.strategy:<9} {state}")
+            print(f"  {row.step:>9}  {row.world:>5}  {ranks:<12} {survey.human(row.bytes):>10} {survey.human(row.stored):>10}"
+                  f"  {row.strategy:<9} {state}")
             bad += row.problem is not None
+        if rows:
+            logical, stored = sum(r.bytes for r in rows), sum(r.stored for r in rows)
+            print(f"  {survey.human(stored)} stored for {survey.human(logical)} of checkpoints"
+                  f" ({stored / logical:.0%}: pieces shared between steps are stored once, some compressed)" if logical else "")
     return 1 if bad else 0
 
 

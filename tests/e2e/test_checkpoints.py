@@ -69,8 +69,11 @@ def test_every_copy_but_s3_wiped_the_job_resumes_from_s3_through_tier_1(operator
     again = wait_status(bed, ns, name, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, "second run finished")
     assert again["phase"] == "Succeeded", json.dumps(again)[:2000]
     logs = _worker_logs(bed, ns, name)
-    assert "resumed from step 40 (s3 tier" in logs, logs[-3000:]
-    assert "pulled step 40 from the s3 tier into tier 1" in logs
+    assert "resumed from step 40 (" in logs, logs[-3000:]
+    # Through tier 1: each new pod's launcher pulls the step there at pod start (the
+    # prefetch), and the ranks read it from there, pulling nothing themselves.
+    assert "llmtrain launcher: prefetched step 40 from the s3 tier into tier 1" in logs, logs[-3000:]
+    assert "pulled step 40" not in logs
     # Both runs succeeded and neither was charged a restart (as Prometheus scraped it).
     check_counters(prometheus, ns, by_reason={}, succeeded=2)
     assert prometheus.query(f'sum(llmtrain_operator_jobs_restarted_total{{namespace="{ns}"}})') in (None, 0.0)

@@ -76,3 +76,31 @@ def flip_byte(path: Path, offset: int | None = None) -> None:
         byte = fh.read(1)
         fh.seek(at)
         fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+def save_pieces(tier: Any, step: int, files: dict[str, bytes], nodes: int = 1, piece: int = mf.PIECE,
+                replicated: frozenset[str] = frozenset({"state.llmt"})) -> tuple[Any, int]:
+    """What the propagators of a job do with a content-addressed tier: each of ``nodes``
+    writers claims its pieces (its share of each replicated file; the other files go to
+    writer 0), stores the ones the tier lacks and announces the references; rank 0
+    commits. Returns the committed step and the bytes the writers sent."""
+    sent = 0
+    for node in range(nodes):
+        runs = {}
+        for name, data in files.items():
+            every = pieces_of(data, piece)
+            if name in replicated:
+                runs[name] = shares.split(every, nodes)[node]
+            elif node == 0:
+                runs[name] = every
+        held = tier.claim(step, node, {f"{h}-{n}" for run in runs.values() for _, n, h in run})
+        part: dict[str, Any] = {"files": {}, "slices": {}}
+        for name, run in runs.items():
+            stored = tier.put_pieces(MemorySource([files[name]]), run, held)
+            sent += stored.written
+            part["slices"][name] = {"size": len(files[name]), "whole": shares.fingerprint(pieces_of(files[name], piece)),
+                                    "pieces": stored.records}
+        tier.write_part(step, node, part)
+    ranks = set(range(nodes))
+    committed = tier.commit(step, {**META, "world_size": nodes, "samples_consumed": step * 8}, ranks, ranks, timeout=10)
+    return committed, sent

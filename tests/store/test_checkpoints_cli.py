@@ -93,3 +93,26 @@ def test_s3_ls_verify_prune_and_a_refused_key(minio, monkeypatch, capsys):
     assert main(["checkpoints", "ls", "s3://ckpt/cli"]) == 1
     err = capsys.readouterr().err
     assert "cannot be read: the credentials were refused" in err and "definitely-wrong" not in err
+
+
+def test_a_content_addressed_tier_shows_stored_against_logical_bytes_and_verifies_its_pieces(tmp_path, capsys):
+    from llmtrain_store import pieces
+
+    from store.helpers import save_pieces
+
+    shared = DirTier("shared", tmp_path / "shared", keep=5, content_addressed=True)
+    frozen = os.urandom(9 << 20)
+    for step in (10, 20):
+        save_pieces(shared, step, {"state.llmt": frozen + os.urandom(1 << 20)}, nodes=2, piece=1 << 20)
+    assert main(["checkpoints", "ls", str(tmp_path / "shared")]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip().startswith(("10 ", "20 "))}
+    assert rows["10"][3:7] == ["10.49", "MB", "10.49", "MB"], "the first step stores all of its bytes"
+    assert rows["20"][3:7] == ["10.49", "MB", "1.05", "MB"], "the second one only its changed piece"
+    assert "11.53 MB stored for 20.97 MB of checkpoints (55%" in out
+    victim = sorted((tmp_path / "shared" / pieces.PIECES_DIR).iterdir())[0]
+    flip_byte(victim)
+    assert main(["checkpoints", "verify", "--no-progress", str(tmp_path / "shared")]) == 1
+    assert f"FAILED: shared tier: piece pieces/{victim.name} fails its xxh3-128 check" in capsys.readouterr().out
+    assert main(["checkpoints", "prune", "--keep", "1", str(tmp_path / "shared")]) == 0
+    assert len(list((tmp_path / "shared" / pieces.PIECES_DIR).iterdir())) == 10, "step 10's own piece is collected"

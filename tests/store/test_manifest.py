@@ -111,6 +111,17 @@ def test_the_archive_header_is_checked_against_the_file(tmp_path):
         archive.decode_header(archive.MAGIC + struct.pack("<Q", len(forged)) + forged)
 
 
+def test_the_payload_starts_at_the_same_offset_whatever_the_metadata_says():
+    """A step count gaining digits must not shift the payload (and with it every piece a
+    content-addressed tier holds already); metadata beyond the room kept for it still fits."""
+    entries = archive.layout([(f"param/t{i}", "float32", (64,), 256) for i in range(200)])
+    sizes = {len(archive.encode_header({"steps": steps, "lr": 0.1}, entries)) for steps in (9, 10, 99_999, 10**12)}
+    assert len(sizes) == 1, sizes
+    big = archive.encode_header({"note": "x" * (archive.META_ROOM + 8192)}, entries)
+    assert len(big) > sizes.pop()
+    assert archive.decode_header(big).meta["note"] == "x" * (archive.META_ROOM + 8192)
+
+
 def test_a_file_is_hashed_in_pieces_as_it_is_written_direct_or_buffered(tmp_path):
     data = bytes(range(256)) * 4096 * 3  # 3 MiB, not a multiple of the piece
     piece = 1 << 20

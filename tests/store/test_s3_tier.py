@@ -127,3 +127,31 @@ def test_path_style_is_the_default_with_an_endpoint_and_can_be_turned_off():
     assert with_endpoint.client().meta.config.s3["addressing_style"] == "path"
     virtual = S3Tier("s3", "s3://b/p", endpoint="http://127.0.0.1:1", path_style=False)
     assert virtual.client().meta.config.s3["addressing_style"] == "virtual"
+
+
+@pytest.mark.tools  # MinIO (the minio fixture)
+def test_content_addressed_pieces_are_stored_once_and_collected_when_unreferenced(s3env, tmp_path):
+    from llmtrain_store import pieces
+
+    from store.helpers import save_pieces
+
+    tier = _tier("cas", keep=1, content_addressed=True)
+    frozen = os.urandom(6 * PIECE)
+    first = frozen + os.urandom(PIECE) + bytes(PIECE)
+    _, sent1 = save_pieces(tier, 1, {"state.llmt": first}, nodes=2, piece=PIECE)
+    second = frozen + os.urandom(PIECE) + bytes(PIECE)
+    committed, sent2 = save_pieces(tier, 2, {"state.llmt": second}, nodes=2, piece=PIECE)
+    assert 7 * PIECE < sent1 < 7.1 * PIECE, "the zero piece goes up compressed"
+    assert sent2 == PIECE, "only the changed piece goes up"
+    assert committed.manifest["format"] == mf.FORMAT_PIECES
+    assert not [k for k in s3env.keys("ckpt", "cas/claims/")], "claims go once the step is committed"
+    assert tier.retain() == [1]
+    assert len(tier.piece_objects()) == 8, "step 1's own piece collected, the shared ones kept"
+    assert tier.verify(tier.list()[0], None, ALLOWED) is None
+    tier.fetch(tier.list()[0], ["state.llmt"], tmp_path / "pulled", ALLOWED)
+    assert (tmp_path / "pulled" / "state.llmt").read_bytes() == second
+    victim = next(o for o in tier.piece_objects() if not o.endswith(".zst"))
+    tier.piece_delete(victim)
+    assert tier.verify(tier.list()[0], None, ALLOWED) == f"{pieces.PIECES_DIR}/{victim} is missing"
+    with pytest.raises(CheckpointError, match=f"{victim} cannot be read"):
+        tier.fetch(tier.list()[0], ["state.llmt"], tmp_path / "again", ALLOWED)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llmtrain_contract.config import DataConfig, OptimizerConfig, StrategyConfig, TrainSpec
+from llmtrain_contract.config import DataConfig, LoraConfig, OptimizerConfig, StrategyConfig, TrainSpec
 from llmtrain_contract.rules import Rule, Ruled
 
 from .spec import AutoCadenceSpec, CheckpointSpec, FaultToleranceSpec, LLMTrainJobSpec, ReplicasSpec, TrainerSpec
@@ -24,6 +24,7 @@ MODELS: tuple[tuple[str, type[Ruled]], ...] = (
     ("spec.trainer.builtin.data", DataConfig),
     ("spec.trainer.builtin.optimizer", OptimizerConfig),
     ("spec.trainer.builtin.strategy", StrategyConfig),
+    ("spec.trainer.builtin.lora", LoraConfig),
 )
 """Where each model with rules sits in a job (its rules' fields are relative to it)."""
 

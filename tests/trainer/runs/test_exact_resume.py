@@ -34,6 +34,10 @@ TRIALS = 3
 CASES = {
     # DDP across two torchrun agents (nodes), one rank each.
     "ddp": dict(config=base_config(maxSteps=STEPS), nodes=2, procs_per_node=1),
+    # A fine-tune (docs/trainer.md "Fine-tuning"): the frozen base weights are restored from
+    # the checkpoint's arena (or the rescue's), where they come first. (``freeze`` alone lays
+    # them out the same way; tests/trainer/engines/test_finetune.py resumes it in process.)
+    "ddp-lora": dict(config=base_config(maxSteps=STEPS, lora={"rank": 4}), nodes=2, procs_per_node=1),
     # DeepSpeed ZeRO-2 with two ranks on one node.
     "deepspeed-zero2": dict(
         config=base_config(maxSteps=STEPS, strategy={"kind": "deepspeed", "zeroStage": 2}), nodes=1, procs_per_node=2
@@ -41,6 +45,11 @@ CASES = {
     # ZeRO-3: every rank writes its own model-states file beside its optimizer shard.
     "deepspeed-zero3": dict(
         config=base_config(maxSteps=STEPS, strategy={"kind": "deepspeed", "zeroStage": 3}), nodes=1, procs_per_node=2
+    ),
+    # LoRA under ZeRO-3: the frozen base is partitioned too, and restored from the model states.
+    "deepspeed-zero3-lora": dict(
+        config=base_config(maxSteps=STEPS, strategy={"kind": "deepspeed", "zeroStage": 3}, lora={"rank": 4}),
+        nodes=1, procs_per_node=2
     ),
 }
 
@@ -90,7 +99,7 @@ def _trial(root: Path, name: str, case: dict[str, Any]) -> str | None:
     # moves step 10's save to 11 or 12), and one still in flight at the crash is not used.
     resumed = [int(m) for m in re.findall(r"resumed from step (\d+) ", job.logs())]
     assert resumed and 5 <= resumed[-1] <= CRASH_STEP - 1, f"resumed from {resumed}"
-    if name == "ddp":
+    if name.startswith("ddp"):
         # The survivor's replica holds step 12 when its all-reduce fails: it saves a rescue
         # checkpoint of it, and nothing is replayed. (ZeRO shards the optimizer state: the
         # crashed rank's shard is lost, so DeepSpeed resumes from the periodic one.)

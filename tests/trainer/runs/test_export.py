@@ -31,6 +31,18 @@ def _export(tier: Path, fmt: str, out: Path, *extra: str) -> subprocess.Complete
                           capture_output=True, text=True, timeout=120)
 
 
+def _assert_same_logits(model, hf) -> None:
+    """Our model and transformers' compute the same logits for the same tokens."""
+    tokens = torch.randint(0, 256, (2, SEQ), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        x = model.wte(tokens) + model.wpe(torch.arange(SEQ))
+        for block in model.blocks:
+            x = block(x)
+        logits = model.head(model.ln_f(x))
+        theirs = hf(tokens).logits
+    assert torch.allclose(logits, theirs, atol=1e-4, rtol=1e-4), (logits - theirs).abs().max()
+
+
 def _first_loss(job) -> float:
     return min(job.steps(), key=lambda r: r["step"])["loss"]
 
@@ -53,14 +65,7 @@ def test_a_trained_step_loads_in_transformers_and_starts_a_new_job_where_it_left
     model = GPT(MODEL_PRESETS["tiny"].model_copy(update={"block_size": SEQ})).eval()
     assert load_into(model, ours / "model.safetensors") == 52
     hf = GPT2LMHeadModel.from_pretrained(str(gpt2)).eval()
-    tokens = torch.randint(0, 256, (2, SEQ), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        x = model.wte(tokens) + model.wpe(torch.arange(SEQ))
-        for block in model.blocks:
-            x = block(x)
-        logits = model.head(model.ln_f(x))
-        theirs = hf(tokens).logits
-    assert torch.allclose(logits, theirs, atol=1e-4, rtol=1e-4), (logits - theirs).abs().max()
+    _assert_same_logits(model, hf)
 
     # A new job from the GPT-2 folder's weights starts at the trained loss, not a fresh one.
     fresh_loss, trained_loss = _first_loss(trained), trained.steps()[-1]["loss"]
@@ -98,3 +103,31 @@ def test_a_tampered_copy_is_not_exported_and_a_file_that_does_not_fit_fails_the_
     failed, codes = run_job(tmp_path / "c", base_config(maxSteps=3, initFrom=str(other)))
     assert codes == [ExitCode.DATA_ERROR], failed.logs()
     assert "initFrom" in failed.logs() and "lacks" in failed.logs(), failed.logs()[-3000:]
+
+
+def test_a_lora_fine_tune_exports_its_frozen_base_and_adapters_and_folds_them_for_transformers(tmp_path):
+    """The frozen base weights leave with the adapters (our names), and hf-gpt2 folds each
+    adapter pair into its projection: transformers computes what the adapted model does."""
+    from transformers import GPT2LMHeadModel
+
+    from llmtrain_contract.config import LoraConfig
+    from llmtrain_trainer.engines.model import add_lora
+
+    lora = {"rank": 4, "alpha": 8.0}
+    trained, codes = run_job(tmp_path / "a", base_config(maxSteps=12, lora=lora, optimizer={"lr": 0.01, "warmupSteps": 1}))
+    assert codes == [0], trained.logs()
+    tier = trained.node_dir(0) / "ckpt"
+    ours, gpt2 = tmp_path / "ours", tmp_path / "gpt2"
+    for fmt, out in (("safetensors", ours), ("hf-gpt2", gpt2)):
+        done = _export(tier, fmt, out)
+        assert done.returncode == 0, done.stdout + done.stderr
+    names = set(st.read_header(ours / "model.safetensors").entries)
+    assert "wte.weight" in names and "blocks.0.attn.qkv.lora_a" in names, "frozen base and adapters, our names"
+    assert not any("lora" in n for n in st.read_header(gpt2 / "model.safetensors").entries), "folded for transformers"
+
+    model = GPT(MODEL_PRESETS["tiny"].model_copy(update={"block_size": SEQ})).eval()
+    add_lora(model, LoraConfig.model_validate(lora), seed=0)
+    load_into(model, ours / "model.safetensors")
+    assert model.blocks[0].attn.qkv.lora_b.abs().max() > 0, "the adapters trained"
+    hf = GPT2LMHeadModel.from_pretrained(str(gpt2)).eval()
+    _assert_same_logits(model, hf)

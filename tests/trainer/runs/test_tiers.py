@@ -40,12 +40,18 @@ def test_local_and_shared_wiped_restores_from_s3_through_tier_1(tmp_path, minio)
     job, codes = run_job(tmp_path, CFG, nodes=2, shared_tier=True, extra_tiers=[s3_tier("wiped")], env=minio.env())
     assert codes == [0, 0], job.logs()
     assert committed_s3_steps(minio, "wiped")[-1] == 20
-    parts = [k for k in minio.keys("ckpt", "wiped/step-00000020/") if ".part-" in k]
-    assert len(parts) == 2, f"each node stores its share of the replicated state once: {parts}"
+    manifest = json.loads(minio.client().get_object(Bucket="ckpt", Key="wiped/step-00000020/manifest.json")["Body"].read())
+    assert manifest["format"] == 3, "the S3 tier stores pieces by content"
+    stored = minio.keys("ckpt", "wiped/pieces/")
+    refs = {p["ref"] for p in manifest["files"]["state.llmt"]["slices"]}
+    assert refs and all(any(k.startswith(f"wiped/pieces/{ref}") for k in stored) for ref in refs), \
+        "every piece of the replicated state is stored, once for the job"
     for folder in [tmp_path / "shared", tmp_path / "node0" / "ckpt", tmp_path / "node1" / "ckpt"]:
         subprocess.run(["rm", "-rf", str(folder)], check=True)
+    # The rank's own pull (the launcher's prefetch would pull the step first at pod
+    # start: test_prefetch_restore.py).
     job2, codes = run_job(tmp_path, dict(CFG, maxSteps=22), nodes=2, shared_tier=True, extra_tiers=[s3_tier("wiped")],
-                          env=minio.env())
+                          env={**minio.env(), "LLMTRAIN_PREFETCH": "0"})
     assert codes == [0, 0], job2.logs()
     logs = job2.logs()
     assert "resumed from step 20 (s3 tier" in logs
@@ -126,6 +132,15 @@ def _tamper(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def _shared_pieces(tier: Path, step: str, prefix: str) -> list[Path]:
+    """The content-addressed objects holding a step's files whose names start with ``prefix``."""
+    manifest = json.loads((tier / step / "manifest.json").read_text())
+    found = {f"{p['ref']}{'.zst' if p.get('codec') else ''}" for name, record in manifest["files"].items()
+             if name.startswith(prefix) for p in record["slices"]}
+    assert found, f"no pieces of {prefix} in {step}"
+    return [tier / "pieces" / name for name in sorted(found)]
+
+
 def test_a_tampered_rng_file_on_a_rank_that_receives_the_state_by_broadcast_is_not_used(tmp_path):
     job, codes = run_job(tmp_path, dict(CFG, maxSteps=15), nodes=2, shared_tier=True)
     assert codes == [0, 0], job.logs()
@@ -133,9 +148,9 @@ def test_a_tampered_rng_file_on_a_rank_that_receives_the_state_by_broadcast_is_n
     # file it could take its random state from is tampered: its own tier-1 copy and the
     # shared tier's (whichever rank it gets in the next rendezvous).
     step = "step-00000015"
-    for path in [tmp_path / "node1" / "ckpt" / step / "state.llmt", *(tmp_path / "shared" / step).glob("state.llmt.part-*")]:
+    for path in [tmp_path / "node1" / "ckpt" / step / "state.llmt", *_shared_pieces(tmp_path / "shared", step, "state.llmt")]:
         _tamper(path)
-    for path in [*(tmp_path / "node1" / "ckpt" / step / "rng").glob("*.llmt"), *(tmp_path / "shared" / step / "rng").glob("*.llmt")]:
+    for path in [*(tmp_path / "node1" / "ckpt" / step / "rng").glob("*.llmt"), *_shared_pieces(tmp_path / "shared", step, "rng/")]:
         _tamper(path)
     job2, codes = run_job(tmp_path, dict(CFG, maxSteps=17), nodes=2, shared_tier=True)
     assert codes == [0, 0], job2.logs()

@@ -28,6 +28,7 @@ from typing import Any
 
 from llmtrain_store import manifest as mf
 from llmtrain_store import shares
+from llmtrain_store.pieces import ref_of as piece_ref
 from llmtrain_store.sources import FileSource, Source
 from llmtrain_store.tier import CheckpointError
 
@@ -233,6 +234,8 @@ class Propagator:
         return True
 
     def _put(self, saved: Saved, sources: dict[str, Source]) -> int:
+        if getattr(self.tier, "content_addressed", False):
+            return self._put_pieces(saved, sources)
         layout, tier = self.layout, self.tier
         part: dict[str, Any] = {"files": {}, "slices": {}}
         stored = 0
@@ -253,6 +256,38 @@ class Propagator:
                 stored += record["size"]
         tier.write_part(saved.step, layout.rank, part)
         return stored
+
+    def _runs(self, saved: Saved) -> dict[str, list[tuple[int, int, str]]]:
+        """The pieces of each file this rank stores: its share of a replicated file, a
+        shared file's whole (rank 0), its own files whole."""
+        layout = self.layout
+        runs = {}
+        for name, record in saved.records.items():
+            pieces = pieces_of(record)
+            if name in layout.replicated:
+                runs[name] = shares.split(pieces, layout.nodes)[layout.node]
+            elif layout.file_rank(name) is not None or layout.rank == 0:
+                runs[name] = pieces
+        return runs
+
+    def _put_pieces(self, saved: Saved, sources: dict[str, Source]) -> int:
+        """A content-addressed tier: claim every piece this rank will refer to, store the
+        ones the tier lacks, and announce the references. Every file goes in as pieces,
+        so a replicated file's shares and a rank's own files are alike."""
+        tier = self.tier
+        runs = self._runs(saved)
+        held = tier.claim(saved.step, self.layout.rank,
+                          {piece_ref(h, n) for run in runs.values() for _, n, h in run})
+        part: dict[str, Any] = {"files": {}, "slices": {}}
+        written = 0
+        for name, run in runs.items():
+            record = saved.records[name]
+            stored = tier.put_pieces(sources[name], run, held)
+            written += stored.written
+            part["slices"][name] = {"size": record["size"], "whole": shares.fingerprint(pieces_of(record)),
+                                    "pieces": stored.records}
+        tier.write_part(saved.step, self.layout.rank, part)
+        return written
 
     def _wait_local(self, step: int) -> Path:
         """The node leader commits the node's tier-1 copy; the node's other ranks wait."""

@@ -20,6 +20,7 @@ from typing import Any
 from llmtrain_store import manifest as mf
 from llmtrain_store.directory import DirTier
 from llmtrain_store.health import classify
+from llmtrain_store.prefetching import wait_for as wait_for_prefetch
 from llmtrain_store.tier import CheckpointError
 
 from llmtrain_trainer.checkpoint.health import Health
@@ -76,15 +77,29 @@ class Puller:
         failed = self._failure_note(choice.step)
         began = time.perf_counter()
         optional = frozenset(n for n in choice.names if mf.RNG_NAME.fullmatch(n))
+        # A copy committed here already is either one that failed its check at the
+        # agreement (this pull replaces it), or the pod's prefetch (the launcher's
+        # prefetch.py) committed after the agreement listed tier 1: it is taken if it
+        # verifies, and never replaced under a reader. One that appears while this
+        # waits is the prefetch's, verified piece by piece as it was pulled.
+        bad_copy = self._bad_copy(choice)
         try:
             self.local.root.mkdir(parents=True, exist_ok=True)
             failed.unlink(missing_ok=True)
+            if bad_copy is False or (bad_copy is None and wait_for_prefetch(self.local, choice.step, self.commit_timeout,
+                                                                            self.heartbeat)):
+                log.info("step %d was prefetched into tier 1 when the pod started: read locally", choice.step)
+                return
             staging = self.local.staging(choice.step)
             records = copy.tier.fetch(copy, choice.names, staging, self.allowed, self.heartbeat, optional=optional)
             self.local.write_part(choice.step, self.info.rank, {"files": records})
             meta = {k: v for k, v in copy.manifest.items() if k not in ("files", "ranks", "format", "step", "hash")}
-            self.local.commit(choice.step, meta, {self.info.rank}, set(self.info.ranks_on_node()), self.commit_timeout,
-                              self.heartbeat)
+            ranks = set(self.info.ranks_on_node())
+            if bad_copy is True:
+                self.local.commit(choice.step, meta, {self.info.rank}, ranks, self.commit_timeout, self.heartbeat)
+            elif self.local.commit_unless_present(choice.step, meta, {self.info.rank}, ranks, self.commit_timeout) is None:
+                log.info("step %d: the pod's prefetch committed it first; its copy is read", choice.step)
+                return
         except Exception as err:  # any failure of a pull sends the agreement to another copy
             why = str(err) if isinstance(err, CheckpointError) else f"{copy.tier.name} tier: {classify(err).message}"
             self.health.failed(copy.tier.name, err)
@@ -98,6 +113,17 @@ class Puller:
         seconds = time.perf_counter() - began
         self.metrics.restored_bytes(copy.tier.name, size, seconds)
         log.info("pulled step %d from the %s tier into tier 1 (%d bytes) in %.2fs", choice.step, copy.tier.name, size, seconds)
+
+    def _bad_copy(self, choice: Choice) -> bool | None:
+        """Whether tier 1's committed copy of the step fails its check: None when there is
+        none, False when it holds the chosen files intact."""
+        if not (self.local.final(choice.step) / mf.COMMITTED).exists():
+            return None
+        try:
+            copy = next((c for c in self.local.list() if c.step == choice.step), None)
+        except CheckpointError:
+            return True
+        return copy is None or self.local.verify(copy, choice.names, self.allowed) is not None
 
     def _wait_for_leader(self, step: int, timeout: float) -> None:
         target = self.local.final(step)

@@ -133,7 +133,8 @@ def listing_of(tiers: list[Any], config_hash: str, strategy: str, allowed: re.Pa
             if (tier.name, c.step) in excluded:
                 continue  # its pull failed in an earlier round of this restore
             if man.get("config_hash") != config_hash:
-                problems.append(f"{tier.name}: step {c.step} was written by another config ({man.get('config_hash')})")
+                problems.append(f"{tier.name}: step {c.step} was written by another config ({str(man.get('config_hash'))[:40]}; "
+                                f"this run's is {config_hash}: the model, data, optimizer, batch, seed, freeze or lora differ)")
                 continue
             if man.get("strategy") != strategy:
                 problems.append(f"{tier.name}: step {c.step} was written by strategy {man.get('strategy')}")

@@ -13,6 +13,14 @@ all: the loop never waits for the state to be copied or written (docs/trainer.md
 **On a GPU** the state stays in device memory; a snapshot is a non-blocking
 device-to-host copy on a side stream into a pinned arena, and the next optimizer step
 waits for that copy (it overlaps the next forward and backward).
+
+**Frozen parameters** (``freeze``, ``lora``) are in the arena too, so that a checkpoint
+restores the whole model by itself (``frozen/<name>``, no optimizer state), and they come
+first, in one contiguous run, before every trainable parameter and moment. The store
+hashes a file in fixed pieces at absolute offsets and keeps a piece it already holds
+once: bytes that never change, at the same offsets in every checkpoint, are the same
+pieces each time, so a fine-tune's checkpoints store the frozen model once. Without
+frozen parameters the layout is what it always was (``param/``, then the moments).
 """
 
 from __future__ import annotations
@@ -44,6 +52,9 @@ from llmtrain_trainer.engines.schedule import lr_at, param_groups
 from llmtrain_trainer.world import DistInfo
 
 DDP_STATE_FILE = "state.llmt"
+FROZEN = "frozen/"
+"""The arena's prefix of the frozen parameters (trainable ones are ``param/``)."""
+Named = list[tuple[str, torch.nn.Parameter]]
 BROADCAST_CHUNK = 256 << 20
 """Bytes per broadcast call when a rank sends the whole state to the others."""
 
@@ -110,14 +121,11 @@ class DDPEngine:
         self.autocast_dtype = _dtype(cfg)
         model = make_model(cfg).to(self.dev)
         self.module = model
-        seen: set[int] = set()
-        self.named: list[tuple[str, torch.nn.Parameter]] = []
-        for name, param in model.named_parameters():
-            if param.requires_grad and id(param) not in seen:  # tied weights appear twice
-                seen.add(id(param))
-                self.named.append((name, param))
+        self.named, self.frozen_named = split_parameters(model)
+        """The trainable parameters (what the optimizer steps) and the frozen ones."""
         self.optimizer = ArenaOptimizer(cfg.optimizer, self.named, param_groups(model, cfg.optimizer.weight_decay))
-        specs = [(f"param/{n}", p.detach()) for n, p in self.named]
+        specs = [(FROZEN + n, p.detach()) for n, p in self.frozen_named]  # first: see the module's docstring
+        specs += [(f"param/{n}", p.detach()) for n, p in self.named]
         specs += [(f"{s}/{n}", p.detach()) for s in self.optimizer.state_names() for n, p in self.named]
         self._spare: Arena | None = None
         self._frozen: Arena | None = None
@@ -128,18 +136,23 @@ class DDPEngine:
         """An optimizer step is changing the live arena (a rescue must not read it)."""
         self._prefault: threading.Thread | None = None
         self._copy_done: Any = None
+        self._frozen_copied: set[int] = set()
+        """The arenas (by id) whose frozen entries hold the model's frozen values: the live
+        state always; another arena once they were copied into it (``_sync_frozen``)."""
         if self.dev.type == "cpu":
             self.live: Any = Arena.for_tensors(specs)
-            for name, param in self.named:
-                self.live.views[f"param/{name}"].copy_(param.detach())
-                param.data = self.live.views[f"param/{name}"]
+            for name, param in self._arena_params():
+                self.live.views[name].copy_(param.detach())
+                param.data = self.live.views[name]
+            self._frozen_copied = {id(self.live)}
             # Only the node leader writes the replicated state, so only it double-buffers.
             if self.info.is_node_leader:
                 self._spare = Arena(self.live.entries)
                 self._prefault = self._spare.prefault()
             self.staging: Arena | None = None
         else:
-            self.live = DeviceState({f"param/{n}": p.data for n, p in self.named}
+            self.live = DeviceState({FROZEN + n: p.data for n, p in self.frozen_named}
+                                    | {f"param/{n}": p.data for n, p in self.named}
                                     | {f"{s}/{n}": torch.zeros_like(p) for s in self.optimizer.state_names() for n, p in self.named})
             self.staging = Arena.for_tensors(list(self.live.views.items())) if self.info.is_node_leader else None
             if self.staging is not None:
@@ -148,6 +161,20 @@ class DDPEngine:
 
     def parameters(self) -> Iterator[torch.nn.Parameter]:
         return self.model.parameters()
+
+    def _arena_params(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """Every parameter with the name of its arena entry."""
+        return [(FROZEN + n, p) for n, p in self.frozen_named] + [(f"param/{n}", p) for n, p in self.named]
+
+    def _sync_frozen(self, arena: Arena) -> None:
+        """Copy the frozen entries into ``arena`` unless it holds them already. Nothing
+        changes them but a restore, so this copies once per arena, not per step (a
+        step into the spare arena writes only what the optimizer steps)."""
+        if id(arena) in self._frozen_copied:
+            return
+        for name, param in self.frozen_named:
+            arena.views[FROZEN + name].copy_(param.detach())
+        self._frozen_copied.add(id(arena))
 
     sync_started = 0.0
 
@@ -203,6 +230,7 @@ class DDPEngine:
         if self._prefault is not None:
             self._prefault.join()  # its zero-fill must not race with the step's writes
             self._prefault = None
+        self._sync_frozen(target)  # the step writes only the trainable state into it
         try:
             self.optimizer.step(self.live, into=target)
         finally:
@@ -212,8 +240,8 @@ class DDPEngine:
             old, self.live = self.live, target
             if self._frozen is not old:
                 self._spare = old  # its write finished during this step
-        for name, param in self.named:
-            param.data = self.live.views[f"param/{name}"]
+        for name, param in self._arena_params():
+            param.data = self.live.views[name]
 
     # ------------------------------------------------------------------ snapshots
 
@@ -259,6 +287,7 @@ class DDPEngine:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
+            # Frozen parameters too: the staging arena is the checkpoint's payload.
             for name, tensor in self.live.views.items():
                 staging.views[name].copy_(tensor, non_blocking=True)
             done = torch.cuda.Event()
@@ -274,7 +303,10 @@ class DDPEngine:
             self._released_cond.notify_all()
 
     def _meta(self) -> dict[str, Any]:
-        return {"engine": self.kind, **self.optimizer.meta()}
+        # The adapters' settings, for what reads the file without the job's config (an
+        # export that merges them into the weights needs alpha / rank).
+        lora = {"lora": self.cfg.lora.model_dump(mode="json")} if self.cfg.lora is not None else {}
+        return {"engine": self.kind, **self.optimizer.meta(), **lora}
 
     # ------------------------------------------------------------------ restore
 
@@ -310,6 +342,7 @@ class DDPEngine:
         if target is not self.live:
             for name, tensor in self.live.views.items():
                 tensor.copy_(target.views[name])
+        self._frozen_copied = {id(self.live)}  # restored: another arena's copy may be stale
 
     def broadcast_from(self, src: int) -> None:
         """The whole state from rank ``src`` (which loaded it) to every other rank: the
@@ -325,8 +358,22 @@ class DDPEngine:
         if arena is not self.live:
             for name, tensor in self.live.views.items():
                 tensor.copy_(arena.views[name])
+        self._frozen_copied = {id(self.live)}  # received: another arena's copy may be stale
         meta = broadcast_json(self.optimizer.meta() if self.info.rank == src else None, src)
         self.optimizer.restore(meta)
+
+
+def split_parameters(model: torch.nn.Module) -> tuple[Named, Named]:
+    """(trainable, frozen) parameters with their names, each in the model's order; a tied
+    weight once, under its first name."""
+    seen: set[int] = set()
+    trainable: Named = []
+    frozen: Named = []
+    for name, param in model.named_parameters():
+        if id(param) not in seen:
+            seen.add(id(param))
+            (trainable if param.requires_grad else frozen).append((name, param))
+    return trainable, frozen
 
 
 def broadcast_json(value: Any, src: int) -> Any:

@@ -12,6 +12,12 @@ world size goes through DeepSpeed's *universal checkpoint*: the saved folder is 
 once (``ds_to_universal``) and loaded with ``checkpoint.load_universal``. The conversion
 needs every rank's shard in one place, i.e. a complete copy (a single node's local tier,
 or the shared tier).
+
+Frozen parameters (``freeze``, ``lora``) are in DeepSpeed's model states, and a restore at
+the same world size loads them from there. A universal checkpoint holds only what the
+optimizer steps: after a restore at another world size the frozen parameters are what the
+model was built with, the seeded init or the ``initFrom`` file (the same values: nothing
+trains them), so that file must still be readable then (``_require_frozen_source``).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from llmtrain_trainer.checkpoint.protocol import Choice
 from llmtrain_trainer.state.tensorio import HashingFile
 from llmtrain_trainer.engines import build_locks, safeload
 from llmtrain_trainer.engines.base import Batch
+from llmtrain_trainer.engines.init_weights import require_loaded
 from llmtrain_trainer.engines.model import make_model
 from llmtrain_trainer.engines.schedule import lr_at, param_groups
 from llmtrain_trainer.world import DistInfo
@@ -325,6 +332,15 @@ class DeepSpeedEngine:
             )
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load the checkpoint in {load_from}")
+        if choice.mode == "universal":
+            self._require_frozen_source()
+
+    def _require_frozen_source(self) -> None:
+        """A universal checkpoint does not restore the frozen parameters (the module
+        docstring): with ``initFrom`` they are the file's, which must have been read."""
+        if self.cfg.init_from and any(not p.requires_grad for p in self.engine.module.parameters()):
+            require_loaded("needed to resume at another world size under DeepSpeed: its universal checkpoint holds "
+                           "no frozen parameter, they are the file's")
 
 
 def piece_record(name: str, pieces: list[tuple[int, int, str]]) -> dict[str, Any]:

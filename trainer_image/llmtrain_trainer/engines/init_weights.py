@@ -13,6 +13,11 @@ in it with its exact shape: a partial or mismatched file is refused (``DataError
 starting point of step 0, so a file that cannot be read fails the job only when no
 checkpoint is resumed (``deferred``: the model is built, and the file read, before the
 restore is agreed, since DeepSpeed copies its master weights from the model).
+
+LoRA adapters (``lora``: ``blocks.N.attn.qkv.lora_a`` ...) are the one exception: a file
+of base weights has none, so those the file lacks keep their seeded start (A drawn, B
+zero); those it has are loaded like any parameter. A file's adapters for a model without
+them are refused: the file is not a plain model (merge them into the weights first).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import logging
 from pathlib import Path
 
 import torch
+from llmtrain_contract.config import is_adapter
 from llmtrain_store import safetensors as st
 from llmtrain_store.gpt2 import is_gpt2_naming, our_name
 from torch import nn
@@ -44,11 +50,14 @@ def load_into(model: nn.Module, path: Path) -> int:
         if mapped is None:
             continue  # GPT-2's tied lm_head and attention-mask buffers: nothing of ours
         ours, flip = mapped
+        if ours not in params and is_adapter(ours):
+            raise DataError(f"initFrom: {path}: tensor {name!r} is a LoRA adapter, which this model does not have "
+                            f"(set the same lora, or merge the adapters into the weights first)")
         if ours not in params:
             raise DataError(f"initFrom: {path}: tensor {name!r} is no parameter of the model "
                             f"(a file for another architecture or size?)")
         chosen[ours] = (name, flip)
-    missing = sorted(set(params) - set(chosen))
+    missing = sorted(n for n in set(params) - set(chosen) if not is_adapter(n))  # adapters keep their seeded start
     if missing:
         raise DataError(f"initFrom: {path} lacks {len(missing)} of the model's parameters, e.g. {missing[:3]}")
     for ours, (name, flip) in chosen.items():  # every shape from the header alone, before a byte is read
@@ -90,6 +99,13 @@ def load_or_defer(model: nn.Module, path: Path) -> int | None:
         return None
     _deferred = None
     return count
+
+
+def require_loaded(why: str) -> None:
+    """Raise the deferred failure (DATA_ERROR) even for a resume: ``why`` the weights are
+    needed all the same."""
+    if _deferred is not None:
+        raise DataError(f"{_deferred}; {why}")
 
 
 def check_deferred(resumed_step: int | None) -> None:

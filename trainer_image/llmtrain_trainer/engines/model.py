@@ -3,6 +3,10 @@
 Deliberately plain: pre-LayerNorm blocks, causal self-attention through
 ``scaled_dot_product_attention``, GELU MLP, tied input/output embeddings. The loss is a
 mean over tokens, so micro-batch losses scale cleanly under gradient accumulation.
+
+Fine-tuning (``freeze``, ``lora``): LoRA adapters are attached to the built model, and
+frozen parameters get ``requires_grad=False``; the parameter names are the contract's
+(``llmtrain_contract.config.parameter_names``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import torch.nn.functional as F  # noqa: N812 - torch's own convention
 from torch import nn
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
-from llmtrain_contract.config import ModelShape, TrainerConfig
+from llmtrain_contract.config import LoraConfig, ModelShape, TrainerConfig, frozen_names
 
 log = logging.getLogger("llmtrain.trainer")
 
@@ -100,6 +104,60 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
 
+LORA_SEED_SALT = 0x10BA
+"""Mixed into the job's seed for the adapters' generator: a stream of its own, so that
+attaching adapters draws nothing from the one that initialised the base model."""
+
+
+class LoRALinear(nn.Module):
+    """A linear layer with a low-rank adapter: ``W x + b + scale * B (A x)``.
+
+    It holds the layer's own ``weight`` and ``bias`` (the same tensors, under the same
+    names: ``initFrom``, the checkpoint and the export see the base model's names) and
+    the adapters ``lora_a`` (rank x in) and ``lora_b`` (out x rank)."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, generator: torch.Generator):
+        super().__init__()
+        self.weight = base.weight
+        self.bias = base.bias
+        self.scale = alpha / rank
+        # A as nn.Linear's (and the reference LoRA code's) default: Kaiming-uniform with
+        # a = sqrt(5), i.e. U(-1/sqrt(in), 1/sqrt(in)). B is zero, so B (A x) is exactly
+        # zero and step 0 computes the base model's outputs bit for bit.
+        bound = 1.0 / math.sqrt(base.in_features)
+        draw = torch.rand(rank, base.in_features, generator=generator, device="cpu") * (2 * bound) - bound
+        self.lora_a = nn.Parameter(draw.to(device=base.weight.device, dtype=base.weight.dtype))
+        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device, dtype=base.weight.dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias) + self.scale * F.linear(F.linear(x, self.lora_a), self.lora_b)
+
+
+def add_lora(model: GPT, lora: LoraConfig, seed: int) -> None:
+    """Replace each targeted attention projection by a ``LoRALinear`` around its weights.
+    The adapters come from a generator of their own (``LORA_SEED_SALT``), drawn on the CPU
+    in the model's order: the same on every rank and every restart."""
+    generator = torch.Generator().manual_seed(seed ^ LORA_SEED_SALT)
+    for block in model.blocks:
+        attn = block.attn
+        assert isinstance(attn, CausalSelfAttention)
+        for target in lora.targets:
+            base = getattr(attn, target)
+            assert isinstance(base, nn.Linear)
+            setattr(attn, target, LoRALinear(base, lora.rank, lora.alpha, generator))
+
+
+def apply_freeze(model: nn.Module, cfg: TrainerConfig) -> list[str]:
+    """``requires_grad=False`` on the parameters ``freeze`` (and ``lora``) freeze; their
+    names. Checked against the model's own names (raises ``FreezeError``, naming a
+    pattern that matches none), as the config was against the preset's."""
+    params = dict(model.named_parameters())
+    frozen = frozen_names(list(params), cfg.freeze or [], cfg.lora is not None)
+    for name in frozen:
+        params[name].requires_grad_(False)
+    return frozen
+
+
 def build_model(shape: ModelShape, dropout: float, activation_checkpointing: bool, seed: int) -> GPT:
     """Build with a seeded init, independent of the global RNG, so that every rank and
     every restart starts from identical weights before any checkpoint is loaded."""
@@ -112,10 +170,14 @@ def build_model(shape: ModelShape, dropout: float, activation_checkpointing: boo
 
 
 def make_model(cfg: TrainerConfig) -> GPT:
-    """The seeded model, or (``initFrom``) the file's weights in it, before any engine wraps
-    it: DeepSpeed copies its master weights from the model at ``initialize``."""
+    """The seeded model, or (``initFrom``) the file's weights in it, with its adapters
+    (``lora``) and its frozen parameters marked (``freeze``), before any engine wraps it:
+    DeepSpeed copies its master weights from the model at ``initialize``."""
     shape = cfg.model.shape(cfg.data.seq_len)
     model = build_model(shape, cfg.model.dropout, cfg.model.activation_checkpointing, cfg.seed)
+    if cfg.lora is not None:
+        add_lora(model, cfg.lora, cfg.seed)  # before initFrom: a file may hold adapters too
+    apply_freeze(model, cfg)
     if cfg.init_from:
         from llmtrain_trainer.engines.init_weights import load_or_defer  # noqa: PLC0415 - only a job that asks
 

@@ -230,6 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     # One torch import per pod, not one per rank and restart (zygote.py). A user may opt
     # out with LLMTRAIN_ZYGOTE=0; a user's script never gets one.
     builtin = zygote.runs_builtin_trainer(command)
+    # A node without the job's newest checkpoint in tier 1 starts pulling it now, while
+    # torch imports and the rendezvous forms (prefetch.py). LLMTRAIN_PREFETCH=0 opts out.
+    if builtin and env.get(Env.PREFETCH) != "0":
+        # Imported here: a user script's bundle (bundle.py) has neither the store nor yaml.
+        from llmtrain_trainer.launch import prefetch  # noqa: PLC0415
+
+        prefetch.start(command)
     server = zygote.start() if env.get(Env.ZYGOTE) != "0" and builtin else None
     if builtin:
         # Its ranks stamp their first step into the heartbeat files: a re-formed group
