@@ -34,12 +34,13 @@ room-making and sweeping touch only the steps of ``scope``'s lineage (``owner.py
 from __future__ import annotations
 
 import builtins
+import errno
 import json
 import logging
 import os
 import re
 import shutil
-import threading
+import secrets
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -163,7 +164,7 @@ class DirTier:
     def piece_put(self, obj: str, data: bytes) -> None:
         folder = self.root / pieces.PIECES_DIR
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".tmp-{os.getpid()}-{threading.get_ident()}"
+        tmp = folder / f".tmp-{secrets.token_hex(8)}"  # unique across nodes (pids repeat in containers)
         with open(tmp, "wb") as out:
             out.write(data)
             out.flush()
@@ -229,9 +230,11 @@ class DirTier:
         folder, manifest = self._seal(step, meta, expected, ranks, timeout, lambda: None)
         try:
             os.rename(folder, self.final(step))  # fails on a non-empty folder: no clobbering
-        except OSError:
+        except OSError as err:
             shutil.rmtree(folder, ignore_errors=True)
-            return None
+            if err.errno in (errno.ENOTEMPTY, errno.EEXIST) and (self.final(step) / mf.COMMITTED).exists():
+                return None
+            raise CheckpointError(f"{self.name} tier: step {step} could not be put in place ({err})") from err
         return self._placed(step, manifest)
 
     def _seal(self, step: int, meta: dict[str, Any], expected: set[int], ranks: set[int], timeout: float,

@@ -62,7 +62,10 @@ def _round_bf16(bits: int) -> int:
 
 def _bytes(values: list[float], dtype: str) -> bytes:
     if dtype == "float16":
-        return struct.pack(f"<{len(values)}e", *values)
+        try:
+            return struct.pack(f"<{len(values)}e", *values)
+        except OverflowError:
+            raise MergeRefused("a folded weight overflows float16 (beyond 65504)") from None
     if dtype == "bfloat16":
         bits = memoryview(array("f", values)).cast("B").cast("I")
         return array("H", map(_round_bf16, bits)).tobytes()

@@ -238,13 +238,15 @@ def _referenced(name: str, piece: dict[str, Any], offset: int) -> Piece:
     ref, size, digest = piece.get("ref"), piece.get("size"), piece.get("hash")
     if piece.get("offset") != offset or not isinstance(size, int) or isinstance(size, bool) or size <= 0:
         raise ManifestRejected(f"{name}: a piece reference does not continue at byte {offset}")
+    if size > PIECE:  # a reader holds a piece in memory: never more than the largest one
+        raise ManifestRejected(f"{name}: a piece of {size} bytes is larger than any piece ({PIECE})")
     if not isinstance(digest, str) or not isinstance(ref, str) or ref != pieces.ref_of(digest, size) \
             or not pieces.REF.fullmatch(ref):
         raise ManifestRejected(f"{name}: piece reference {str(ref)[:80]!r} is not the hash and size of its piece")
     if "name" in piece or "at" in piece:
         raise ManifestRejected(f"{name}: piece reference {ref} also names an object")
     codec = piece.get("codec")
-    if codec not in pieces.SUFFIX:
+    if not isinstance(codec, (str, type(None))) or codec not in pieces.SUFFIX:
         raise ManifestRejected(f"{name}: piece {ref} has an unknown codec {str(codec)[:40]!r}")
     stored = piece.get("stored", size if codec is None else None)
     if not isinstance(stored, int) or isinstance(stored, bool) or stored <= 0 or (codec is None and stored != size) \

@@ -49,7 +49,8 @@ WINDOW = 10.0
 """Seconds a collection may go on deleting after it wrote its marker."""
 WAIT = 3 * WINDOW
 """Seconds a writer waits for a collection in progress to end. The margin over WINDOW
-covers a delete request still in flight when its collection's window closes."""
+covers a delete request still in flight when its collection's window closes (an S3
+tier deletes pieces with one attempt and a 5 s read timeout: ``S3Tier._deleter``)."""
 SAMPLE = 64 << 10
 SAMPLE_RATIO = 0.9
 KEEP_RATIO = 0.95
@@ -109,6 +110,8 @@ def decode(blob: bytes, codec: str | None, size: int) -> bytes:
                 data = reader.read(size + 1)
         except zstandard.ZstdError as err:
             raise PieceRejected(f"not a valid {CODEC} frame ({err})") from None
+        except MemoryError:
+            raise PieceRejected(f"does not fit in memory ({size} bytes)") from None
     else:
         raise PieceRejected(f"unknown codec {codec!r}")
     if len(data) != size:

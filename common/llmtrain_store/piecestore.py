@@ -103,11 +103,17 @@ def settle(tier: Objects, step: int, writer: int, refs: set[str], poll: float = 
 
 
 def held_of(objects: dict[str, int]) -> Held:
+    """The pieces ``objects`` hold. A raw object whose size is not its piece's (truncated,
+    say) is not taken as held: it is written again, not shared by every later step."""
     held: Held = {}
     for obj, size in objects.items():
         ref = pieces.ref_of_object(obj)
-        if ref is not None:
-            held.setdefault(ref, (pieces.CODEC if obj.endswith(pieces.SUFFIX[pieces.CODEC]) else None, size))
+        if ref is None:
+            continue
+        codec = pieces.CODEC if obj.endswith(pieces.SUFFIX[pieces.CODEC]) else None
+        if codec is None and size != int(ref.rsplit("-", 1)[1]):
+            continue
+        held.setdefault(ref, (codec, size))
     return held
 
 
@@ -124,6 +130,7 @@ def store(tier: Objects, source: Source, run: list[tuple[int, int, str]], held: 
     match); the records that refer to all of them. ``held`` (from ``settle``) gains what
     is stored."""
     out = Written()
+    run = [p for p in run if p[1] > 0]  # an empty file has no piece (its record: no slices)
     missing: dict[str, tuple[int, int, str]] = {}
     for offset, size, digest in run:
         ref = pieces.ref_of(digest, size)
@@ -182,7 +189,7 @@ def read(tier: Objects, piece: mf.Piece) -> bytes:
     hasher = Hasher()
     hasher.update(data)
     if hasher.hexdigest() != piece.hash:
-        raise CheckpointError(f"{tier.name} tier: piece {piece.name} fails its {HASH} check")
+        raise CheckpointError(f"{tier.name} tier: piece {piece.name} does not match its manifest (its {HASH} check fails)")
     return data
 
 
@@ -194,14 +201,19 @@ def place(tier: Objects, uses: list[tuple[Path, str, mf.Piece]], step: int,
         data = read(tier, uses[0][2])
     except CheckpointError as err:
         return {name: f"{err} (step {step})" for _, name, _ in uses}
-    for target, _, piece in uses:
-        fd = os.open(target, os.O_WRONLY)
+    failed = {}
+    for target, name, piece in uses:
         try:
-            os.pwrite(fd, data, piece.offset)
-        finally:
-            os.close(fd)
+            fd = os.open(target, os.O_WRONLY)
+            try:
+                if os.pwrite(fd, data, piece.offset) != len(data):
+                    raise OSError(f"a short write at byte {piece.offset}")
+            finally:
+                os.close(fd)
+        except OSError as err:
+            failed[name] = f"{tier.name} tier: {name} of step {step} cannot be written ({err})"
         heartbeat()
-    return {}
+    return failed
 
 
 def place_all(tier: Objects, shared: dict[str, list[tuple[Path, str, mf.Piece]]], step: int, workers: int,

@@ -16,26 +16,39 @@ MARK = ".prefetch"
 
 
 def marker(local: DirTier) -> Path:
-    """``.prefetch`` in tier 1, holding the prefetching process's pid: written before the
+    """``.prefetch`` in tier 1, holding the prefetching process's pid and start time: written before the
     pod's ranks start (so that none looks before it is there) and removed when the
     prefetch ends, whichever step it pulled, or none."""
     return local.root / MARK
 
 
+def _started(pid: int) -> str:
+    """When process ``pid`` started (clock ticks since boot, /proc/<pid>/stat's 22nd
+    field); "" where /proc cannot tell. With the pid it names one process: a container's
+    launcher is often pid 1, and a mark left by an earlier container's must not pass for
+    the running one's."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
 def mark(local: DirTier) -> Path:
     path = marker(local)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(str(os.getpid()))
+    path.write_text(f"{os.getpid()} {_started(os.getpid())}")
     return path
 
 
 def _alive(path: Path) -> bool:
     try:
-        pid = int(path.read_text())
+        pid_text, _, started = path.read_text().partition(" ")
+        pid = int(pid_text)
         os.kill(pid, 0)
     except (OSError, ValueError):
         return False
-    return True
+    return started.strip() == _started(pid)
 
 
 def wait_for(local: DirTier, step: int, timeout: float, heartbeat: Callable[[], None] = lambda: None) -> bool:

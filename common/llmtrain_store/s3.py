@@ -181,6 +181,7 @@ class S3Tier:
     content_addressed: bool = False
     """Store pieces by content, once for every step that holds them (``pieces.py``)."""
     _client: Any = field(default=None, repr=False)
+    _delete_client: Any = field(default=None, repr=False)
 
     kind = "s3"
 
@@ -191,21 +192,31 @@ class S3Tier:
 
     def client(self) -> Any:
         if self._client is None:
-            import boto3  # noqa: PLC0415 - only jobs with an S3 tier need boto3
-            from botocore.config import Config  # noqa: PLC0415
-
-            endpoint = self.endpoint or os.environ.get("AWS_ENDPOINT_URL") or None
-            if self.path_style is None:
-                style = "path" if endpoint is not None else "auto"
-            else:
-                style = "path" if self.path_style else "virtual"
-            config = Config(
-                retries={"max_attempts": self.attempts, "mode": "standard"}, connect_timeout=self.connect_timeout,
-                read_timeout=60, s3={"addressing_style": style}, max_pool_connections=max(10, self.concurrency * 2),
-            )
-            self._client = boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=self.region or "us-east-1",
-                                                           config=config)
+            self._client = self._make_client(self.attempts, self.connect_timeout, 60)
         return self._client
+
+    def _deleter(self) -> Any:
+        """A client for a collection's piece deletes: one attempt, short timeouts, so that
+        every delete is over within ``pieces.WAIT - pieces.WINDOW`` of its window's end
+        (a writer that waited that long trusts the listing; ``pieces.py``)."""
+        if self._delete_client is None:
+            self._delete_client = self._make_client(1, 3, 5)
+        return self._delete_client
+
+    def _make_client(self, attempts: int, connect_timeout: float, read_timeout: float) -> Any:
+        import boto3  # noqa: PLC0415 - only jobs with an S3 tier need boto3
+        from botocore.config import Config  # noqa: PLC0415
+
+        endpoint = self.endpoint or os.environ.get("AWS_ENDPOINT_URL") or None
+        if self.path_style is None:
+            style = "path" if endpoint is not None else "auto"
+        else:
+            style = "path" if self.path_style else "virtual"
+        config = Config(
+            retries={"max_attempts": attempts, "mode": "standard"}, connect_timeout=connect_timeout,
+            read_timeout=read_timeout, s3={"addressing_style": style}, max_pool_connections=max(10, self.concurrency * 2),
+        )
+        return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=self.region or "us-east-1", config=config)
 
     def transfer_config(self) -> Any:
         from boto3.s3.transfer import TransferConfig  # noqa: PLC0415
@@ -288,7 +299,7 @@ class S3Tier:
         return self._get(self._under(pieces.PIECES_DIR) + obj)
 
     def piece_delete(self, obj: str) -> None:
-        self._delete_keys([self._under(pieces.PIECES_DIR) + obj])
+        self._deleter().delete_object(Bucket=self.bucket, Key=self._under(pieces.PIECES_DIR) + obj)
 
     def _claim_key(self, step: int, writer: int | None = None) -> str:
         token = self.scope.token if self.scope else "none"

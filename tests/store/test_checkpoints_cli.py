@@ -113,6 +113,6 @@ def test_a_content_addressed_tier_shows_stored_against_logical_bytes_and_verifie
     victim = sorted((tmp_path / "shared" / pieces.PIECES_DIR).iterdir())[0]
     flip_byte(victim)
     assert main(["checkpoints", "verify", "--no-progress", str(tmp_path / "shared")]) == 1
-    assert f"FAILED: shared tier: piece pieces/{victim.name} fails its xxh3-128 check" in capsys.readouterr().out
+    assert f"FAILED: shared tier: piece pieces/{victim.name} does not match its manifest" in capsys.readouterr().out
     assert main(["checkpoints", "prune", "--keep", "1", str(tmp_path / "shared")]) == 0
     assert len(list((tmp_path / "shared" / pieces.PIECES_DIR).iterdir())) == 10, "step 10's own piece is collected"

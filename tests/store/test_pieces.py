@@ -232,6 +232,8 @@ def _forge(tier, committed, edit) -> object:
     (lambda p: p.update(codec="lz4", stored=10), "unknown codec"),
     (lambda p: p.update(codec="zstd", stored=1 << 40), "no plausible stored size"),
     (lambda p: p.update(stored=5), "no plausible stored size"),
+    (lambda p: p.update(codec=[], stored=5), "unknown codec"),
+    (lambda p: p.update(size=10**15, ref=p["hash"] + "-" + str(10**15)), "larger than any piece"),
 ])
 def test_a_forged_piece_reference_is_refused_by_name(tmp_path, edit, why):
     tier = _tier(tmp_path)
@@ -240,6 +242,9 @@ def test_a_forged_piece_reference_is_refused_by_name(tmp_path, edit, why):
     with pytest.raises(mf.ManifestRejected, match=why):
         mf.entries(forged.manifest, ALLOWED)
     assert why in tier.verify(forged, None, ALLOWED)
+    from llmtrain_store import survey
+    (row,) = survey.rows(survey.Found("shared", tier))
+    assert why in row.problem, "llmtrain checkpoints ls says why, and does not crash"
 
 
 def test_a_reference_in_a_format_2_manifest_is_refused(tmp_path):
@@ -264,9 +269,9 @@ def test_a_missing_truncated_or_swapped_piece_fails_the_fetch_naming_it(tmp_path
     with pytest.raises(CheckpointError, match="has 1048575 bytes, the manifest says 1048576"):
         tier.fetch(committed, ["state.llmt"], tmp_path / "b", ALLOWED)
     (folder / objects[1]).write_bytes((folder / objects[2]).read_bytes())  # the right size, other bytes
-    with pytest.raises(CheckpointError, match=f"{objects[1]} fails its xxh3-128 check"):
+    with pytest.raises(CheckpointError, match=f"{objects[1]} does not match its manifest"):
         tier.fetch(committed, ["state.llmt"], tmp_path / "c", ALLOWED)
-    assert "fails its xxh3-128 check" in tier.verify(committed, None, ALLOWED)
+    assert "does not match its manifest (its xxh3-128 check fails)" in tier.verify(committed, None, ALLOWED)
 
 
 def test_a_compressed_piece_that_inflates_beyond_its_size_is_refused(tmp_path):
@@ -318,3 +323,12 @@ def test_plan_and_codec_decisions_are_pure(tmp_path):
     with pytest.raises(pieces.PieceRejected, match="not a valid zstd frame"):
         pieces.decode(b"not zstd at all", "zstd", 4)
     assert piecestore.held_of({"a" * 32 + "-5.zst": 3, "junk": 1}) == {"a" * 32 + "-5": ("zstd", 3)}
+
+
+def test_an_empty_file_is_stored_as_no_piece_and_read_back_empty(tmp_path):
+    tier = _tier(tmp_path)
+    committed, sent = save_pieces(tier, 1, {"state.llmt": os.urandom(PIECE), "rng/rank-00000.llmt": b""}, piece=PIECE)
+    assert committed.manifest["files"]["rng/rank-00000.llmt"] == {"size": 0, "slices": []}
+    assert tier.verify(committed, None, ALLOWED) is None
+    tier.fetch(committed, ["rng/rank-00000.llmt"], tmp_path / "x", ALLOWED)
+    assert (tmp_path / "x" / "rng/rank-00000.llmt").read_bytes() == b""

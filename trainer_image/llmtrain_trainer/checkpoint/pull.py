@@ -21,7 +21,7 @@ from llmtrain_store import manifest as mf
 from llmtrain_store.directory import DirTier
 from llmtrain_store.health import classify
 from llmtrain_store.prefetching import wait_for as wait_for_prefetch
-from llmtrain_store.tier import CheckpointError
+from llmtrain_store.tier import CheckpointError, StepUnreadable
 
 from llmtrain_trainer.checkpoint.health import Health
 from llmtrain_trainer.checkpoint.protocol import Choice
@@ -82,8 +82,8 @@ class Puller:
         # prefetch.py) committed after the agreement listed tier 1: it is taken if it
         # verifies, and never replaced under a reader. One that appears while this
         # waits is the prefetch's, verified piece by piece as it was pulled.
-        bad_copy = self._bad_copy(choice)
         try:
+            bad_copy = self._bad_copy(choice)
             self.local.root.mkdir(parents=True, exist_ok=True)
             failed.unlink(missing_ok=True)
             if bad_copy is False or (bad_copy is None and wait_for_prefetch(self.local, choice.step, self.commit_timeout,
@@ -120,9 +120,10 @@ class Puller:
         if not (self.local.final(choice.step) / mf.COMMITTED).exists():
             return None
         try:
-            copy = next((c for c in self.local.list() if c.step == choice.step), None)
-        except CheckpointError:
-            return True
+            listed = self.local.list()
+        except StepUnreadable as err:  # another step unreadable: this one may be listed still
+            listed = err.listed
+        copy = next((c for c in listed if c.step == choice.step), None)
         return copy is None or self.local.verify(copy, choice.names, self.allowed) is not None
 
     def _wait_for_leader(self, step: int, timeout: float) -> None:
