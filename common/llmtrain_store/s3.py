@@ -324,6 +324,20 @@ class S3Tier:
     def _drop_claims(self, step: int) -> None:
         self._delete_keys(list(self._objects(self._claim_key(step))))
 
+    def _drop_stale_claims(self, newest: int) -> None:
+        """This run's claims of steps older than its newest commit: left by a writer that
+        died before its part record, or by a failed delete at a commit. No write of
+        them is in progress (a run stores its steps in order), and each pins pieces."""
+        base = self._under("claims")
+        token = self.scope.token if self.scope else "none"
+        stale = []
+        for key in self._objects(base):
+            folder, _, rest = key[len(base):].partition(".")
+            step = mf.step_of(folder)
+            if step is not None and step < newest and rest.startswith(token + "."):
+                stale.append(key)
+        self._delete_keys(stale)
+
     def markers(self) -> builtins.list[str]:
         base = self._under("collecting")
         return sorted(key[len(base):] for key in self._objects(base))
@@ -393,8 +407,8 @@ class S3Tier:
             abandoned = [s for s in self._steps() if s < committed[-1] and s not in untouchable and self._abandoned_mine(s)]
         for step in doomed + abandoned:
             self.delete(step)
-        for step in abandoned:
-            self._drop_claims(step)
+        if committed:
+            self._drop_stale_claims(committed[-1])
         self.collect()
         return sorted(set(doomed + abandoned))
 

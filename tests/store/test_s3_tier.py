@@ -155,3 +155,19 @@ def test_content_addressed_pieces_are_stored_once_and_collected_when_unreference
     assert tier.verify(tier.list()[0], None, ALLOWED) == f"{pieces.PIECES_DIR}/{victim} is missing"
     with pytest.raises(CheckpointError, match=f"{victim} cannot be read"):
         tier.fetch(tier.list()[0], ["state.llmt"], tmp_path / "again", ALLOWED)
+
+
+@pytest.mark.tools  # MinIO (the minio fixture)
+def test_a_dead_writers_claim_is_dropped_once_a_newer_step_commits_and_its_pieces_collected(s3env):
+    from llmtrain_store.owner import Scope
+
+    from store.helpers import save_pieces
+
+    tier = _tier("stale", keep=1, content_addressed=True, scope=Scope.of("run-a"))
+    other = _tier("stale", keep=1, content_addressed=True, scope=Scope.of("run-b"))
+    tier.claim(3, 1, {"a" * 32 + "-5"})  # a writer of run-a that died after its claim
+    other.claim(3, 1, {"b" * 32 + "-5"})  # another run's write, maybe in progress
+    save_pieces(tier, 5, {"state.llmt": os.urandom(PIECE)}, piece=PIECE)
+    tier.retain()
+    claims = sorted(k.rsplit("/", 1)[-1] for k in s3env.keys("ckpt", "stale/claims/"))
+    assert claims == [f"step-00000003.{Scope.of('run-b').token}.rank-00001.json"], "run-a's stale claim gone, run-b's kept"
