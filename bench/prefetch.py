@@ -40,7 +40,10 @@ def say(text: str) -> None:
 
 
 def attempt_of(job) -> int:
-    steps = job.steps()
+    try:
+        steps = job.steps()
+    except ValueError:  # a step line being written: not yet
+        return -1
     return max((r.get("attempt", 0) for r in steps), default=-1)
 
 

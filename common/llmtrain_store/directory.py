@@ -148,7 +148,7 @@ class DirTier:
 
     def collect(self) -> list[str]:
         """Delete the pieces nothing refers to (``piecestore.collect_quietly``)."""
-        return piecestore.collect_quietly(self) if (self.root / pieces.PIECES_DIR).is_dir() else []
+        return piecestore.collect_quietly(self)
 
     def piece_objects(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -4,8 +4,8 @@ format (``export.py``, ``hf-gpt2``): ``W' = W + (alpha / rank) * B @ A``, with `
 
 Without numpy or torch (the operator image has neither, and the store must run there):
 each row of ``W`` gains ``rank`` scaled rows of ``A``, added by ``map`` over C functions,
-in float64; about 100 ns per element and rank, some 20 s for GPT-2 124M's projections at
-rank 8. The merged weight equals the adapted layer up to float rounding (the sum is
+in float64: 0.86 s here for one GPT-2 124M qkv projection (768 x 2304) at rank 8, so
+about 12 s for all 24 of its projections. The merged weight equals the adapted layer up to float rounding (the sum is
 rounded to the weight's dtype once more), not bit for bit.
 """
 

@@ -18,16 +18,17 @@ at least 5 %. Optimizer moments and trained weights rarely pass; zero-filled buf
 integer state and padding do. A compressed piece is decompressed with a bound (its size):
 a forged object cannot make a reader allocate more.
 
-**Deleting pieces safely** (``Collector``): a piece may go only when no committed step
-and no write in progress refers to it. A writer first *claims* the pieces it will refer
-to (a record in its staging area), then looks for a collection in progress (a marker):
-if none, any collection that starts later reads its claim; if one runs, the writer waits
-for it to end (at most ``WAIT`` = 3 x ``WINDOW`` by its own clock; a marker still
-there after that is a collection that died, and is removed) before it trusts which pieces
-exist. A collection writes its marker, reads every claim, then every committed manifest,
-and deletes unreferenced pieces only within ``WINDOW`` seconds of its marker. So a piece
-a writer found and skipped is never deleted under it, and a commit racing a prune loses
-nothing (tests/store/test_pieces.py).
+**Deleting pieces safely** (``piecestore.collect``): a piece may go only when no
+committed step and no write in progress refers to it. A writer first *claims* the pieces
+it will refer to (a record in its staging area), then looks for a collection in progress
+(a marker): if none, any collection that starts later reads its claim; if one runs, the
+writer waits for it to end (at most ``WAIT`` = 3 x ``WINDOW`` by its own clock; a marker
+still there after that is a collection that died, and is removed) before it trusts which
+pieces exist. A collection lists the pieces (its candidates: one stored later is never
+one), writes its marker, reads every claim, then every committed manifest, and deletes
+unreferenced candidates only within ``WINDOW`` seconds of its marker. So a piece a writer
+found and skipped is never deleted under it, and a commit racing a prune loses nothing
+(tests/store/test_pieces.py).
 """
 
 from __future__ import annotations

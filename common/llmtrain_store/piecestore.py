@@ -72,8 +72,6 @@ class Written:
     """The manifest's references, in order."""
     written: int = 0
     """Bytes sent to the tier (compressed where a piece was)."""
-    logical: int = 0
-    """Bytes of the pieces newly stored, before compression."""
     reused: int = 0
     """Bytes of pieces the tier already held."""
 
@@ -156,7 +154,6 @@ def store(tier: Objects, source: Source, run: list[tuple[int, int, str]], held: 
         for ref, stored in zip(missing, pool.map(put, missing.values())):
             held[ref] = stored
             out.written += stored[1]
-            out.logical += missing[ref][1]
     for offset, size, digest in run:
         ref = pieces.ref_of(digest, size)
         out.records.append(_record(ref, offset, size, digest, *held[ref]))
@@ -243,8 +240,12 @@ def collect_quietly(tier: Objects) -> list[str]:
 def collect(tier: Objects, window: float | None = None) -> list[str]:
     """Delete the pieces no committed step and no write in progress refers to; the
     objects deleted. Skipped (nothing deleted) when a listed step cannot be read: its
-    references are unknown."""
+    references are unknown. The candidates are listed first: a piece stored after that is
+    never one, and a tier without pieces (one written whole) costs one listing."""
     window = pieces.WINDOW if window is None else window
+    objects = tier.piece_objects()
+    if not objects:
+        return []
     token = secrets.token_hex(8)
     tier.marker_put(token)
     began = time.monotonic()
@@ -260,7 +261,7 @@ def collect(tier: Objects, window: float | None = None) -> list[str]:
             return []
         for committed in listed:
             held |= pieces.refs_in(committed.manifest)
-        for obj in pieces.plan(tier.piece_objects(), held).doomed:
+        for obj in pieces.plan(objects, held).doomed:
             if time.monotonic() - began > window:
                 log.info("%s tier: piece collection stopped at its time limit; the rest goes next time", tier.name)
                 break

@@ -286,7 +286,7 @@ class S3Tier:
 
     def collect(self) -> list[str]:
         """Delete the pieces nothing refers to (``piecestore.collect_quietly``)."""
-        return piecestore.collect_quietly(self) if self.piece_objects() else []
+        return piecestore.collect_quietly(self)
 
     def piece_objects(self) -> dict[str, int]:
         base = self._under(pieces.PIECES_DIR)

@@ -67,6 +67,7 @@ def rows(found: Found) -> list[Row]:
     """Every committed checkpoint of a tier, newest first, each checked cheaply: the
     manifest's names (what the engine writes, no escapes) and each stored object's size."""
     out = []
+    parsed: dict[int, dict[str, mf.FileEntry]] = {}
     for committed in found.tier.list():
         man = committed.manifest
         allowed = mf.ENGINE_FILES.get(str(man.get("strategy")))
@@ -80,21 +81,17 @@ def rows(found: Found) -> list[Row]:
         out.append(Row(committed.step, committed.world_size, sorted(committed.ranks),
                        sum(f.size for f in files.values()) if files else 0, str(man.get("strategy")), committed.complete,
                        problem, committed))
-    _count_stored(out)
+        parsed[committed.step] = files or {}
+    _count_stored(out, parsed)
     return out
 
 
-def _count_stored(rows: list[Row]) -> None:
-    """Each row's ``stored``: oldest first, a content-addressed piece counts for the first
-    step that holds it (``pieces.py``)."""
+def _count_stored(rows: list[Row], parsed: dict[int, dict[str, mf.FileEntry]]) -> None:
+    """Each row's ``stored`` from its checked files (``parsed``): oldest first, a
+    content-addressed piece counts for the first step that holds it (``pieces.py``)."""
     seen: set[str] = set()
     for row in sorted(rows, key=lambda r: r.step):
-        allowed = mf.ENGINE_FILES.get(str(row.committed.manifest.get("strategy")))
-        try:
-            files = mf.entries(row.committed.manifest, allowed) if allowed is not None else {}
-        except mf.ManifestRejected:
-            continue
-        for entry in files.values():
+        for entry in parsed[row.step].values():
             for obj, (size, _) in entry.stored_sizes().items():
                 row.stored += size if obj == entry.name else sum(p.size for p in entry.pieces if p.name == obj)
             for obj, size in entry.piece_sizes().items():

@@ -215,12 +215,12 @@ def test_commits_racing_prunes_lose_nothing(tmp_path, monkeypatch):
 def _forge(tier, committed, edit) -> object:
     """Rewrite a committed manifest (and its COMMITTED marker, as someone who can write
     the tier would) with ``edit`` applied to its first piece record."""
-    folder = tmp = tier.final(committed.step)
+    folder = tier.final(committed.step)
     manifest = json.loads((folder / mf.MANIFEST).read_text())
     edit(manifest["files"]["state.llmt"]["slices"][0])
     text = json.dumps(manifest).encode()
-    (tmp / mf.MANIFEST).write_bytes(text)
-    (tmp / mf.COMMITTED).write_text(digest_bytes(text) + "\n")
+    (folder / mf.MANIFEST).write_bytes(text)
+    (folder / mf.COMMITTED).write_text(digest_bytes(text) + "\n")
     tier._verified.clear()
     return next(c for c in tier.list() if c.step == committed.step)
 

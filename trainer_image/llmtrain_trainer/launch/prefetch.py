@@ -81,7 +81,7 @@ def newest(cfg: TrainerConfig, tiers: list[Any]) -> Committed | None:
 
 @dataclass
 class Prefetch:
-    thread: threading.Thread
+    thread: threading.Thread | None = None
     outcome: str = "running"
 
 
@@ -141,7 +141,7 @@ def start(command: list[str]) -> Prefetch | None:
         mark(tiers[0])  # before the ranks start: a rank's pull waits for it (prefetching.wait_for)
     except Exception:  # noqa: BLE001 - the trainer builds them again and reports what is wrong
         return None
-    handle = Prefetch(threading.Thread(name="ckpt-prefetch", daemon=True, target=lambda: None))
+    handle = Prefetch()
 
     def work() -> None:
         try:
