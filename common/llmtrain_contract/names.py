@@ -43,6 +43,11 @@ class Env:
     ZYGOTE = "LLMTRAIN_ZYGOTE"
     """The socket of the pod's fork server (``llmtrain_trainer.launch.zygote``), set by the launcher
     for the built-in trainer; a user may set it to ``0`` to start every rank from scratch."""
+    RDZV_TOKEN = "LLMTRAIN_RDZV_TOKEN"
+    """The job's token (the Secret the operator makes for each job, ``<job>-token``), in the
+    store's pod and the workers': the rendezvous state is signed with it and the store's
+    lease port answers only lines that carry its MAC (``rendezvous/leases.py``). The torchrun
+    agent takes it out of the ranks' environment (``pod/rdzvstate.py`` spells it too)."""
     PREFETCH = "LLMTRAIN_PREFETCH"
     """``0``: the launcher does not pull the job's newest checkpoint into tier 1 at pod
     start (``llmtrain_trainer.checkpoint.prefetch``); the restore pulls it on demand."""

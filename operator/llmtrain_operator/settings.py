@@ -133,6 +133,14 @@ class OperatorSettings:
     pods) and CIDRs that may also read the jobs' health and metrics ports (Prometheus, for
     the chart's PodMonitor). Default "": the operator alone."""
 
+    token_key_file: str = ""
+    """``LLMTRAIN_OPERATOR_TOKEN_KEY_FILE``: a file holding the key each job's token is
+    drawn from (an HMAC of the job's uid: ``planner/tokens.py``); the chart mounts it from
+    a Secret it keeps across upgrades. Default "": a random key for this process, so a
+    job's token Secret deleted by hand and made again after the operator restarted holds
+    another token than the job's running pods (its store refuses the new pods until it is
+    restarted too)."""
+
     def failure_conditions(self) -> frozenset[str]:
         return frozenset(t.strip() for t in self.node_failure_conditions.split(",") if t.strip())
 

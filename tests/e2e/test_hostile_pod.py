@@ -2,10 +2,12 @@
 NetworkPolicy admits it, as it would a planted pod): one job, two attacks.
 
 - It writes a forged rendezvous state into the job's store (a pickle naming ``os.system``,
-  the issue's attack) and sends the store's lease port a forged hello naming a live
-  worker's agent. The store refuses both and logs them (it puts back the last good state;
-  the hello comes from another address than the agent it names, so nobody leaves the
-  rendezvous); no process runs the forgery; the job trains on without a restart.
+  the issue's attack), then one made of torchrun's own types only (the job's state as it
+  read it, with a node added to the wait list, which would restart every worker), and
+  sends the store's lease port a forged hello naming a live worker's agent. It has not the
+  job's token: the store refuses all three and logs them (it puts back the last good,
+  signed state; the hello carries no MAC of the token, so nobody leaves the rendezvous);
+  no process runs the forgery; the job trains on without a restart.
 - It holds 1,000 idle connections to a worker's health and metrics ports. The pod's
   servers hold a bounded number of threads, so the pod still starts processes: a rank
   crash during the flood is restarted in place by torchrun, and the job trains on, its
@@ -39,7 +41,18 @@ class Forged:
 
 
 store = TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=30))
-store.set("torch.rendezvous." + run_id, base64.b64encode(pickle.dumps(Forged())))
+key = "torch.rendezvous." + run_id
+store.set(key, base64.b64encode(pickle.dumps(Forged())))
+time.sleep(2)  # the store puts back the job's state
+# torchrun's own types: the job's state as read, its signature (whose key it has not) cut
+# off, a node added to the wait list.
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+raw = base64.b64decode(store.get(key))
+state = pickle.loads(raw[raw.index(b":") + 1 + 32:] if raw.startswith(b"llmtrain-signed-state-v1:") else raw)
+intruder = _NodeDesc("intruder", 4242, 0)
+state.wait_list.add(intruder)
+state.last_heartbeats[intruder] = datetime.datetime.now(datetime.timezone.utc)
+store.set(key, base64.b64encode(pickle.dumps(state)))
 for attempt in range(50):  # the store's client above retried; this is a plain socket
     try:
         conn = socket.create_connection((host, port + LEASE_OFFSET), timeout=10)
@@ -123,9 +136,9 @@ def test_a_forged_rendezvous_state_and_lease_line_are_refused_and_the_job_trains
     def store_log() -> str:
         return bed.pod_log(NS, store["metadata"]["name"])
 
-    wait_for(lambda: "refused a forged rendezvous state" in store_log() and "put back" in store_log(), 30,
-             what="the store refusing the forged state")
-    wait_for(lambda: "no valid hello" in store_log() and f"names the agent at {victim['status']['podIP']}" in store_log(), 30,
+    wait_for(lambda: "refused a forged rendezvous state" in store_log() and "put back" in store_log()
+             and "not signed with the job's token" in store_log(), 30, what="the store refusing the forged states")
+    wait_for(lambda: "no valid hello" in store_log() and "carries no MAC of the job's token" in store_log(), 30,
              what="the store refusing the forged hello")
     trained = wait_status(bed, NS, NAME, lambda s: s.get("step", 0) >= at + 10, 180, "training on")
     assert trained.get("restarts", 0) == 0 and trained["worldSize"] == 2, trained

@@ -40,6 +40,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, list, watch, create, update]
+# Each job's token Secret (its rendezvous signed with it): created only, never read or
+# listed (a 409 is taken as the job's own); removed with its job by the garbage collector.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [create]
 # Each job's NetworkPolicy (networkPolicy.jobs.enabled); removed with its job by the
 # garbage collector (ownerReferences). Watched even when off: the index is always there.
 - apiGroups: [networking.k8s.io]

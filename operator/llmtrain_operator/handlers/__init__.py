@@ -37,11 +37,12 @@ from ..api.observed import LABEL_JOB, NodeView, job_owner_uid, node_view, pod_vi
 from ..k8s.client import K8s, PermanentApiError, TransientApiError
 from ..k8s.lease import LeaseClient
 from ..planner.isolation import IsolationError
+from ..planner.tokens import TokenKeyError
 from ..settings import ConfigError, OperatorSettings, from_env
 from .executor import NotLeader
 from .leadership import AlwaysLeader, Gate, Leadership
 from .loops import JobLoops, Key
-from .reconcile import PROBER, Children, isolation_of, job_uid, reconcile
+from .reconcile import PROBER, Children, isolation_of, job_uid, reconcile, token_key_of
 from .reconcile import forget as forget_job_memory
 from .slots import Slots
 from .wakes import jobs_of_node
@@ -80,6 +81,12 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         isolation_of(SETTINGS)  # a bad NetworkPolicy setting stops the operator here, not every pass
     except IsolationError as err:
         raise ConfigError(f"LLMTRAIN_OPERATOR_NETWORK_POLICY_*: {err}") from err
+    try:
+        token_key_of(SETTINGS)  # likewise an unreadable token key
+    except TokenKeyError as err:
+        raise ConfigError(f"LLMTRAIN_OPERATOR_TOKEN_KEY_FILE: {err}") from err
+    if not SETTINGS.token_key_file:
+        log.warning("no LLMTRAIN_OPERATOR_TOKEN_KEY_FILE: the jobs' tokens are drawn from a key of this process only")
     _SLOTS = Slots(SETTINGS.max_concurrent_reconciles)
     # Leader election is ours (a Lease); kopf's peering would pause the standby's
     # watches, and a standby with warm indexes takes over faster.

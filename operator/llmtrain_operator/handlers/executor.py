@@ -174,27 +174,42 @@ def check(gate: WriteGate | None) -> None:
         raise NotLeader()
 
 
+def _creates(action: Action, kind: str) -> bool:
+    return isinstance(action, CreateObject) and action.kind == kind
+
+
 def _send(k8s: K8s, namespace: str, job: str, action: Action, how: Applier[Any]) -> Any:
     return asyncio.to_thread(how.apply, k8s, namespace, job, action)
 
 
 async def write(k8s: K8s, body: dict[str, Any], actions: list[Action], status_patch: dict[str, Any] | None,
                 gate: WriteGate | None = None) -> Written:
-    """A pass's writes: the first round (the status patch and every create) concurrently,
-    then, once the status is written, the second (the deletes). Every action's applier is
-    looked up before any request: an action without one raises ``UnknownAction`` and
-    nothing at all is written."""
+    """A pass's writes: the job's token Secret first, when the pass creates one (its pods
+    read it as they start), then the first round (the status patch and every other create)
+    concurrently, then, once the status is written, the second (the deletes). A token
+    Secret that could not be created holds back the pass's pod creates (they would wait
+    for it in ``CreateContainerConfigError``). Every action's applier is looked up before
+    any request: an action without one raises ``UnknownAction`` and nothing at all is
+    written."""
     meta = body["metadata"]
     ns, name = meta.get("namespace", "default"), meta["name"]
     planned = [(action, applier(action)) for action in actions]
-    first = [(a, how) for a, how in planned if how.round is Round.WITH_STATUS]
+    tokens = [(a, how) for a, how in planned if _creates(a, "Secret")]
+    first = [(a, how) for a, how in planned if how.round is Round.WITH_STATUS and not _creates(a, "Secret")]
     later = [(a, how) for a, how in planned if how.round is Round.AFTER_STATUS]
+    before: list[Any] = []
+    if tokens:
+        check(gate)
+        before = list(await asyncio.gather(*(_send(k8s, ns, name, a, how) for a, how in tokens), return_exceptions=True))
+        if any(isinstance(o, BaseException) for o in before):
+            first = [(a, how) for a, how in first if not _creates(a, "Pod")]
     requests = [_send(k8s, ns, name, a, how) for a, how in first]
     if status_patch is not None:
         requests.append(asyncio.to_thread(k8s.patch_status, ns, name, status_patch, meta.get("resourceVersion")))
     check(gate)
-    outcomes = list(await asyncio.gather(*requests, return_exceptions=True))
+    outcomes = before + list(await asyncio.gather(*requests, return_exceptions=True))
     status_error = outcomes.pop() if status_patch is not None else None
+    first = tokens + first
     sent = [a for a, _ in first]
     refused = tuple(Refused(a, o.server_message) for a, o in zip(sent, outcomes) if isinstance(o, PermanentApiError))
     created = tuple(a for a, o in zip(sent, outcomes) if isinstance(a, CreateObject) and o is True)

@@ -17,10 +17,12 @@ import asyncio
 import functools
 import logging
 import os
+import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, UTC
+from pathlib import Path
 from typing import Any, Protocol
 
 from llmtrain_contract.names import HEALTH_PORT
@@ -33,7 +35,7 @@ from ..api.observed import owned_by as is_owned_by
 from ..api.vocabulary import TERMINAL_PHASES, ConditionType, Phase, PodPhase, Reason
 from ..k8s.client import K8s, PermanentApiError, TransientApiError
 from ..k8s.patches import merge_patch
-from ..planner import Plan, plan_received, podgroup, queue
+from ..planner import Plan, plan_received, podgroup, queue, tokens
 from ..planner.isolation import Isolation
 from ..planner.podpolicy import PodPolicy
 from ..planner.tierclaims import conflicts as tier_conflicts
@@ -234,6 +236,26 @@ def _isolation(namespace: str, operator_pods: str, metrics_from: str) -> Isolati
     return Isolation.parse(namespace, operator_pods, metrics_from)
 
 
+def token_key_of(settings: OperatorSettings) -> bytes:
+    """The key the jobs' tokens are drawn from (``planner/tokens.py``): the file's bytes
+    (surrounding whitespace left out), or a random key kept for this process when no file
+    is set. TokenKeyError naming the file: the operator's startup calls this first."""
+    return _token_key(settings.token_key_file)
+
+
+@functools.lru_cache(maxsize=4)
+def _token_key(path: str) -> bytes:
+    if not path:
+        return secrets.token_bytes(tokens.KEY_BYTES)
+    try:
+        key = Path(path).read_bytes().strip()
+    except OSError as err:
+        raise tokens.TokenKeyError(f"cannot read the token key {path}: {err.strerror or err}") from None
+    if len(key) < tokens.KEY_BYTES:
+        raise tokens.TokenKeyError(f"the token key {path} holds {len(key)} bytes, {tokens.KEY_BYTES} at least")
+    return key
+
+
 def _running_workers(pods: list[Any]) -> list[Any]:
     """The worker pods that have an address to scrape."""
     return [p for p in pods if p.role == ROLE_WORKER and p.phase == PodPhase.RUNNING and p.ip]
@@ -399,7 +421,7 @@ async def _decide_and_write(k8s: K8s, body: dict[str, Any], received: Received, 
         observed = replace(observed, workload=workload)
     result = plan_received(received, observed, now, settings.runtime_image,
                            PodPolicy.from_settings(settings.allow_privileged_pods, settings.allowed_service_accounts),
-                           settings.failure_conditions(), isolation_of(settings))
+                           settings.failure_conditions(), isolation_of(settings), token_key_of(settings))
     old_status = body.get("status") or {}
     changed = status_changed(old_status, result.status, settings.status_flush_seconds, now, progress_pace(settings, jobs))
     check(gate)

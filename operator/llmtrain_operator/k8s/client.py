@@ -171,6 +171,8 @@ class K8s:
             "Service": self.core.create_namespaced_service,
             "ConfigMap": self.core.create_namespaced_config_map,
             "NetworkPolicy": self.networking.create_namespaced_network_policy,
+            # The job's token: created only, never read (a 409 is taken as this job's).
+            "Secret": self.core.create_namespaced_secret,
         }
         # Strict: a field the server does not know (a misspelt `volumeMount:` a job's
         # podTemplate passed through) refuses the create, naming the field, where the

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -140,6 +141,9 @@ class LocalCluster:
     silences: Silences = field(default_factory=Silences)
     """Each running "node"'s launcher's unanswered probes in a row (a frozen one is replaced
     on its peers' reports, as in a cluster: ``policies/frozen_pods.py``)."""
+    token: str = field(default_factory=lambda: secrets.token_hex(32))
+    """The run's token, in the store's and every worker's environment as a job's Secret
+    puts it in its pods (``planner/tokens.py``): the rendezvous is signed here too."""
 
     # ------------------------------------------------------------------ paths
 
@@ -206,7 +210,7 @@ class LocalCluster:
 
     def _start_store(self, name: str) -> None:
         self.store_port = free_ports(1 + RDZV_LEASE_PORT_OFFSET)  # the store's and its leases'
-        self._spawn(name, ROLE_STORE, None, 0, store_command(PY, self.store_port, "127.0.0.1"), {})
+        self._spawn(name, ROLE_STORE, None, 0, store_command(PY, self.store_port, "127.0.0.1"), {Env.RDZV_TOKEN: self.token})
 
     def _start_worker(self, name: str, slot: int, generation: int, incarnation: int = 0) -> None:
         spec = self.job.spec
@@ -253,7 +257,7 @@ class LocalCluster:
             note = f"{var} is not set: llmtrain run has no Secrets or ConfigMaps; export it to pass it on"
             if note not in self.warnings:
                 self.warnings.append(note)
-        return {**env, Env.FAULT_STATE_DIR: str(self.workdir / "faults"), **self.env}
+        return {**env, Env.RDZV_TOKEN: self.token, Env.FAULT_STATE_DIR: str(self.workdir / "faults"), **self.env}
 
     def delete(self, name: str, force: bool = False) -> None:
         pod = self.pods.get(name)

@@ -22,6 +22,7 @@ from .conditions import set_condition
 from .decisions import Decision, Event, Noted
 from .isolation import Isolation
 from .podpolicy import PodPolicy
+from .tokens import JobToken, job_token
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,16 @@ class Pass(Ledger):
     """Node condition types that, True, mean the node is failing (``policies/node_health.py``)."""
     isolation: Isolation | None = None
     """The peers of the job's NetworkPolicy (``isolation.py``); None: the operator makes none."""
+    token_key: bytes | None = None
+    """The operator's key for the jobs' tokens (``tokens.py``); None: no token (``llmtrain
+    run`` makes its own; a planner test of something else)."""
+
+    def job_token(self) -> JobToken | None:
+        """This job's token, or None when the pass makes none (no key, or a job without a
+        uid: one not read from an API server)."""
+        if self.token_key is None or not self.job.metadata.uid:
+            return None
+        return job_token(self.token_key, self.job.metadata.name, self.job.metadata.uid)
 
     @property
     def spec(self) -> LLMTrainJobSpec:

@@ -21,6 +21,7 @@ from . import names
 from .environment import worker_env
 from .isolation import NAMESPACE_LABEL, Isolation
 from .render import config_text, content_hash, tier_paths, trainer_config
+from .tokens import JobToken
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -96,6 +97,29 @@ def _meta(job: LLMTrainJob, name: str, labels: dict[str, str], annotations: dict
     if annotations:
         meta["annotations"] = annotations
     return meta
+
+
+TOKEN_KEY = "token"
+"""The key of the job's token in its Secret."""
+
+
+def token_secret(job: LLMTrainJob, token: JobToken) -> dict[str, Any]:
+    """The job's token (``tokens.py``), for its store's and workers' environment. Immutable:
+    nobody changes it under running pods; the garbage collector removes it with the job."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(job, token.secret, names.job_labels(job.metadata.name)),
+        "type": "Opaque",
+        "immutable": True,
+        "stringData": {TOKEN_KEY: token.value},
+    }
+
+
+def token_env(token: JobToken) -> dict[str, Any]:
+    """The token as the pods read it: from the job's Secret, which the operator creates in
+    every pass that creates a pod, before the pod (``handlers/executor.py``)."""
+    return {"name": Env.RDZV_TOKEN, "valueFrom": {"secretKeyRef": {"name": token.secret, "key": TOKEN_KEY}}}
 
 
 def headless_service(job: LLMTrainJob, name: str, selector: dict[str, str], ports: list[tuple[str, int]]) -> dict[str, Any]:
@@ -207,7 +231,8 @@ def _rdzv_id(job: LLMTrainJob) -> str:
     return job.metadata.uid or job.metadata.name
 
 
-def store_pod(job: LLMTrainJob, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> dict[str, Any]:
+def store_pod(job: LLMTrainJob, runtime_image: str = DEFAULT_RUNTIME_IMAGE, token: JobToken | None = None) -> dict[str, Any]:
+    """``token``: the job's, which the pod reads from its Secret (``token_env``)."""
     job_name = job.metadata.name
     pod_security, container_security = security_contexts(job, read_only_root=True)
     container: dict[str, Any] = {
@@ -223,6 +248,8 @@ def store_pod(job: LLMTrainJob, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> d
         "securityContext": container_security,
         "volumeMounts": [dict(TMP_MOUNT)],
     }
+    if token is not None:
+        container["env"] = [token_env(token)]
     pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -391,13 +418,15 @@ def kept_pod_patch(uid: str = "") -> dict[str, Any]:
 
 
 def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: Sequence[str] = (),
-               runtime_image: str = DEFAULT_RUNTIME_IMAGE, incarnation: int = 0, joining: bool = False) -> dict[str, Any]:
+               runtime_image: str = DEFAULT_RUNTIME_IMAGE, incarnation: int = 0, joining: bool = False,
+               token: JobToken | None = None) -> dict[str, Any]:
     """``incarnation``: which of the slot's pods this is (``Observed.next_incarnation``):
     its name and label; the host name is the slot's, whichever pod holds it. ``joining``:
     the job has trained already, so this pod joins it (a replacement, a scale-up): its
     launcher checks its node's network first (``preflightMinMbps``); a job's first pods
     skip it, as their store starts with them and a thousand checks at once would only
-    measure the store."""
+    measure the store. ``token``: the job's, which the pod reads from its Secret
+    (``token_env``)."""
     spec = job.spec
     job_name = job.metadata.name
     volumes, mounts = _volumes(job)
@@ -411,6 +440,8 @@ def worker_pod(job: LLMTrainJob, slot: int, generation: int, avoid_nodes: Sequen
     ports.append({"name": "health", "containerPort": HEALTH_PORT})
     pod_security, container_security = security_contexts(job, read_only_root=spec.trainer.builtin is not None)
     env = worker_env(job, tier_paths(job), names.RUN_DIR)
+    if token is not None:
+        env.insert(0, token_env(token))
     if joining and spec.fault_tolerance.preflight_min_mbps > 0:
         env.append({"name": Env.PREFLIGHT_MIN_MBPS, "value": f"{spec.fault_tolerance.preflight_min_mbps:g}"})
     if container_security.get("readOnlyRootFilesystem") and spec.trainer.builtin is not None \

@@ -102,20 +102,21 @@ def _each(ctx: Pass, policies: tuple[Policy, ...]) -> bool:
 
 def plan(raw: dict[str, Any], observed: Observed, now: datetime, runtime_image: str = DEFAULT_RUNTIME_IMAGE,
          pod_policy: PodPolicy = STRICT, node_failure_conditions: frozenset[str] = DEFAULT_NODE_FAILURE_CONDITIONS,
-         isolation: Isolation | None = None) -> Plan:
+         isolation: Isolation | None = None, token_key: bytes | None = None) -> Plan:
     """A raw job object (a file, a test) read with ``receive``, then ``plan_received``."""
-    return plan_received(receive(raw), observed, now, runtime_image, pod_policy, node_failure_conditions, isolation)
+    return plan_received(receive(raw), observed, now, runtime_image, pod_policy, node_failure_conditions, isolation, token_key)
 
 
 def plan_received(received: Received, observed: Observed, now: datetime, runtime_image: str = DEFAULT_RUNTIME_IMAGE,
                   pod_policy: PodPolicy = STRICT,
                   node_failure_conditions: frozenset[str] = DEFAULT_NODE_FAILURE_CONDITIONS,
-                  isolation: Isolation | None = None) -> Plan:
+                  isolation: Isolation | None = None, token_key: bytes | None = None) -> Plan:
     """``runtime_image``: the operator's setting of that name (``manifests.runtime_bundle``);
     ``pod_policy``: what a ``podTemplate`` may ask (``podpolicy.py``);
     ``node_failure_conditions``: node condition types that mean a failure
     (``policies/node_health.py``); ``isolation``: the peers of the job's NetworkPolicy
-    (``isolation.py``), None for none. ``received`` is left as it is: the new status is
+    (``isolation.py``), None for none; ``token_key``: the operator's key for the jobs'
+    tokens (``tokens.py``), None for none. ``received`` is left as it is: the new status is
     built from a copy of its status."""
     status = received.status.model_copy(deep=True)
     if received.deleting:
@@ -127,7 +128,7 @@ def plan_received(received: Received, observed: Observed, now: datetime, runtime
         validity.mark_invalid(ledger, Reason.INVALID_SPEC, "; ".join(str(e) for e in errors), received.generation)
         return _done(ledger)
     ctx = Pass(job=received.job, observed=observed, now=now, status=status, runtime_image=runtime_image, pod_policy=pod_policy,
-               node_failure_conditions=node_failure_conditions, isolation=isolation)
+               node_failure_conditions=node_failure_conditions, isolation=isolation, token_key=token_key)
     account_time(ctx)
     _policies(ctx)
     progress.show(ctx)  # after every policy that moves the step or ends the job

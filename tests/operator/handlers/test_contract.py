@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import importlib
+import re
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -97,20 +98,35 @@ async def started_job(api, k8s, status_extra: dict[str, Any] | None = None, chan
 # ---------------------------------------------------------------- exact requests
 
 
+def _token_secret(api) -> dict[str, Any]:
+    """The job's token Secret, whose name ends with an HMAC of the job's uid."""
+    found = [obj.raw for key, obj in api.objects.items() if key[0] == "v1/secrets"]
+    assert len(found) == 1 and re.fullmatch(r"tiny-elastic-rdzv-token-[0-9a-f]{10}", found[0]["metadata"]["name"]), found
+    return found[0]
+
+
 async def test_a_new_job_creates_exactly_its_children_writes_status_once_and_posts_events(api, k8s):
     put_job(api, job())
     before = len(api)
     await one_pass(api, k8s)
     calls = writes(requests_since(api, before))
-    # Every child and the one status patch go out in one concurrent round; Events after.
-    assert sorted(calls[:7]) == sorted([
+    # The job's token Secret first (the pods read it as they start), then every other
+    # child and the one status patch in one concurrent round; Events after.
+    assert calls[0] == ("POST", "/api/v1/namespaces/ml/secrets")
+    assert sorted(calls[1:8]) == sorted([
         ("POST", "/api/v1/namespaces/ml/configmaps"),
         ("POST", "/api/v1/namespaces/ml/services"),
         ("POST", "/api/v1/namespaces/ml/services"),
         *[("POST", "/api/v1/namespaces/ml/pods")] * 3,
         ("PATCH", STATUS),
     ])
-    assert calls[7:] and set(calls[7:]) == {("POST", "/api/v1/namespaces/ml/events")}
+    assert calls[8:] and set(calls[8:]) == {("POST", "/api/v1/namespaces/ml/events")}
+    secret = _token_secret(api)
+    token = secret["stringData"]["token"]
+    assert len(token) == 64 and secret["immutable"] is True and secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    for name in ("tiny-elastic-rdzv", "tiny-elastic-worker-0"):
+        env = api.objects["v1/pods", NS, name].raw["spec"]["containers"][0]["env"]
+        assert {"name": "LLMTRAIN_RDZV_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret["metadata"]["name"], "key": "token"}}} in env
     # Every create asks for strict field validation: a misspelt field in a podTemplate is
     # refused by name, never dropped in silence.
     creates = [r for r in list(api)[before:] if str(r.method).endswith("POST") and not r.url.path.endswith("/events")]
@@ -289,7 +305,8 @@ async def test_500_on_a_create_is_transient_the_status_is_recorded_and_the_retry
     # The other children went out in the same round; a pod waits for its ConfigMap the
     # way a kubelet does.
     created = sorted(p for m, p in writes(requests_since(api, 0)) if m == "POST" and not p.endswith("/events"))
-    assert created == ["/api/v1/namespaces/ml/configmaps"] + ["/api/v1/namespaces/ml/pods"] * 3 + ["/api/v1/namespaces/ml/services"] * 2
+    assert created == (["/api/v1/namespaces/ml/configmaps"] + ["/api/v1/namespaces/ml/pods"] * 3 + ["/api/v1/namespaces/ml/secrets"]
+                       + ["/api/v1/namespaces/ml/services"] * 2)
     del api.objects["v1/configmaps", NS, "tiny-elastic-config"]  # the failed create left nothing behind
     before = len(api)
     await one_pass(api, k8s, now=NOW + timedelta(seconds=5))
@@ -410,6 +427,51 @@ async def test_a_refused_create_is_a_condition_and_an_event_with_the_servers_wor
     assert [e["reason"] for e in _events(api, before)].count("CreatesAccepted") == 1
 
 
+async def test_a_refused_token_secret_holds_back_the_pods_that_would_wait_for_it_and_says_why(api, k8s):
+    """RBAC without ``create secrets`` (an older chart's Role): the pods are not created to
+    hang in CreateContainerConfigError; the job says what was refused, and the pods come
+    once the Secret is accepted."""
+    put_job(api, job())
+    api["post /api/v1/namespaces/ml/secrets"][:1] << 403 << {
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+        "message": 'secrets is forbidden: User "system:serviceaccount:llmtrain:llmtrain" cannot create resource "secrets"'}
+    before = len(api)
+    first = await one_pass(api, k8s)
+    name = _token_secret(api)["metadata"]["name"]
+    del api.objects["v1/secrets", NS, name]  # kmock keeps what it refused
+    assert _pod_posts(api, before) == 0, "no pod without its token"
+    assert ("Service", "tiny-elastic-workers") in first.created, "the rest of the pass stands"
+    refused = reconcile_module._REFUSALS[NS, NAME].refused
+    assert [(r.action.kind, r.action.name) for r in refused] == [("Secret", name)]
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=1))  # the refusal is reported by the next pass
+    failure = next(c for c in stored_job(api)["status"]["conditions"] if c["type"] == "ReplicaFailure")
+    assert f"create Secret {name}: " in failure["message"] and 'cannot create resource "secrets"' in failure["message"]
+    later = len(api)
+    again = await one_pass(api, k8s, now=NOW + timedelta(seconds=3))
+    assert _pod_posts(api, later) == 3 and ("Pod", "tiny-elastic-worker-0") in again.created
+
+
+async def test_a_token_secret_that_exists_is_taken_as_the_jobs_and_the_token_is_the_same_every_time(api, k8s):
+    """The operator may create Secrets, not read them: a 409 is the job's own Secret, and
+    the token it would write is the same in every pass (drawn from the job's uid), so a
+    Secret deleted by hand comes back with the token the running pods hold."""
+    put_job(api, job())
+    await one_pass(api, k8s)
+    secret = _token_secret(api)
+    name = secret["metadata"]["name"]
+    del api.objects["v1/pods", NS, "tiny-elastic-worker-1"]
+    del api.objects["v1/secrets", NS, name]
+    before = len(api)
+    await one_pass(api, k8s, now=NOW + timedelta(seconds=1))
+    calls = writes(requests_since(api, before))
+    assert calls.index(("POST", "/api/v1/namespaces/ml/secrets")) < calls.index(("POST", "/api/v1/namespaces/ml/pods"))
+    assert _token_secret(api) == secret, "the same name and token"
+    del api.objects["v1/pods", NS, "tiny-elastic-worker-1"]
+    again = await one_pass(api, k8s, now=NOW + timedelta(seconds=2))  # the Secret is there: 409, taken as the job's
+    assert ("Pod", "tiny-elastic-worker-1") in again.created
+    assert not reconcile_module._REFUSALS.get((NS, NAME)) or not reconcile_module._REFUSALS[NS, NAME].refused
+
+
 async def test_an_object_of_the_jobs_name_that_it_does_not_own_is_refused_by_name_never_adopted(api, k8s):
     """Someone pre-created the job's rendezvous pod (to take its rendezvous over, or a copy
     by ``kubectl debug --copy-to``): the 409 on create is read, its owner checked, and the
@@ -523,7 +585,9 @@ async def test_without_secret_checks_no_secret_is_read_and_the_pods_are_created(
     before = len(api)
     await one_pass(api, k8s, settings=OperatorSettings(probes_enabled=False, check_secrets=False))
     calls = requests_since(api, before)
-    assert not [c for c in calls if "/secrets" in c[1]], calls
+    assert not [c for c in calls if "/secrets" in c[1] and c[0] != "POST"], "none read"
+    assert [c for c in calls if c[0] == "POST" and c[1].endswith("/secrets/s3-creds") or c[1].endswith("/secrets")] == [
+        ("POST", "/api/v1/namespaces/ml/secrets")], "only the job's token is created"
     assert [c for c in calls if c[0] == "POST" and c[1].endswith("/pods")]
 
 

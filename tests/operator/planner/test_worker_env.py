@@ -7,6 +7,7 @@ from llmtrain_contract.names import Env
 from llmtrain_operator.api import parse_job
 from llmtrain_operator.localrun.cluster import LocalCluster
 from llmtrain_operator.planner.manifests import worker_pod
+from llmtrain_operator.planner.tokens import JobToken
 from support.planning import job
 
 
@@ -16,7 +17,8 @@ def test_the_local_runner_and_a_pod_carry_the_same_llmtrain_variables(tmp_path, 
                "spec.env": [{"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "x", "key": "y"}}},
                             {"name": "PLAIN", "value": "1"}]})
     parsed = parse_job({**raw, "status": None})
-    pod_env = {e["name"]: e for e in worker_pod(parsed, 0, 0)["spec"]["containers"][0]["env"]}
+    token = JobToken("tiny-elastic-rdzv-token-0123456789", "v" * 64)
+    pod_env = {e["name"]: e for e in worker_pod(parsed, 0, 0, token=token)["spec"]["containers"][0]["env"]}
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "local-key")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
     cluster = LocalCluster(parsed, tmp_path)
@@ -35,6 +37,9 @@ def test_the_local_runner_and_a_pod_carry_the_same_llmtrain_variables(tmp_path, 
     assert pod_env["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"]["name"] == "s3"
     assert local_env["AWS_ACCESS_KEY_ID"] == "local-key" and "AWS_SECRET_ACCESS_KEY" not in local_env
     assert local_env["PLAIN"] == "1" and "FROM_SECRET" not in local_env
+    # The job's token: a pod reads its Secret, the local run makes its own.
+    assert pod_env[Env.RDZV_TOKEN]["valueFrom"]["secretKeyRef"] == {"name": "tiny-elastic-rdzv-token-0123456789", "key": "token"}
+    assert local_env[Env.RDZV_TOKEN] == cluster.token and len(cluster.token) == 64
     assert any("AWS_SECRET_ACCESS_KEY" in w for w in cluster.warnings)
     # Paths differ (a pod's mounts vs the workdir), names do not.
     assert pod_env[Env.CHECKPOINT_DIR]["value"] == "/ckpt/local"

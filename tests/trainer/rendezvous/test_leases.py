@@ -513,3 +513,18 @@ def test_an_agent_trains_through_a_forged_state_its_store_puts_back(store, tmp_p
         assert agent.returncode == 0, said[-3000:]
     else:
         assert agent.returncode != 0, "the agent failed on no forgery: this test's control is gone"
+
+
+@pytest.mark.parametrize(("argv", "poll"), [
+    (["--nnodes=2", "x.py"], 0.25), (["--nnodes", "1:16"], 0.25), (["--nnodes=8:32"], 0.5),
+    (["--nnodes=64"], 1.0), (["--nnodes=512:1024"], 1.0), (["--nnodes=lots"], 0.25), ([], 0.25),
+])
+def test_the_agents_pace_slows_with_the_jobs_nodes_to_torchs_own(argv, poll):
+    """Every read is of the whole state and every node reads it: four reads a second
+    starved 64 agents' keep-alive beats here (``bench/rendezvous_scale.py``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("torchrun_agent_pace", AGENT)
+    agent = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent)
+    assert agent.join_poll_seconds(argv) == poll

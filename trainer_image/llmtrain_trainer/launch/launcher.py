@@ -163,7 +163,7 @@ def check_network(command: list[str], env: dict[str, str]) -> str | None:
     address = leases.lease_port(command) if floor > 0 else None  # the store's echo
     if address is None:
         return None
-    result = preflight.measure(address)
+    result = preflight.measure(address, token=env.get(Env.RDZV_TOKEN))
     if result.skipped is not None:
         print(f"llmtrain launcher: pre-flight check skipped: {result.skipped}", file=sys.stderr, flush=True)
         return None
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     supervisor.agent_pid = tracker.agent_pid = child.pid
     # While this pod lives, the store knows its agent: a pod that dies leaves the
     # rendezvous at once, not when the agent's keep-alive lapses (leases.py).
-    lease = leases.hold(command, child.pid)
+    lease = leases.hold(command, child.pid, env.get(Env.RDZV_TOKEN))
     returncode = child.wait()
     if lease is not None:
         lease.close()

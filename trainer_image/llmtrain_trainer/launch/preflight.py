@@ -22,7 +22,6 @@ torchrun's own rendezvous timeout then speaks for an unreachable store.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
@@ -31,6 +30,8 @@ import time
 from dataclasses import dataclass
 
 from llmtrain_contract.names import RDZV_LEASE_PORT_OFFSET, Env
+
+from llmtrain_trainer.rendezvous.leases import echo_request
 
 ROUND_BYTES = 4 << 20
 ROUNDS = 2
@@ -76,10 +77,11 @@ def _connect(address: tuple[str, int], window: float) -> socket.socket | str:
             time.sleep(0.5)
 
 
-def _round(conn: socket.socket, size: int, seconds: float) -> float | str:
-    """One echo of ``size`` bytes: the rate (bytes per second), or why there is none."""
+def _round(conn: socket.socket, size: int, seconds: float, token: str | None = None) -> float | str:
+    """One echo of ``size`` bytes (asked with the job's ``token``'s MAC when given): the
+    rate (bytes per second), or why there is none."""
     conn.settimeout(seconds)
-    conn.sendall((json.dumps({"echo": size}) + "\n").encode())
+    conn.sendall(echo_request(size, token))
     answer = b""
     while not answer.endswith(b"\n") and len(answer) < 16:
         got = conn.recv(1)
@@ -116,8 +118,9 @@ def _round(conn: socket.socket, size: int, seconds: float) -> float | str:
 
 
 def measure(address: tuple[str, int], rounds: int = ROUNDS, size: int = ROUND_BYTES, seconds: float = ROUND_SECONDS,
-            connect_window: float = CONNECT_WINDOW_SECONDS) -> Result:
-    """The best rate of ``rounds`` echoes through ``address``, a connection each."""
+            connect_window: float = CONNECT_WINDOW_SECONDS, token: str | None = None) -> Result:
+    """The best rate of ``rounds`` echoes through ``address``, a connection each, asked
+    with the job's ``token`` (a store that has one echoes nothing else)."""
     endpoint = f"{address[0]}:{address[1]}"
     rates: list[float] = []
     for index in range(rounds):
@@ -125,7 +128,7 @@ def measure(address: tuple[str, int], rounds: int = ROUNDS, size: int = ROUND_BY
         if isinstance(conn, str):
             return Result(endpoint, skipped=conn)
         with conn:
-            outcome = _round(conn, size, seconds)
+            outcome = _round(conn, size, seconds, token)
         if isinstance(outcome, str):
             return Result(endpoint, skipped=outcome)
         rates.append(outcome)

@@ -18,7 +18,11 @@ completes early (``rdzv_leases.py``), or a last call that ends, was so seen up t
 late, by every agent re-forming its group after a failure. Here the agent sleeps
 ``JOIN_POLL_SECONDS`` between reads and reads fresh while it joins or leaves a round. Its
 keep-alive beats and its check for waiting nodes (every ``--monitor-interval``) keep the
-cache, so the load on the store grows only while a group re-forms.
+cache, so the load on the store grows only while a group re-forms. Every read carries the
+whole state, whose size grows with the nodes, and every node reads it: the pace slows
+with the job's ``--nnodes`` maximum (``join_poll_seconds``), and from 64 nodes torch's
+own join loop runs unpatched (``bench/rendezvous_scale.py``: patched, 64 agents formed
+no round here).
 
 Every worker group (the first one too, and every one re-formed after a failure) admits a
 node that is waiting to join only once it has finished a step (``admit_after_first_step``),
@@ -33,8 +37,9 @@ boundary (SIGTERM: an emergency checkpoint), so the step is kept. The hold lasts
 longer than that.
 
 The agent reads the rendezvous state with a restricted unpickler (``read_state_safely``):
-a forged state naming a callable is refused, never run. A refused state is read again for
-a few seconds (``read_through_forgeries``) while the store's process puts back its last
+a forged state naming a callable is refused, never run; with the job's token
+(``LLMTRAIN_RDZV_TOKEN``) it signs the state it writes and refuses one not signed with
+it. A refused state is read again for a few seconds (``read_through_forgeries``) while the store's process puts back its last
 good one (``rendezvous/leases.py``), so a forgery written by a pod that reaches the store
 costs the job nothing; only a state refused for longer fails the agent, as torchrun would.
 
@@ -127,12 +132,38 @@ def permanent_codes(text: str | None) -> frozenset[int]:
 
 
 JOIN_POLL_SECONDS = 0.25
-"""Between two reads of the rendezvous state while joining or leaving a round (torch: 1 s)."""
+"""Between two reads of the rendezvous state while joining or leaving a round, for a job of
+up to ``JOIN_POLL_NODES`` nodes (torch: 1 s)."""
+JOIN_POLL_NODES = 16
+TORCH_POLL_SECONDS = 1.0
+
+
+def join_poll_seconds(argv: list[str]) -> float:
+    """The pace for torchrun's ``argv``: ``JOIN_POLL_SECONDS`` up to ``JOIN_POLL_NODES``
+    nodes (``--nnodes``, its maximum), slower in proportion beyond, and never slower than
+    torch's own: the state's reads, each of the whole state, grow with the square of the
+    nodes."""
+    nodes = 1
+    for i, arg in enumerate(argv):
+        if arg.startswith("--nnodes"):
+            value = arg.partition("=")[2] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
+            try:
+                nodes = int(value.split(":")[-1])
+            except ValueError:
+                pass
+    return min(TORCH_POLL_SECONDS, JOIN_POLL_SECONDS * max(1.0, nodes / JOIN_POLL_NODES))
 
 
 def poll_faster(poll: float = JOIN_POLL_SECONDS) -> bool:
     """Patch torch's rendezvous so that its operations re-read the state every ``poll``
-    seconds; False (nothing patched) when this torch has not what is relied on."""
+    seconds (and read it fresh); False (nothing patched) when this torch has not what is
+    relied on, or at torch's own pace (``poll`` of 1 s or more): there torch runs as it
+    is. Measured with 64 agents on this 2-core machine (``bench/_rdzv_agents.py``): with
+    this patch at a 1 s pace, 4 runs of 4 left agents out of the round (removed for late
+    keep-alive beats); with only its 1 s delay, or unpatched, none of 5 did. Why is not
+    known (docs/benchmarks.md, "Rendezvous at scale")."""
+    if poll >= TORCH_POLL_SECONDS:
+        return False
     try:
         from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr  # noqa: PLC0415 - a torch without it runs unpatched
     except ImportError:
@@ -258,9 +289,12 @@ def admit_after_first_step(run_dir: str, limit: float = ADMIT_AFTER_SECONDS) -> 
 def read_state_safely() -> bool:
     """Patch torch so that its agents read the rendezvous state with the restricted
     unpickler (``pod/rdzvstate.py``): the store is reachable over the network, and a
-    forged state naming a callable would otherwise run in this pod. A refused state is a
-    corrupt one to torchrun (``RendezvousStateError``), the agent fails, and nothing runs.
-    False (nothing patched) when this torch reads its state otherwise."""
+    forged state naming a callable would otherwise run in this pod. With the job's token in
+    the environment, the state is signed as it is written and its signature checked before
+    it is read, so a pod without the token forges none at all. A refused state is a
+    corrupt one to torchrun (``RendezvousStateError``); ``read_through_forgeries`` reads it
+    again while the store puts back the last good one. False (nothing patched) when this
+    torch reads its state otherwise."""
     try:
         from torch.distributed.elastic.rendezvous import dynamic_rendezvous  # noqa: PLC0415 - a torch without it runs unpatched
         rdzvstate = _by_path("pod", "rdzvstate")
@@ -269,11 +303,17 @@ def read_state_safely() -> bool:
     if getattr(dynamic_rendezvous, "pickle", None) is not pickle:
         return False
 
-    class _RestrictedPickle:
-        """What dynamic_rendezvous uses of the pickle module, with the restricted loads."""
+    # The job's token signs what this agent writes and is checked on what it reads. It
+    # leaves the environment here, before torchrun starts the ranks: a user's code has no
+    # use for it.
+    codec = rdzvstate.StateCodec(os.environ.pop(rdzvstate.TOKEN_ENV, None))
 
-        dumps = staticmethod(pickle.dumps)
-        loads = staticmethod(rdzvstate.load_state)
+    class _RestrictedPickle:
+        """What dynamic_rendezvous uses of the pickle module: the job's signature written
+        and checked, and the restricted loads."""
+
+        dumps = staticmethod(codec.dumps)
+        loads = staticmethod(codec.loads)
         PickleError = pickle.PickleError
         UnpicklingError = pickle.UnpicklingError
 
@@ -331,7 +371,7 @@ def main() -> None:
     read_through_forgeries()
     keep_open_on_failure()
     stop_on_permanent_exit(permanent_codes(os.environ.get(PERMANENT_EXIT_CODES)))
-    poll_faster()
+    poll_faster(join_poll_seconds(sys.argv[1:]))
     if os.environ.get(ADMIT_AFTER_FIRST_STEP):
         admit_after_first_step(os.environ[ADMIT_AFTER_FIRST_STEP])
     from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: PLC0415

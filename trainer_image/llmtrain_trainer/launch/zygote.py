@@ -95,8 +95,11 @@ def start(python: str = sys.executable) -> Server | None:
         print(f"llmtrain launcher: no fork server ({err}); every rank imports torch itself", file=sys.stderr, flush=True)
         return None
     try:
+        # Without the job's token: its ranks, forked from it, have no use for it (the
+        # torchrun agent keeps it from the ranks it starts itself, too).
+        env = {k: v for k, v in os.environ.items() if k != Env.RDZV_TOKEN}
         proc = subprocess.Popen([python, "-m", "llmtrain_trainer.launch.zygote", "--fd", str(listener.fileno())],
-                                pass_fds=[listener.fileno()])
+                                pass_fds=[listener.fileno()], env=env)
     finally:
         listener.close()  # the server holds it now; if it dies, connecting fails and ranks start on their own
     return Server(proc, folder)

@@ -32,11 +32,17 @@ The store's process also guards the rendezvous state (``StateGuard``): the state
 pickled in the store, which any pod that reaches the store's port can write. Ten times a
 second it reads the state of the store's run (and of every run with a lease held) with the
 restricted unpickler the agents use (``pod/rdzvstate.py``); a state it refuses (a forgery
-naming a callable, bytes that do not decode) is replaced by the last good one it read,
-with compare-and-set, and logged. The agents read a refused state again for a few seconds
-before failing (``launch/torchrun_agent.py``), so the job trains on. A forgery made only of
-torchrun's own types is not caught here: the namespace's pods that the job's
-NetworkPolicy admits are trusted with the state, as they are with the process-group store.
+naming a callable, bytes that do not decode, and with the job's token one not signed with
+it) is replaced by the last good one it read, with compare-and-set, and logged. The agents
+read a refused state again for a few seconds before failing (``launch/torchrun_agent.py``),
+so the job trains on.
+
+The job's token (``rdzvstate.TOKEN_ENV``, from the Secret the operator makes for the job,
+in the store's pod and the workers'): the store then signs the states it writes as the
+agents do, and takes a lease or an echo only from a line that carries an HMAC of itself
+under the token (``mac``): a pod without the token can neither forge a state (not even
+one made of torchrun's own types) nor end a live agent's lease. Without a token (a store
+started by hand) everything is accepted unsigned, as torchrun's own store does.
 
 Everything here is best effort: a store that cannot serve leases, a launcher that cannot
 reach it, a state that cannot be edited, each leaves the rendezvous to the keep-alive and
@@ -46,9 +52,10 @@ the last call.
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import ipaddress
 import json
-import pickle
 import socket
 import sys
 import threading
@@ -59,7 +66,7 @@ from typing import Any
 from llmtrain_contract.command import torchrun_flag
 from llmtrain_contract.names import RDZV_LEASE_PORT_OFFSET as PORT_OFFSET
 
-from llmtrain_trainer.pod.rdzvstate import load_state
+from llmtrain_trainer.pod.rdzvstate import StateCodec, purpose_key
 
 HELLO_LIMIT = 4096
 HELLO_TIMEOUT_SECONDS = 10
@@ -169,7 +176,8 @@ class StateGuard:
     """The last good rendezvous state of each run, put back over one the agents would
     refuse. ``check`` is called with the store's lock held."""
 
-    def __init__(self, clock: Any = time.monotonic):
+    def __init__(self, codec: StateCodec | None = None, clock: Any = time.monotonic):
+        self.codec = codec or StateCodec(None)
         self.good: dict[str, bytes] = {}
         self.read: tuple[Any, bytes] | None = None
         """The last ``check``'s good state, decoded, and its raw value (the backend's token):
@@ -178,15 +186,16 @@ class StateGuard:
         self._clock = clock
 
     def check(self, store: Any, run_id: str) -> bool:
-        """True when run ``run_id``'s state in ``store`` reads as torchrun's own (or there is
-        none yet); False after a refused one, put back if a good one was seen."""
+        """True when run ``run_id``'s state in ``store`` reads as torchrun's own, signed with
+        the job's token where there is one (or there is none yet); False after a refused
+        one, put back if a good one was seen."""
         key = STATE_KEY_PREFIX + run_id
         raw = store.get(key)
         self.read = None
         if raw == NO_STATE:
             return True
         try:
-            state = load_state(base64.b64decode(raw))
+            state = self.codec.loads(base64.b64decode(raw))
         except Exception as err:  # noqa: BLE001 - ForgedState, or base64 that does not decode: both refused
             good = self.good.get(run_id)
             if good is None:
@@ -220,11 +229,12 @@ def backend_for(store: Any, run_id: str) -> Any:
     return C10dRendezvousBackend(store, run_id)
 
 
-def _edit(backend: Any, change: Any, attempts: int = 20, first: tuple[Any, bytes] | None = None) -> Any:
+def _edit(backend: Any, change: Any, codec: StateCodec, attempts: int = 20, first: tuple[Any, bytes] | None = None) -> Any:
     """Apply ``change(state) -> bool`` to the rendezvous state of ``backend`` with
     compare-and-set, again when another node wrote it in between; the state written, or
-    None when ``change`` changed nothing (or no state exists). ``first``: the state just
-    read (decoded, and its token), for the first attempt."""
+    None when ``change`` changed nothing (or no state exists). ``codec`` reads and writes
+    it as the agents do (signed with the job's token). ``first``: the state just read
+    (decoded, and its token), for the first attempt."""
     for attempt in range(attempts):
         if attempt == 0 and first is not None:
             state, token = first
@@ -233,48 +243,74 @@ def _edit(backend: Any, change: Any, attempts: int = 20, first: tuple[Any, bytes
             if current is None:
                 return None
             bits, token = current
-            state = load_state(bits)
+            state = codec.loads(bits)
         if not change(state):
             return None
-        written = backend.set_state(pickle.dumps(state), token)
+        written = backend.set_state(codec.dumps(state), token)
         if written is not None and written[2]:
             return state
     return None
 
 
-def release(store: Any, run_id: str, addr: str | list[str], pid: int, min_nodes: int, attempts: int = 20) -> bool:
+def release(store: Any, run_id: str, addr: str | list[str], pid: int, min_nodes: int, attempts: int = 20,
+            codec: StateCodec | None = None) -> bool:
     """Take the agent out of run ``run_id``'s rendezvous held in ``store`` (a c10d
     Store); retries when another node wrote the state in between. True if removed."""
-    return _edit(backend_for(store, run_id), lambda state: drop_node(state, addr, pid, min_nodes), attempts) is not None
+    return _edit(backend_for(store, run_id), lambda state: drop_node(state, addr, pid, min_nodes), codec or StateCodec(None),
+                 attempts) is not None
 
 
-def parse_hello(line: bytes) -> dict[str, Any]:
-    """A launcher's first line: ``{"run_id", "addr", "pid", "min_nodes"}`` and optional
-    ``"aliases"`` (other names of the host); ValueError names what is wrong."""
+def line_mac(key: bytes, fields: dict[str, Any]) -> str:
+    """The HMAC (hex) of a lease's hello or an echo request, every field but ``mac`` in
+    canonical JSON, under the token's key for leases."""
+    body = json.dumps({k: v for k, v in fields.items() if k != "mac"}, sort_keys=True, separators=(",", ":"))
+    return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+
+
+def check_mac(key: bytes | None, fields: dict[str, Any]) -> None:
+    """ValueError unless ``fields`` carry the HMAC of themselves under ``key`` (None: the
+    store has no token, nothing to check)."""
+    if key is None:
+        return
+    mac = fields.get("mac")
+    if not isinstance(mac, str):
+        raise ValueError("it carries no MAC of the job's token (a pod of another job, or an older launcher)")
+    if not hmac.compare_digest(mac.encode(), line_mac(key, fields).encode()):
+        raise ValueError("its MAC does not match the job's token")
+
+
+def parse_hello(line: bytes, key: bytes | None = None) -> dict[str, Any]:
+    """A launcher's first line: ``{"run_id", "addr", "pid", "min_nodes"}``, optional
+    ``"aliases"`` (other names of the host) and ``"mac"`` (``line_mac``, checked under
+    ``key``, the store's token's, over the fields as sent); ValueError names what is
+    wrong."""
     hello = json.loads(line)
     if not isinstance(hello, dict):
         raise ValueError("not a JSON object")
-    for key, kind in (("run_id", str), ("addr", str), ("pid", int), ("min_nodes", int)):
-        if not isinstance(hello.get(key), kind) or isinstance(hello.get(key), bool):
-            raise ValueError(f"{key!r} missing or not {kind.__name__}")
+    for field, kind in (("run_id", str), ("addr", str), ("pid", int), ("min_nodes", int)):
+        if not isinstance(hello.get(field), kind) or isinstance(hello.get(field), bool):
+            raise ValueError(f"{field!r} missing or not {kind.__name__}")
+    check_mac(key, hello)
     aliases = hello.setdefault("aliases", [])
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
         raise ValueError("'aliases' not a list of names")
     return hello
 
 
-def parse_echo(line: bytes) -> int | None:
-    """The byte count of a pre-flight echo request ``{"echo": N}``; None for any other line
-    (a lease's hello). ValueError names a request out of bounds."""
+def parse_echo(line: bytes, key: bytes | None = None) -> int | None:
+    """The byte count of a pre-flight echo request ``{"echo": N}`` (and its ``mac`` under
+    ``key``, the store's token's); None for any other line (a lease's hello). ValueError
+    names a request out of bounds or without the token's MAC."""
     try:
         request = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(request, dict) or set(request) != {"echo"}:
+    if not isinstance(request, dict) or "echo" not in request or not set(request) <= {"echo", "mac"}:
         return None
     n = request["echo"]
     if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= ECHO_LIMIT:
         raise ValueError(f"an echo of {str(n)[:20]} bytes (1..{ECHO_LIMIT})")
+    check_mac(key, request)
     return n
 
 
@@ -346,9 +382,12 @@ class LeaseServer:
     every lease holder of its run has joined it."""
 
     def __init__(self, host: str, port: int, store: Any, round_poll_seconds: float = ROUND_POLL_SECONDS,
-                 run_id: str | None = None, max_connections: int = MAX_CONNECTIONS):
+                 run_id: str | None = None, max_connections: int = MAX_CONNECTIONS, token: str | None = None):
         # run_id: the only rendezvous whose leases this store accepts (its job's); None: any.
+        # token: the job's; leases and echoes must carry its MAC, states are signed with it.
         self.run_id, self.max_connections = run_id, max_connections
+        self.key = purpose_key(token, "lease") if token else None
+        self.codec = StateCodec(token)
         self.connections = 0
         self.sock = socket.create_server((host, port))
         self.port = self.sock.getsockname()[1]
@@ -359,7 +398,7 @@ class LeaseServer:
         self.stopped = threading.Event()
         self.reported: set[str] = set()
         self.backends: dict[str, Any] = {}  # run -> its backend, for the round checks ten times a second
-        self.guard = StateGuard()
+        self.guard = StateGuard(self.codec)
         self.echo_slots = threading.BoundedSemaphore(ECHO_SLOTS)
         threading.Thread(target=self._accept, name="rdzv-leases", daemon=True).start()
         threading.Thread(target=self._complete_rounds, args=(round_poll_seconds,), name="rdzv-rounds", daemon=True).start()
@@ -399,13 +438,13 @@ class LeaseServer:
             try:
                 conn.settimeout(HELLO_TIMEOUT_SECONDS)
                 line = _first_line(conn)
-                if (n := parse_echo(line)) is not None:
+                if (n := parse_echo(line, self.key)) is not None:
                     try:
                         self._echo(conn, n)
                     except OSError:
                         pass  # the launcher ended its round (its deadline), or went: nothing to keep
                     return
-                hello = parse_hello(line)
+                hello = parse_hello(line, self.key)
                 if self.run_id is not None and hello["run_id"] != self.run_id:
                     raise ValueError(f"rendezvous {hello['run_id'][:80]!r} is not this store's")
                 why = impostor(hello, peer)
@@ -457,7 +496,7 @@ class LeaseServer:
                         if not self.guard.check(self.store, run_id) or not hellos:
                             continue
                         state = _edit(self.backends[run_id], lambda st, hs=hellos: complete_if_all_joined(st, hs),
-                                      first=self.guard.read)
+                                      self.codec, first=self.guard.read)
                     except Exception as err:  # noqa: BLE001 - best effort: the last call still completes it
                         said = f"rendezvous leases: could not check rendezvous {run_id!r}: {type(err).__name__}: {err}"
                         if said not in self.reported:  # once, not ten times a second
@@ -474,7 +513,8 @@ class LeaseServer:
             if self.store is None:
                 return  # closing
             try:
-                removed = release(self.store, hello["run_id"], [hello["addr"], *hello["aliases"]], hello["pid"], hello["min_nodes"])
+                removed = release(self.store, hello["run_id"], [hello["addr"], *hello["aliases"]], hello["pid"], hello["min_nodes"],
+                                  codec=self.codec)
             except Exception as err:  # noqa: BLE001 - best effort: the keep-alive still drops the node
                 print(f"rendezvous leases: could not release {who}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
                 return
@@ -510,12 +550,13 @@ def _first_line(conn: socket.socket) -> bytes:
     return bytes(line)
 
 
-def serve(host: str, store_port: int, store: Any, run_id: str | None = None) -> LeaseServer | None:
+def serve(host: str, store_port: int, store: Any, run_id: str | None = None, token: str | None = None) -> LeaseServer | None:
     """Serve leases beside ``store`` (the c10d store on ``store_port``) on the next port,
-    for rendezvous ``run_id`` only when given; None (and a note) if it cannot be bound,
-    which leaves dead nodes to the keep-alive."""
+    for rendezvous ``run_id`` only when given, to lines signed with the job's ``token``
+    when given; None (and a note) if it cannot be bound, which leaves dead nodes to the
+    keep-alive."""
     try:
-        return LeaseServer(host, store_port + PORT_OFFSET, store, run_id=run_id)
+        return LeaseServer(host, store_port + PORT_OFFSET, store, run_id=run_id, token=token)
     except OSError as err:
         print(f"rendezvous leases: off, port {store_port + PORT_OFFSET}: {err}", file=sys.stderr, flush=True)
         return None
@@ -537,8 +578,9 @@ def lease_port(command: list[str]) -> tuple[str, int] | None:
 
 
 def lease_for(command: list[str], agent_pid: int) -> tuple[tuple[str, int], dict[str, Any]] | None:
-    """Where to hold the lease of the torchrun ``command`` and its hello; None when it
-    uses no external c10d store (no lease to hold)."""
+    """Where to hold the lease of the torchrun ``command`` and its hello (its ``mac`` added
+    as it is sent, ``Lease``); None when it uses no external c10d store (no lease to
+    hold)."""
     if "is_host=false" not in (torchrun_flag(command, "--rdzv-conf") or ""):
         return None
     address, run_id = lease_port(command), torchrun_flag(command, "--rdzv-id")
@@ -561,8 +603,9 @@ class Lease:
     """The launcher's lease for its torchrun agent, held open by a daemon thread; a store
     that restarts or cannot be reached is tried again, with backoff, quietly."""
 
-    def __init__(self, address: tuple[str, int], hello: dict[str, Any]):
+    def __init__(self, address: tuple[str, int], hello: dict[str, Any], token: str | None = None):
         self.address, self.hello = address, dict(hello)
+        self.key = purpose_key(token, "lease") if token else None
         self.stopped = threading.Event()
         self.conn: socket.socket | None = None
         threading.Thread(target=self._hold, name="rdzv-lease", daemon=True).start()
@@ -570,6 +613,8 @@ class Lease:
     def _hold(self) -> None:
         if self.hello.get("aliases", []) is None:
             self.hello["aliases"] = [socket.getfqdn()]  # here, not in the launcher's main thread: DNS may take seconds
+        if self.key is not None:
+            self.hello["mac"] = line_mac(self.key, self.hello)
         line = (json.dumps(self.hello) + "\n").encode()
         delay = RECONNECT_SECONDS[0]
         while not self.stopped.is_set():
@@ -600,8 +645,16 @@ class Lease:
                 pass
 
 
-def hold(command: list[str], agent_pid: int) -> Lease | None:
-    """A lease for the torchrun agent ``agent_pid`` running ``command``, or None when it
-    uses no external c10d store."""
+def hold(command: list[str], agent_pid: int, token: str | None = None) -> Lease | None:
+    """A lease for the torchrun agent ``agent_pid`` running ``command`` (its hello signed
+    with the job's ``token`` when given), or None when it uses no external c10d store."""
     lease = lease_for(command, agent_pid)
-    return Lease(*lease) if lease is not None else None
+    return Lease(*lease, token=token) if lease is not None else None
+
+
+def echo_request(size: int, token: str | None = None) -> bytes:
+    """A pre-flight echo's first line, with its MAC under the job's ``token`` when given."""
+    request: dict[str, Any] = {"echo": size}
+    if token:
+        request["mac"] = line_mac(purpose_key(token, "lease"), request)
+    return (json.dumps(request) + "\n").encode()

@@ -7,18 +7,20 @@ worker hosts the rendezvous and losing any worker, rank 0 included, is survivabl
 
 Beside it, on the next port, it holds the launchers' rendezvous leases
 (``leases.py``): a worker pod that dies leaves the rendezvous at once instead of
-when its keep-alive lapses.
+when its keep-alive lapses. With the job's token in its environment
+(``LLMTRAIN_RDZV_TOKEN``) it accepts only signed states and signed lease lines.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import signal
 import sys
 import threading
 
-from llmtrain_contract.names import RDZV_PORT
+from llmtrain_contract.names import RDZV_PORT, Env
 
 from llmtrain_trainer.rendezvous import leases
 
@@ -37,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         timeout=datetime.timedelta(hours=24), use_libuv=True,
     )
     print(f"rendezvous store listening on {args.host}:{store.port}", flush=True)
-    lease_server = leases.serve(args.host, store.port, store, args.run_id)
+    token = os.environ.get(Env.RDZV_TOKEN) or None
+    print("rendezvous store: " + ("states and leases signed with the job's token" if token else
+                                  "no job token: states and leases are not signed"), flush=True)
+    lease_server = leases.serve(args.host, store.port, store, args.run_id, token)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

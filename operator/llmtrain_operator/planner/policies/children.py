@@ -1,6 +1,7 @@
 """Children: services, the job's NetworkPolicy (when the operator makes them), the rendered
-config, the rendezvous store, and one worker pod per slot (created when missing, removed
-on scale-down or when of an older generation)."""
+config, the job's token Secret (with every pod created), the rendezvous store, and one
+worker pod per slot (created when missing, removed on scale-down or when of an older
+generation)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..decisions import CadenceShared
 from ..podgroup import GangGate
 from ..quarantine import active_quarantine
 from ..queue import Admission, place
+from ..tokens import JobToken
 
 
 POLICY_SEEN_SECONDS = 1.0
@@ -98,7 +100,8 @@ def ensure_infrastructure(ctx: Pass, admission: Admission) -> bool:
     store = ctx.observed.store()
     if store is None:
         if isolated:  # else the next pass, once the policy is seen
-            ctx.actions.append(CreateObject(place(manifests.store_pod(job, ctx.runtime_image), admission)))
+            token = ensure_token(ctx)
+            ctx.actions.append(CreateObject(place(manifests.store_pod(job, ctx.runtime_image, token), admission)))
             created.append(f"Pod {names.store_pod(job.metadata.name)} (rendezvous store)")
     elif store.terminated:
         ctx.actions.append(DeletePod(store.name))
@@ -106,6 +109,23 @@ def ensure_infrastructure(ctx: Pass, admission: Admission) -> bool:
     if created:
         ctx.event(Reason.CREATED, "created " + ", ".join(created))
     return isolated
+
+
+def ensure_token(ctx: Pass) -> JobToken | None:
+    """Create the job's token Secret (``tokens.py``) for the pods this pass creates; the
+    token they read, or None (no key: no token). The operator may create Secrets but not read them, so it does not know
+    whether the Secret is there: it is created with every pass that creates a pod (one
+    request; the API server answers 409 when it exists, and a Secret deleted by hand comes
+    back with the same token), and the executor sends it before the pods
+    (``handlers/executor.py``), which the kubelet would otherwise hold in
+    ``CreateContainerConfigError`` until it exists."""
+    token = ctx.job_token()
+    if token is None:
+        return None
+    secret = CreateObject(manifests.token_secret(ctx.job, token))
+    if secret not in ctx.actions:  # the store and the workers in one pass: one request
+        ctx.actions.append(secret)
+    return token
 
 
 def reconcile_workers(ctx: Pass, admission: Admission, may_create: bool = True) -> None:
@@ -136,6 +156,7 @@ def reconcile_workers(ctx: Pass, admission: Admission, may_create: bool = True) 
         ctx.after(wait)
         return
     avoid = active_quarantine(ctx)
+    token = ensure_token(ctx)
     created = []
     taken = {p.name for p in ctx.observed.pods}
     for slot in missing:
@@ -143,7 +164,7 @@ def reconcile_workers(ctx: Pass, admission: Admission, may_create: bool = True) 
         while names.worker_pod(ctx.job.metadata.name, slot, incarnation) in taken:
             incarnation += 1  # a pod whose incarnation label was changed holds that name
         ctx.actions.append(CreateObject(place(manifests.worker_pod(ctx.job, slot, status.restart_generation, avoid, ctx.runtime_image,
-                                                                   incarnation, joining=status.step > 0), admission)))
+                                                                   incarnation, joining=status.step > 0, token=token), admission)))
         created.append(names.worker_pod(ctx.job.metadata.name, slot, incarnation))
     pods = ", ".join(created)
     extra = f" (avoiding quarantined nodes {', '.join(avoid)})" if avoid else ""
