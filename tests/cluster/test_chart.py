@@ -8,6 +8,7 @@ keeping the CRD."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -188,7 +189,9 @@ def _asked(right: rights.Right) -> tuple[str, str]:
     return verb, resource + (f".{group}" if group else "") + (f":{sub}" if sub else "")
 
 
-NEVER = [("list", "secrets"), ("watch", "secrets"), ("create", "secrets"), ("create", "llmtrainjobs.llmtrain.io"),
+NEVER = [("list", "secrets"), ("watch", "secrets"), ("create", "llmtrainjobs.llmtrain.io"),
+         # the jobs' token Secrets are created, never read back, changed or removed by hand
+         ("update", "secrets"), ("patch", "secrets"), ("delete", "secrets"),
          ("create", "pods:exec"), ("create", "rolebindings.rbac.authorization.k8s.io"),
          ("escalate", "roles.rbac.authorization.k8s.io"), ("bind", "roles.rbac.authorization.k8s.io"),
          ("create", "serviceaccounts:token"), ("delete", "persistentvolumeclaims"), ("*", "*"),
@@ -355,6 +358,8 @@ def test_install_adopts_the_crd_upgrade_changes_it_and_uninstall_keeps_it(local_
         served = bed.get("crd", name)
         assert served["metadata"]["labels"]["app.kubernetes.io/instance"] == "life"
         assert served["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        key = bed.get("secret", "life-token-key", "-n", ns)["data"]["key"]
+        assert len(base64.b64decode(key)) == 64, "the key of the jobs' tokens, made at install"
 
         newer = tmp_path / "chart"
         shutil.copytree(CHART, newer)
@@ -368,9 +373,11 @@ def test_install_adopts_the_crd_upgrade_changes_it_and_uninstall_keeps_it(local_
         env = {e["name"]: e.get("value")
                for e in bed.get("deployment", "life", "-n", ns)["spec"]["template"]["spec"]["containers"][0]["env"]}
         assert env["LLMTRAIN_OPERATOR_RESYNC_SECONDS"] == "7" and env["LLMTRAIN_OPERATOR_NAMESPACE"] == jobs
+        assert bed.get("secret", "life-token-key", "-n", ns)["data"]["key"] == key, \
+            "helm upgrade keeps the key (lookup): a job's token Secret made again holds the token its pods hold"
 
         bed.helm("uninstall", "life", "--namespace", ns, "--wait", "--timeout", "120s")
-        kinds = "deployments,replicasets,pods,services,serviceaccounts,roles,rolebindings,poddisruptionbudgets,configmaps"
+        kinds = "deployments,replicasets,pods,services,serviceaccounts,roles,rolebindings,poddisruptionbudgets,configmaps,secrets"
         wait_for(lambda: not bed.get(kinds, "-A", "-l", release)["items"], 120, what="the release's objects gone")
         assert not bed.get("clusterroles,clusterrolebindings", "-l", release)["items"]
         assert bed.kubectl("get", "crd", name, check=False).returncode == 0, "the CRD is kept"

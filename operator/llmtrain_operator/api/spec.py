@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from llmtrain_contract.base import CamelModel, FieldRuleError
 from llmtrain_contract.rules import Rule, Ruled, cel_get, cel_literal, default_of
 from llmtrain_contract.config import TrainSpec, valid_world_sizes
-from llmtrain_contract.names import HEALTH_PORT, METRICS_PORT
+from llmtrain_contract.names import HEALTH_PORT, METRICS_PORT, Env
 from pydantic import Field, field_validator
 
 from . import coretypes
@@ -115,10 +115,20 @@ class EnvVar(CamelModel):
     """An environment variable for the trainer container (Kubernetes ``EnvVar``)."""
 
     name: str = Field(min_length=1, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-    """Variable name."""
+    """Variable name. Not ``LLMTRAIN_RDZV_TOKEN``: the job's token, which the operator
+    puts in the store's and the workers' pods from the job's Secret; a worker with
+    another would be refused by its store."""
 
     value: str | None = None
     """Literal value."""
+
+    @field_validator("name")
+    @classmethod
+    def _not_the_token(cls, value: str) -> str:
+        if value == Env.RDZV_TOKEN:
+            raise ValueError(f"{Env.RDZV_TOKEN} is the job's token, set by the operator from the job's Secret: a worker with "
+                             "another would be refused by the job's rendezvous store")
+        return value
 
     value_from: dict[str, Any] | None = Field(None, json_schema_extra=coretypes.field(coretypes.ENV_VAR_SOURCE))
     """A Kubernetes ``EnvVarSource`` (secretKeyRef, configMapKeyRef, fieldRef ...),
@@ -529,7 +539,13 @@ class PodTemplateSpec(CamelModel):
     @field_validator("spec")
     @classmethod
     def _spec(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        return coretypes.checked(value, coretypes.POD_SPEC)
+        checked = coretypes.checked(value, coretypes.POD_SPEC)
+        for container in (checked or {}).get("containers") or []:
+            if any(isinstance(var, dict) and var.get("name") == Env.RDZV_TOKEN for var in container.get("env") or []):
+                raise ValueError(f"containers[{container.get('name')!r}].env: {Env.RDZV_TOKEN} is the job's token, set by the "
+                                 "operator from the job's Secret: a worker with another would be refused by the job's "
+                                 "rendezvous store")
+        return checked
 
 
 class MetricsSpec(CamelModel):

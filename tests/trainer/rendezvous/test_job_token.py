@@ -18,13 +18,12 @@ from pathlib import Path
 
 import pytest
 from llmtrain_contract.names import RDZV_LEASE_PORT_OFFSET, Env
-from llmtrain_contract.ports import free_ports
 from llmtrain_trainer.launch import preflight
 from llmtrain_trainer.pod import rdzvstate
 from llmtrain_trainer.rendezvous import leases
+from support.rdzvstates import rendezvous_state
 from support.waiting import wait_for
 
-from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
@@ -38,22 +37,8 @@ A = _NodeDesc(HOST, 101, 0)
 B = _NodeDesc(HOST, 202, 0)
 
 
-@pytest.fixture()
-def store():
-    master = TCPStore("127.0.0.1", free_ports(1 + RDZV_LEASE_PORT_OFFSET), is_master=True, wait_for_workers=False,
-                      timeout=datetime.timedelta(seconds=10), use_libuv=True)
-    yield master
-    del master
-
-
 def _state(*nodes: _NodeDesc) -> _RendezvousState:
-    state = _RendezvousState()
-    state.round, state.complete = 3, True
-    now = datetime.datetime.now(datetime.UTC)
-    for rank, node in enumerate(nodes):
-        state.participants[node] = rank
-        state.last_heartbeats[node] = now
-    return state
+    return rendezvous_state(True, *nodes)
 
 
 def _put(store, raw: bytes) -> None:

@@ -20,12 +20,11 @@ from pathlib import Path
 import pytest
 from llmtrain_contract.command import torchrun_args
 from llmtrain_contract.names import RDZV_LEASE_PORT_OFFSET
-from llmtrain_contract.ports import free_ports
 from llmtrain_trainer.pod import rdzvstate
 from llmtrain_trainer.rendezvous import leases
+from support.rdzvstates import rendezvous_state
 from support.waiting import wait_for
 
-from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
@@ -40,18 +39,7 @@ def _said_until(capsys, line: str, timeout: float = 10) -> None:
     out: list[str] = []
     wait_for(lambda: (out.append(capsys.readouterr().out) or line in "".join(out)), timeout, 0.05, f"the line {line!r}")
 
-def _state(complete: bool, *nodes: _NodeDesc, waiting: tuple[_NodeDesc, ...] = ()) -> _RendezvousState:
-    state = _RendezvousState()
-    state.round, state.complete = 3, complete
-    now = datetime.datetime.now(datetime.UTC)
-    for rank, node in enumerate(nodes):
-        state.participants[node] = rank
-        state.last_heartbeats[node] = now
-    for node in waiting:
-        state.wait_list.add(node)
-        state.last_heartbeats[node] = now
-    state.deadline = None if complete else now + datetime.timedelta(seconds=1)
-    return state
+_state = rendezvous_state
 
 
 A = _NodeDesc(f"{HOST}.pods.example.svc.cluster.local", 101, 0)
@@ -116,16 +104,6 @@ def test_the_launcher_finds_the_lease_in_torchruns_flags_and_only_for_an_externa
 def test_a_bad_hello_is_refused_naming_what_is_wrong(line):
     with pytest.raises(ValueError):
         leases.parse_hello(line)
-
-
-@pytest.fixture()
-def store():
-    # On a port whose lease port (the next) is free too: port 0 would come from the
-    # ephemeral range, where the next port may be any client's (it was once, on CI).
-    master = TCPStore("127.0.0.1", free_ports(1 + RDZV_LEASE_PORT_OFFSET), is_master=True, wait_for_workers=False,
-                      timeout=datetime.timedelta(seconds=10), use_libuv=True)
-    yield master
-    del master
 
 
 def _write(store, state: _RendezvousState) -> None:

@@ -113,11 +113,11 @@ def ensure_infrastructure(ctx: Pass, admission: Admission) -> bool:
 
 def ensure_token(ctx: Pass) -> JobToken | None:
     """Create the job's token Secret (``tokens.py``) for the pods this pass creates; the
-    token they read, or None (no key: no token). The operator may create Secrets but not read them, so it does not know
-    whether the Secret is there: it is created with every pass that creates a pod (one
-    request; the API server answers 409 when it exists, and a Secret deleted by hand comes
-    back with the same token), and the executor sends it before the pods
-    (``handlers/executor.py``), which the kubelet would otherwise hold in
+    token they read, or None (no key: no token). The operator may create Secrets but not
+    read them, so it does not know whether the Secret is there: it is created with every
+    pass that creates a pod (one request; the API server answers 409 when it exists, and a
+    Secret deleted by hand comes back with the same token), and the executor sends it
+    before the pods (``handlers/executor.py``), which the kubelet would otherwise hold in
     ``CreateContainerConfigError`` until it exists."""
     token = ctx.job_token()
     if token is None:
