@@ -30,8 +30,8 @@ TOKEN_ENV = "LLMTRAIN_RDZV_TOKEN"
 """The job's token (``llmtrain_contract.names.Env.RDZV_TOKEN``; spelt here too, since this
 file imports nothing of the project's packages)."""
 SIGNED = b"llmtrain-signed-state-v1:"
-"""What a signed state starts with (a pickle never does: it starts with its protocol
-opcode), then the HMAC's 32 bytes, then the pickle."""
+"""What a signed state starts with (torchrun's pickle starts with its protocol opcode),
+then the HMAC's 32 bytes, then the pickle."""
 MAC_BYTES = 32
 
 RDZV_MODULE = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
@@ -75,10 +75,6 @@ class StateCodec:
 
     def __init__(self, token: str | None):
         self.key = purpose_key(token, "rendezvous-state") if token else None
-
-    @property
-    def signed(self) -> bool:
-        return self.key is not None
 
     def dumps(self, state: Any) -> bytes:
         bits = pickle.dumps(state)
