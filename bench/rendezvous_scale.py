@@ -165,7 +165,7 @@ def peak_mb(pid: int) -> float:
     return 0.0
 
 
-def one_run(mode: str, n: int, per_process: int, timeout: float, rounds: int) -> Run:
+def one_run(mode: str, n: int, per_process: int, timeout: float, rounds: int, store_log_shown: bool = False) -> Run:
     run = Run(mode, n)
     port = free_ports(2)
     token = secrets.token_hex(32)
@@ -219,7 +219,7 @@ def one_run(mode: str, n: int, per_process: int, timeout: float, rounds: int) ->
                 run.note = f"{name} not completed"
                 break
         run.store_peak_mb = peak_mb(store.pid)
-        if os.environ.get("RDZV_BENCH_STORE_LOG"):
+        if store_log_shown:
             say("".join(store_log)[-4000:])
         return run
     finally:
@@ -263,6 +263,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5, help="single deaths per N, each timed to its re-formed round")
     p.add_argument("--timeout", type=float, default=300.0, help="longest wait for one phase, seconds")
     p.add_argument("--png", type=Path, default=None)
+    p.add_argument("--store-log", action="store_true",
+                   help="print each store's log after its run (the rounds it completed, the agents released)")
     args = p.parse_args()
     sizes = [16] if args.quick else [int(s) for s in args.sizes.split(",") if s.strip()]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -270,12 +272,14 @@ def main() -> int:
     say(f"machine: {os.cpu_count()} CPUs; sizes {sizes}; {args.agents_per_process} agents per process at most")
     runs = []
     for n in sizes:
-        for mode in os.environ.get("RDZV_BENCH_MODES", "ours,plain").split(","):
-            run = one_run(mode, n, args.agents_per_process, args.timeout, 2 if args.quick else args.rounds)
-            worst = run.seconds("reform_after_1", worst=True)
-            say(f"{mode} N={n}: formed {run.seconds('form')}; re-formed after one death: median {run.seconds('reform_after_1')}, "
-                f"worst {worst}; after 8: {run.seconds('reform_after_8')}; store peak {run.store_peak_mb:.0f} MB"
-                f"{' (' + run.note + ')' if run.note else ''}")
+        for mode in ("ours", "plain"):
+            run = one_run(mode, n, args.agents_per_process, args.timeout, 2 if args.quick else args.rounds, args.store_log)
+            def secs(x: float | None) -> str:
+                return f"{x:.2f} s" if x is not None else "not completed"
+
+            say(f"{mode} N={n}: formed {secs(run.seconds('form'))}; re-formed after one death: median "
+                f"{secs(run.seconds('reform_after_1'))}, worst {secs(run.seconds('reform_after_1', worst=True))}; after 8: "
+                f"{secs(run.seconds('reform_after_8'))}; store peak {run.store_peak_mb:.0f} MB{' (' + run.note + ')' if run.note else ''}")
             runs.append(run)
     if args.png is not None:
         plot(runs, args.png)
