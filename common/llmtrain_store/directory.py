@@ -76,7 +76,7 @@ def _alive(pid: int) -> bool:
 
 
 @dataclass
-class DirTier:
+class DirTier(piecestore.PieceTier):
     """One directory-backed tier."""
 
     name: str
@@ -136,19 +136,6 @@ class DirTier:
             os.fsync(out.fileno())
 
     # ------------------------------------------------------------------ pieces (content_addressed)
-
-    def claim(self, step: int, writer: int, refs: set[str]) -> piecestore.Held:
-        """Before storing ``writer``'s pieces of ``step``: claim the ones it will refer to;
-        the pieces held now (``piecestore.settle``)."""
-        return piecestore.settle(self, step, writer, refs)
-
-    def put_pieces(self, source: Source, run: list[tuple[int, int, str]], held: piecestore.Held,
-                   heartbeat: Callable[[], None] = lambda: None) -> piecestore.Written:
-        return piecestore.store(self, source, run, held, heartbeat)
-
-    def collect(self) -> list[str]:
-        """Delete the pieces nothing refers to (``piecestore.collect_quietly``)."""
-        return piecestore.collect_quietly(self)
 
     def piece_objects(self) -> dict[str, int]:
         out: dict[str, int] = {}

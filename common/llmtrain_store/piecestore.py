@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
 from . import manifest as mf
 from . import pieces
@@ -235,6 +235,26 @@ def collect_quietly(tier: Objects) -> list[str]:
         log.warning("%s tier: unreferenced pieces not collected this time (%s: %s)", tier.name, type(err).__name__,
                     str(err)[:200])
         return []
+
+
+class PieceTier:
+    """What a tier that stores pieces offers its writers and its retention, over its own
+    ``Objects``; each tier says how often a writer looks for a collection's marker."""
+
+    CLAIM_POLL_SECONDS: ClassVar[float] = 0.2
+
+    def claim(self, step: int, writer: int, refs: set[str]) -> Held:
+        """Before storing ``writer``'s pieces of ``step``: claim the ones it will refer to;
+        the pieces held now (``settle``)."""
+        return settle(cast(Objects, self), step, writer, refs, poll=self.CLAIM_POLL_SECONDS)
+
+    def put_pieces(self, source: Source, run: list[tuple[int, int, str]], held: Held,
+                   heartbeat: Callable[[], None] = lambda: None) -> Written:
+        return store(cast(Objects, self), source, run, held, heartbeat)
+
+    def collect(self) -> list[str]:
+        """Delete the pieces nothing refers to (``collect_quietly``)."""
+        return collect_quietly(cast(Objects, self))
 
 
 def collect(tier: Objects, window: float | None = None) -> list[str]:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from . import manifest as mf
 from . import pieces, piecestore
@@ -160,7 +160,9 @@ class OffsetWriter(io.RawIOBase):
 
 
 @dataclass
-class S3Tier:
+class S3Tier(piecestore.PieceTier):
+    CLAIM_POLL_SECONDS: ClassVar[float] = 0.5  # a listing of markers is a request: not five a second
+
     name: str
     uri: str
     keep: int = 5
@@ -274,19 +276,6 @@ class S3Tier:
 
     def _under(self, folder: str) -> str:
         return "/".join(p for p in (self.prefix, folder) if p) + "/"
-
-    def claim(self, step: int, writer: int, refs: set[str]) -> piecestore.Held:
-        """Before storing ``writer``'s pieces of ``step``: claim the ones it will refer to;
-        the pieces held now (``piecestore.settle``)."""
-        return piecestore.settle(self, step, writer, refs, poll=0.5)
-
-    def put_pieces(self, source: Source, run: list[tuple[int, int, str]], held: piecestore.Held,
-                   heartbeat: Callable[[], None] = lambda: None) -> piecestore.Written:
-        return piecestore.store(self, source, run, held, heartbeat)
-
-    def collect(self) -> list[str]:
-        """Delete the pieces nothing refers to (``piecestore.collect_quietly``)."""
-        return piecestore.collect_quietly(self)
 
     def piece_objects(self) -> dict[str, int]:
         base = self._under(pieces.PIECES_DIR)
