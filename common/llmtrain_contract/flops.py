@@ -8,6 +8,11 @@ and LayerNorms do no matrix products) plus ``12 L s h`` for attention's scores a
 weighted sum over a context of ``s``. Activation checkpointing's recomputation is not
 useful work and is not counted (that is the difference between MFU and HFU).
 
+A fine-tune (``freeze``, ``lora``) does less: ``2 N`` forward for every matrix, adapters
+included, but a frozen matrix has no weight gradient (``2 N`` fewer), and no input
+gradient is computed below the first parameter that trains (``params.Training``). Counting
+it as ``6 N`` would report an MFU a full run could not reach.
+
 Peak FLOP/s are the vendors' dense (not 2:4 sparse) bf16 tensor-core figures. A GPU
 product not in the table has no MFU: the trainer exports none rather than a guess.
 """
@@ -15,6 +20,7 @@ product not in the table has no MFU: the trainer exports none rather than a gues
 from __future__ import annotations
 
 from .config import ModelShape
+from .params import Training, is_matmul
 
 PEAK_BF16_FLOPS: dict[str, float] = {
     # NVIDIA's data sheets, dense bf16 (half the "with sparsity" figure).
@@ -43,9 +49,18 @@ def matmul_params(shape: ModelShape) -> int:
     return shape.n_layer * 12 * h * h + shape.vocab_size * h
 
 
-def flops_per_token(shape: ModelShape, seq_len: int) -> float:
-    """Training FLOPs (forward and backward) per token at context ``seq_len``."""
-    return 6.0 * matmul_params(shape) + 12.0 * shape.n_layer * seq_len * shape.n_embd
+def flops_per_token(shape: ModelShape, seq_len: int, training: Training | None = None) -> float:
+    """Training FLOPs (forward and backward) per token at context ``seq_len``; with
+    ``training`` (a fine-tune), only the gradients its step computes."""
+    attention = 4.0 * seq_len * shape.n_embd  # per block: scores and weighted sum, forward
+    if training is None:
+        return 6.0 * matmul_params(shape) + 3 * attention * shape.n_layer
+    grad = training.needs_input_grad()
+    matrices = {name: n for name, n in training.sizes.items() if is_matmul(name)}
+    forward = 2.0 * sum(matrices.values()) + attention * shape.n_layer
+    weight_grads = 2.0 * sum(n for name, n in matrices.items() if name not in training.frozen)
+    input_grads = 2.0 * sum(n for name, n in matrices.items() if grad[name])
+    return forward + weight_grads + input_grads + 2 * attention * training.attention_backward_blocks()
 
 
 def peak_flops(product: str) -> float | None:
@@ -59,9 +74,10 @@ def peak_flops(product: str) -> float | None:
     return None
 
 
-def mfu(tokens_per_second: float, shape: ModelShape, seq_len: int, gpus: int, product: str) -> float | None:
+def mfu(tokens_per_second: float, shape: ModelShape, seq_len: int, gpus: int, product: str,
+        training: Training | None = None) -> float | None:
     """Tokens per second of the whole job over what ``gpus`` of ``product`` could do."""
     peak = peak_flops(product)
     if peak is None or gpus <= 0:
         return None
-    return tokens_per_second * flops_per_token(shape, seq_len) / (peak * gpus)
+    return tokens_per_second * flops_per_token(shape, seq_len, training) / (peak * gpus)

@@ -16,6 +16,12 @@ engine and precision:
 - **Activations** per block, per token and unit of model width: ``ACT_BYTES``; with
   activation checkpointing, each block's input and one block recomputed at a time.
 - **Logits**: ``LOGIT_BYTES`` per token and vocabulary entry.
+- **A fine-tune** (``freeze``, ``lora``; ``params.Training``): the optimizer state, master
+  weights and gradients of the trained parameters only; the activations of the blocks the
+  backward pass goes into, less the inputs a frozen layer does not keep; bf16 copies of
+  the matrices the backward pass reads. Checked against the CPU's own counts (parameters,
+  saved tensors: ``tests/contract/test_params.py``); the coefficients were fitted on
+  fully trained runs, and no fine-tune has been measured on a GPU yet.
 
 The per-token coefficients and the static terms were fitted to the allocator's peak
 (``torch.cuda.max_memory_allocated``) on an H200: 17 rows of DDP and ZeRO 1-3, 124M to
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from . import params as parameters
 from .config import ModelShape, TrainerConfig
 
 GIB = 1 << 30
@@ -65,6 +72,8 @@ class Job:
     activation_checkpointing: bool = False
     optimizer_states: int = 2
     """AdamW's two moments, or SGD's momentum (1)."""
+    training: parameters.Training | None = None
+    """What a fine-tune trains (``freeze``, ``lora``); None: every parameter."""
 
 
 @dataclass
@@ -104,6 +113,7 @@ def from_config(cfg: TrainerConfig, world_size: int, gpu: bool = True) -> Job:
         engine=strategy.kind, zero_stage=strategy.zero_stage if strategy.kind == "deepspeed" else 0,
         precision=precision_of(strategy.kind, model.dtype, gpu), activation_checkpointing=model.activation_checkpointing,
         optimizer_states=2 if cfg.optimizer.name == "adamw" else 1,
+        training=parameters.of_spec(cfg) if cfg.freeze or cfg.lora else None,
     )
 
 
@@ -112,8 +122,16 @@ def params(shape: ModelShape) -> int:
 
 
 def plan(job: Job) -> Plan:
-    p = params(job.shape)
     h, layers, vocab = job.shape.n_embd, job.shape.n_layer, job.shape.vocab_size
+    training = job.training
+    if training is None:
+        p = trained = params(job.shape)
+        copied, on_path, saved = p, float(layers), float(layers)
+        embedding_trains = True
+    else:
+        p, trained = training.total, training.trained
+        copied, on_path, saved = training.saved_weight_copies(), training.backward_blocks(), training.saved_blocks()
+        embedding_trains = "wte.weight" not in training.frozen
     tokens = job.micro_batch * job.seq_len
     w = max(1, job.world_size)
     out = Plan(job)
@@ -123,32 +141,33 @@ def plan(job: Job) -> Plan:
         z = job.zero_stage
         half = 2 if job.precision == "bf16" else 4  # the model's own weights and gradients
         t["weights"] = half * p / (w if z >= 3 else 1)
-        t["master weights"] = 4 * p / (w if z >= 1 else 1) if job.precision == "bf16" else 0
-        t["optimizer state"] = opt * p / (w if z >= 1 else 1)
+        t["master weights"] = 4 * trained / (w if z >= 1 else 1) if job.precision == "bf16" else 0
+        t["optimizer state"] = opt * trained / (w if z >= 1 else 1)
         # ZeRO-3 keeps its gradient partition and a reduce bucket between steps.
-        t["gradient partition"] = half * p / w if z >= 3 else 0
+        t["gradient partition"] = half * trained / w if z >= 3 else 0
         t["buckets"] = 2 * DS_BUCKET if z >= 3 else 0
         # The optimizer step's gradients: the model's, and fp32 copies (partitioned from stage 2).
-        grads = half * p + (4 * p / (w if z >= 2 else 1) if job.precision == "bf16" else 0)
+        grads = half * trained + (4 * trained / (w if z >= 2 else 1) if job.precision == "bf16" else 0)
         weight_copies = 0.0
         head_grad = 0.0
     else:
         t["weights"] = 4 * p
-        t["optimizer state"] = opt * p
-        grads = 4 * p
+        t["optimizer state"] = opt * trained
+        grads = 4 * trained
         # DDP's gradient buckets, allocated with the wrapper (a copy of the gradients; not
         # measured: the GPU runs so far had one rank).
-        t["DDP buckets"] = 4 * p if w > 1 else 0.0
-        weight_copies = 2 * p if job.precision == "mixed" else 0.0
-        head_grad = 4 * vocab * h  # the tied embedding's fp32 gradient, first of the backward pass
+        t["DDP buckets"] = 4 * trained if w > 1 else 0.0
+        weight_copies = 2 * copied if job.precision == "mixed" else 0.0
+        # The tied embedding's fp32 gradient, first of the backward pass.
+        head_grad = 4 * vocab * h if embedding_trains else 0.0
     out.static = sum(t.values())
     act_per_layer = ACT_BYTES[job.precision] * tokens * h
     if job.activation_checkpointing:
         # Each block's input (the residual stream), and one block recomputed at a time.
         residual = (2 if job.precision == "bf16" else 4) * tokens * h
-        acts = layers * residual + act_per_layer
+        acts = on_path * residual + (act_per_layer if on_path else 0.0)
     else:
-        acts = layers * act_per_layer
+        acts = saved * act_per_layer
     logits = LOGIT_BYTES[job.precision] * tokens * vocab
     # The step's peak: the start of the backward pass holds every saved activation, the
     # loss's tensors and the first (vocabulary) gradient; by its end the activations are

@@ -93,3 +93,24 @@ def test_the_description_names_every_counted_term():
     text = memplan.plan(job("gpt2-124m", 8, "zero3")).describe()
     for word in ("peak", "between steps", "in a step", "weights", "optimizer state", "activations", "logits", "buckets"):
         assert word in text, text
+
+
+@pytest.mark.parametrize("engine", [{"kind": "ddp"}, {"kind": "deepspeed", "zeroStage": 2}])
+def test_frozen_weights_keep_their_weights_and_drop_their_gradients_and_optimizer_state(engine):
+    base = {"model": {"preset": "gpt2-124m"}, "data": {"seqLen": 1024}, "microBatchSize": 8, "globalBatchSize": 64,
+            "strategy": engine}
+    def job(**extra):
+        return memplan.from_config(TrainerConfig.model_validate({**base, **extra}), world_size=8)
+
+    full, half = job(), job(freeze=["wte.weight", "wpe.weight", "blocks.[0-5].*"])
+    assert full.training is None and half.training is not None
+    trained = half.training.trained
+    assert trained < 0.5 * memplan.params(full.shape)
+    a, b = memplan.plan(full), memplan.plan(half)
+    assert b.terms["weights"] == a.terms["weights"]
+    assert b.terms["optimizer state"] == pytest.approx(a.terms["optimizer state"] * trained / memplan.params(full.shape))
+    # Six of twelve blocks (and the embeddings) before every trained weight save nothing.
+    assert b.step.get("activations", 0) <= a.step.get("activations", 0) / 2 + 1
+    assert b.peak < a.peak
+    # Position embeddings that still train put every block back on the backward path.
+    assert memplan.plan(job(freeze=["wte.weight", "blocks.[0-5].*"])).step["activations"] > b.step["activations"]

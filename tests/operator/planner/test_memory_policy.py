@@ -71,3 +71,15 @@ def test_the_condition_goes_when_no_labelled_node_is_left():
     assert cond["status"] == "False"
     later, _ = fits({**raw, "status": result.status}, [gpu_node("b", None)])
     assert later is None
+
+
+def test_a_lora_fine_tune_of_the_same_model_fits_where_full_training_does_not():
+    # The frozen base has no gradient, optimizer state or DDP bucket: counting them would
+    # send the user to ZeRO for a job that fits as it is.
+    lora = job({**GPU_JOB, "spec.trainer.builtin.lora": {"rank": 16}, "spec.trainer.builtin.microBatchSize": 4},
+               status=running_status())
+    full = job({**GPU_JOB, "spec.trainer.builtin.microBatchSize": 4}, status=running_status())
+    l4 = [gpu_node("a", 24576, "NVIDIA-L4")]
+    assert fits(full, l4)[0]["status"] == "False"
+    cond, _ = fits(lora, l4)
+    assert cond["status"] == "True" and cond["reason"] == "FitsGPUMemory", cond["message"]

@@ -24,7 +24,7 @@ from types import FrameType
 from typing import Any
 
 import torch
-from llmtrain_contract import flops
+from llmtrain_contract import flops, params
 from llmtrain_contract.config import TrainerConfig
 from llmtrain_contract.exitcodes import ExitCode
 from llmtrain_contract.names import Env
@@ -118,7 +118,7 @@ class Trainer:
         # log line once asked one) made the next steps' losses differ from an identical
         # run's by 1e-7 and more on this machine's CUDA build of torch.
         self.device = device()
-        self.flops_per_token = flops.flops_per_token(cfg.model.shape(cfg.data.seq_len), cfg.data.seq_len)
+        self.flops_per_token = flops.flops_per_token(cfg.model.shape(cfg.data.seq_len), cfg.data.seq_len, params.of_spec(cfg))
         self.peak_flops = flops.peak_flops(torch.cuda.get_device_name(self.device)) if self.device.type == "cuda" else None
         """This rank's GPU's dense bf16 peak, when the table knows it (every rank of a job
         is assumed to run on the same product)."""
