@@ -98,7 +98,8 @@ class TierHealth(CamelModel):
     ``ServerError``, ``Throttled``, ``Timeout``, ``Corrupt`` or ``Error``."""
     message: str | None = None
     pods: list[str] = Field(default_factory=list)
-    """The workers that report it degraded (a node-local tier fails on some nodes only)."""
+    """The workers that report it degraded (a node-local tier fails on some nodes only),
+    the first 32 by name; the message counts the rest."""
     since: Timestamp | None = None
     """When it was first seen degraded (RFC 3339)."""
     last_step: int | None = None
@@ -171,10 +172,11 @@ class Internal(CamelModel):
     """Keys of failures already charged (``pod:<uid>``, ``node:<name>@<transition>``),
     checked before any charge, so a failure is charged once whatever the order and timing
     of passes (bounded, oldest dropped first)."""
-    attempts_seen: dict[str, int] = Field(default_factory=dict)
-    """``pod:<uid>/<cause>`` -> the failed attempts of that cause (``crash``, ``hang``) the
-    pod's trainer last reported; each new one is charged once. ``pod:<uid>/oom``: the OOM
-    kills its launcher counted that have named a crash ``OOMKilled``."""
+    attempts_seen: dict[str, str] = Field(default_factory=dict)
+    """``pod:<uid>`` -> ``crash=N,hang=M,oom=K``: the failed attempts of each cause the
+    pod's trainer last reported (each new one is charged once), and (``oom``) the OOM kills
+    its launcher counted that have named a crash ``OOMKilled``; a cause at 0 is left out.
+    One key a pod (a 1,024-worker job has up to 1,074 live and kept pods)."""
     stragglers_seen: list[str] = Field(default_factory=list)
     """``pod:<uid>/<rank>`` of stragglers already announced (and, with ``Replace``,
     replaced): each is acted on once."""
@@ -198,9 +200,42 @@ LEGACY_DROPPED = ("torchrunRestarts", "hangsSeen", "expectedInPlace", "attemptsS
 cause now): dropped, so that a status written by an earlier version stays readable."""
 
 
+def attempts(value: str) -> dict[str, int]:
+    """``crash=N,hang=M`` as a dict (``Internal.attempts_seen``); a malformed part is left out."""
+    out: dict[str, int] = {}
+    for part in value.split(","):
+        cause, _, count = part.partition("=")
+        if cause and count.isdigit():
+            out[cause] = int(count)
+    return out
+
+
+def attempts_text(counts: dict[str, int]) -> str:
+    return ",".join(f"{cause}={n}" for cause, n in sorted(counts.items()) if n > 0)
+
+
+def _migrate_attempts(internal: dict[str, Any]) -> dict[str, Any]:
+    """Earlier versions kept a key a pod and cause (``pod:<uid>/<cause>`` -> N)."""
+    seen = internal.get("attemptsSeen")
+    if not isinstance(seen, dict) or all(isinstance(v, str) for v in seen.values()):
+        return internal
+    grouped: dict[str, dict[str, int]] = {}
+    for key, value in seen.items():
+        pod, _, cause = str(key).partition("/")
+        if isinstance(value, str):
+            grouped.setdefault(pod, {}).update(attempts(value))
+        elif cause and isinstance(value, int) and not isinstance(value, bool):
+            grouped.setdefault(pod, {})[cause] = value
+    return {**internal, "attemptsSeen": {pod: text for pod, counts in grouped.items() if (text := attempts_text(counts))}}
+
+
 def migrate(raw: dict[str, Any]) -> dict[str, Any]:
     """A status dict of an earlier version in the current shape (nothing is lost that the
     planner still uses)."""
+    if isinstance(raw.get("internal"), dict):
+        internal = _migrate_attempts(raw["internal"])
+        if internal is not raw["internal"]:
+            raw = {**raw, "internal": internal}
     if not any(k in raw for k in (*LEGACY_INTERNAL, *LEGACY_DROPPED)):
         return raw
     out = {k: v for k, v in raw.items() if k not in LEGACY_INTERNAL and k not in LEGACY_DROPPED}

@@ -50,6 +50,8 @@ def charged(ctx: Pass, key: str) -> bool:
     return key in ctx.status.internal.charged_failures
 
 
+MAX_FAILURE_MESSAGE = 2000
+"""Characters of ``lastFailure.message`` kept (it quotes what a pod said)."""
 MAX_SEEN = 200
 """Keys kept by ``first_sighting``'s lists (oldest dropped first)."""
 
@@ -89,7 +91,7 @@ def record_failure(ctx: Pass, kind: FailureKind, reason: str, pod: PodView | Non
     ctx.status.last_recovery_seconds = None  # until the first step after this failure
     record = FailureRecord(
         kind=kind, reason=reason, pod=pod.name if pod else None, node=node or (pod.node if pod else None),
-        exit_code=exit_code, message=(message or "")[:2000] or None, time=ctx.stamp,
+        exit_code=exit_code, message=(message or "")[:MAX_FAILURE_MESSAGE] or None, time=ctx.stamp,
         detect_seconds=round((ctx.now - happened).total_seconds(), 3) if happened else None,
     )
     ctx.status.last_failure = record

@@ -34,6 +34,11 @@ from .quarantine import active_quarantine, quarantine
 MAX_KEPT = 20
 """Stamps kept per node (only those within the window matter); ``nodeFailureThreshold``
 is at most this."""
+MAX_KEYS = 128
+"""Keys kept in ``internal.nodeFailures`` (a node's kills, its NotReady episodes and their
+charges: four keys a node), the ones touched longest ago dropped first. Failures on more
+than about 32 nodes within one window are a cluster's, not a node's; a node whose history
+was dropped starts a new episode (charged again) at its next failure."""
 
 
 def points_at_node(pod: PodView) -> bool:
@@ -81,6 +86,8 @@ def note(ctx: Pass, node: str, not_ready: bool = False) -> Noted:
         book[CHARGED + key] = [ctx.stamp]
     # Keys with nothing recent are dropped: the bookkeeping stays bounded by the nodes in use.
     for other in [k for k, stamps in book.items() if k not in (key, CHARGED + key) and not _recent(ctx, stamps, window)]:
+        del book[other]
+    for other in sorted(book, key=lambda k: max(book[k], default=""))[:max(0, len(book) - MAX_KEYS)]:
         del book[other]
     quarantined = False
     if not not_ready and len(recent) >= spec.node_failure_threshold and spec.node_quarantine_seconds > 0:

@@ -6,13 +6,18 @@ from ..api.status import QuarantinedNode
 from .context import Pass
 from .decisions import NodeQuarantined
 
+MAX_QUARANTINED = 256
+"""Nodes one job keeps in quarantine at once; beyond it the oldest entry goes first. A job
+whose pods failed on this many nodes has a cluster problem that avoiding nodes cannot fix,
+and every replacement pod carries the list in its node affinity."""
+
 
 def quarantine(ctx: Pass, node: str) -> None:
     seconds = ctx.spec.fault_tolerance.node_quarantine_seconds
     if seconds <= 0:
         return
     kept = [q for q in ctx.status.quarantined_nodes if q.node != node]
-    ctx.status.quarantined_nodes = kept + [QuarantinedNode(node=node, until=ctx.at(seconds))]
+    ctx.status.quarantined_nodes = (kept + [QuarantinedNode(node=node, until=ctx.at(seconds))])[-MAX_QUARANTINED:]
     ctx.decide(NodeQuarantined(node, ctx.at(seconds)))
 
 

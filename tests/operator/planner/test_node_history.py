@@ -109,3 +109,18 @@ def test_a_node_that_never_stops_is_charged_again_each_window_so_the_budget_ends
 def test_the_quarantine_event_comes_once():
     results = fail_repeatedly([killed(f"u{i}") for i in range(4)])
     assert sum("NodeQuarantined" in [e.reason for e in r.events] for r in results) == 1
+
+
+def test_kills_on_more_nodes_than_the_bookkeeping_keeps_drop_the_oldest_and_quarantine_keeps_its_newest():
+    from llmtrain_operator.planner.node_history import MAX_KEYS
+    from llmtrain_operator.planner.quarantine import MAX_QUARANTINED
+
+    nodes = MAX_QUARANTINED + 20  # each killed once: threshold 1 quarantines it
+    results = fail_repeatedly([killed(f"u{i}", node=f"node-{i}") for i in range(nodes)], spacing=1.0,
+                              changes={"spec.faultTolerance.nodeFailureThreshold": 1, "spec.faultTolerance.maxRestarts": 10_000})
+    final = results[-1].status
+    book = final["internal"]["nodeFailures"]
+    assert len(book) == MAX_KEYS
+    assert f"node-{nodes - 1}" in book and "node-0" not in book  # the newest kept, the oldest dropped
+    quarantined = [q["node"] for q in final["quarantinedNodes"]]
+    assert len(quarantined) == MAX_QUARANTINED and quarantined[-1] == f"node-{nodes - 1}" and "node-0" not in quarantined

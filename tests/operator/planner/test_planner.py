@@ -439,6 +439,19 @@ def test_an_in_place_crash_is_charged_once_and_its_victims_never():
     assert again.status["restarts"] == 1  # seen again: not charged again
 
 
+def test_in_place_counts_written_by_an_earlier_version_are_not_charged_again():
+    # Earlier versions kept a key a pod and cause; the counts it saw must still count.
+    earlier = running_status(restarts=3, internal={"attemptsSeen": {"pod:uid-0/crash": 2, "pod:uid-0/hang": 1, "pod:uid-0/oom": 1}})
+    raw = job(status=earlier)
+    probes = {W0: TrainerProbe(step=20, restarts=3, failed_attempts={"crash": 2, "hang": 1})}
+    _, status, _, _ = run(raw, observed(raw, [worker(0, uid="uid-0"), worker(1, uid="uid-1")], probes=probes))
+    assert status["restarts"] == 3
+    assert status["internal"]["attemptsSeen"] == {"pod:uid-0": "crash=2,hang=1,oom=1"}
+    probes = {W0: TrainerProbe(step=20, restarts=4, failed_attempts={"crash": 3, "hang": 1}), W1: TrainerProbe(step=20)}
+    _, status, _, _ = run({**raw, "status": status}, observed(raw, [worker(0, uid="uid-0"), worker(1, uid="uid-1")], probes=probes))
+    assert status["restarts"] == 4 and status["internal"]["attemptsSeen"] == {"pod:uid-0": "crash=3,hang=1,oom=1"}
+
+
 def test_two_pods_crashing_in_place_are_two_failures():
     raw = job(status=running_status())
     probes = {W0: TrainerProbe(step=20, restarts=1, failed_attempts={"crash": 1}),

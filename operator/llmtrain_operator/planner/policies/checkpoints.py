@@ -17,6 +17,10 @@ from ..decisions import IntervalChanged, TierDegraded, TierRecovered
 from ..newest_checkpoint import note
 
 
+MAX_LISTED = 32
+"""Pods a degraded tier names (``pods``, its message); the message counts the rest. A
+tier that fails on every node of a 1,024-node job would otherwise write every name twice."""
+
 def handle(ctx: Pass) -> Verdict:
     if not ctx.spec.checkpoint.enabled:
         ctx.status.checkpoint_tiers, ctx.status.checkpoint_cadence = [], None
@@ -58,8 +62,9 @@ def _tiers(ctx: Pass) -> None:
             tiers.append(TierHealth(name=name, last_step=last))
             continue
         reason = Counter(r for _, r in degraded).most_common(1)[0][0]
-        pods = [pod for pod, _ in degraded]
-        message = (f"{name} tier: {TIER_REASONS.get(reason, TIER_REASONS['Error'])} (reported by {', '.join(pods)}); "
+        pods = [pod for pod, _ in degraded][:MAX_LISTED]
+        more = f" and {len(degraded) - len(pods)} more" if len(degraded) > len(pods) else ""
+        message = (f"{name} tier: {TIER_REASONS.get(reason, TIER_REASONS['Error'])} (reported by {', '.join(pods)}{more}); "
                    "training goes on and the tier catches up once it works")
         same = before is not None and not before.healthy and before.reason == reason
         tiers.append(TierHealth(name=name, healthy=False, reason=reason, message=message, pods=pods,

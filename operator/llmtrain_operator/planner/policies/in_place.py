@@ -24,6 +24,7 @@ from llmtrain_contract.exitcodes import ExitCode, classify_exit
 from llmtrain_contract.names import Termination
 
 from ...api.observed import ContainerMemory, PodView
+from ...api.status import attempts, attempts_text
 from ...api.vocabulary import FailureKind, PodPhase, Reason
 from ..accounting import pod_key, record_failure
 from ..budget import charge_budget
@@ -41,17 +42,18 @@ def handle(ctx: Pass) -> Verdict:
     # Ended pods too: a restart just before a pod ended may have had no scrape to show
     # it; the launcher's termination message gives the final counts.
     live = {pod_key(p): p for p in ctx.observed.workers() if p.active or (p.terminated and not p.deleting)}
-    seen = {k: v for k, v in book.attempts_seen.items() if k.split("/", 1)[0] in live}
+    seen = {k: attempts(v) for k, v in book.attempts_seen.items() if k in live}
     charges: list[tuple[str, PodView]] = []
     for key, pod in live.items():
         for cause, count in _failed_attempts(ctx, pod).items():
             if cause not in CHARGED_CAUSES:
                 continue
-            slot = f"{key}/{cause}"
+            before = seen.get(key, {}).get(cause, 0)
             # A pod's count is its word: one that jumps by millions (a forged or broken
             # endpoint) charges at most what ends the budget, not a list of that length.
-            charges += [(cause, pod)] * min(max(0, count - seen.get(slot, 0)), ctx.spec.fault_tolerance.max_restarts + 1)
-            seen[slot] = max(count, seen.get(slot, 0))
+            charges += [(cause, pod)] * min(max(0, count - before), ctx.spec.fault_tolerance.max_restarts + 1)
+            if count > before:
+                seen.setdefault(key, {})[cause] = count
     # Which of the new crashes the OOM killer explains, decided (and its kills marked
     # used) before any charge: the budget may end the pass at any one of them.
     oom_kills = _new_oom_kills(ctx, live, seen)
@@ -63,12 +65,13 @@ def handle(ctx: Pass) -> Verdict:
         memory = _memory(ctx, pod)
         if cause == "crash" and memory is not None and oom_kills.get(pod_key(pod), 0) > 0:
             oom_kills[pod_key(pod)] -= 1
-            seen[f"{pod_key(pod)}/{OOM}"] = seen.get(f"{pod_key(pod)}/{OOM}", 0) + 1
+            counts = seen.setdefault(pod_key(pod), {})
+            counts[OOM] = counts.get(OOM, 0) + 1
             reason = oom.REASON
             message = (f"the kernel's OOM killer ended a rank in {where} (torchrun restarted the worker group in place): "
                        + oom.figures(memory.peak_bytes, memory.limit_bytes))
         named.append((cause, pod, where, reason, message))
-    book.attempts_seen = seen
+    book.attempts_seen = {key: text for key, counts in seen.items() if (text := attempts_text(counts))}
     for cause, pod, where, reason, message in named:
         kind = CHARGED_CAUSES[cause][1]
         record_failure(ctx, kind, reason, pod, message=message)
@@ -83,13 +86,13 @@ OOM = "oom"
 """The ``attempts_seen`` slot of the OOM kills already used to name a crash."""
 
 
-def _new_oom_kills(ctx: Pass, live: dict[str, PodView], seen: dict[str, int]) -> dict[str, int]:
+def _new_oom_kills(ctx: Pass, live: dict[str, PodView], seen: dict[str, dict[str, int]]) -> dict[str, int]:
     """Pod key -> OOM kills its launcher counts that no charged crash has used yet."""
     out = {}
     for key, pod in live.items():
         memory = _memory(ctx, pod)
         if memory is not None:
-            out[key] = max(0, memory.oom_kills - seen.get(f"{key}/{OOM}", 0))
+            out[key] = max(0, memory.oom_kills - seen.get(key, {}).get(OOM, 0))
     return out
 
 

@@ -12,6 +12,13 @@ from ...api.vocabulary import FailureKind, Reason
 from ..accounting import record_failure
 from ..context import Pass, Verdict
 
+MAX_WINDOWS = 200
+"""Skipped windows kept in the status, the newest by sample; ``rollbacks`` counts them all.
+An honest job has one a rollback; a pod's page can claim thousands."""
+MAX_EVENTS = 5
+"""Rollback Events a pass sends at most (one a window); more windows new at once are
+summed up in one more Event."""
+
 
 def handle(ctx: Pass) -> Verdict:
     probes = ctx.observed.worker_probes()
@@ -22,14 +29,19 @@ def handle(ctx: Pass) -> Verdict:
     new = sorted(reported - known)
     if not new and rollbacks <= current.rollbacks:
         return Verdict.CONTINUE
-    windows = sorted(known | reported, key=lambda w: (w[2], w[0]))
+    windows = sorted(known | reported, key=lambda w: (w[2], w[0]))[-MAX_WINDOWS:]
+    kept = set(windows)
+    new = [w for w in new if w in kept]
     ctx.status.numerics = NumericsStatus(
         rollbacks=max(rollbacks, current.rollbacks),
         skipped=[SkippedWindow(first_step=a, last_step=b, first_sample=c, end_sample=d) for a, b, c, d in windows],
     )
-    for first, last, start, end in new:
+    for i, (first, last, start, end) in enumerate(new):
         what = (f"bad numerics at step {last}: rolled back to step {first - 1}; samples {start}..{end - 1} "
                 f"(the data of steps {first}..{last}) are skipped")
         record_failure(ctx, FailureKind.BAD_NUMERICS, Reason.ROLLED_BACK, message=what)
-        ctx.event(Reason.ROLLED_BACK, what, warning=True)
+        if i < MAX_EVENTS:
+            ctx.event(Reason.ROLLED_BACK, what, warning=True)
+    if len(new) > MAX_EVENTS:
+        ctx.event(Reason.ROLLED_BACK, f"and {len(new) - MAX_EVENTS} more skipped windows, the newest {what}", warning=True)
     return Verdict.CONTINUE

@@ -22,6 +22,7 @@ from llmtrain_contract.exitcodes import Classification, ExitCode, FailureClass, 
 from llmtrain_contract.names import Termination
 
 from ...api.observed import PodView
+from ...api.status import attempts
 from ...api.vocabulary import FailureKind, PodPhase, Reason
 from ..accounting import charged, pod_key, record_failure, remember, unhandled_kept
 from ..budget import count_restart, restart_all
@@ -36,7 +37,7 @@ def _charged_in_place(ctx: Pass, pod: PodView, key: str) -> bool:
     counted = pod.termination.get(Termination.COUNTED_IN_PLACE)
     if not isinstance(counted, int) or isinstance(counted, bool):
         return False
-    return ctx.status.internal.attempts_seen.get(f"{key}/hang", 0) >= counted
+    return attempts(ctx.status.internal.attempts_seen.get(key, "")).get("hang", 0) >= counted
 
 
 def classify_pod(pod: PodView) -> Classification:
