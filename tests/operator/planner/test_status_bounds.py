@@ -8,6 +8,7 @@ leave the job's decisions unrecorded."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
 import typing
@@ -16,7 +17,7 @@ from typing import Any, get_args, get_origin
 from llmtrain_contract.exitcodes import SIGNAL_MAX, table
 from llmtrain_operator.api import parse_job
 from llmtrain_operator.api.observed import TrainerProbe, format_time
-from llmtrain_operator.api.spec import MAX_NODES, FaultToleranceSpec
+from llmtrain_operator.api.spec import MAX_NODES, FaultToleranceSpec, LLMTrainJobSpec
 from llmtrain_operator.api.status import (CheckpointRecord, attempts_text, Condition, FailureRecord, Internal, LLMTrainJobStatus,
                                           NumericsStatus, QuarantinedNode, RankHolder, SkippedWindow, TierHealth)
 from llmtrain_operator.api.untrusted import MAX_COUNT
@@ -43,6 +44,8 @@ POD = "p" * 63
 UID = "0" * 36
 STAMP = format_time(NOW)
 LONGEST_REASON = max((r.value for r in Reason), key=len)
+LARGEST_RANK = MAX_NODES * LLMTrainJobSpec.model_fields["procs_per_node"].metadata[1].le - 1
+"""A page's rank past the job's largest world is not shown (``policies/progress.py``)."""
 KEEP_FAILED_PODS_MAX = FaultToleranceSpec.model_fields["keep_failed_pods"].metadata[1].le
 REASONS = ([f"Signal{n}" for n in range(1, SIGNAL_MAX + 1)] + [row[3] for row in table()] + [r.value for r in Reason])
 """Every reason a restart can be charged under: ``restartsByReason``'s keys."""
@@ -56,7 +59,7 @@ def worst_status() -> LLMTrainJobStatus:
     return LLMTrainJobStatus(
         conditions=[Condition(type=t, status="False", reason=LONGEST_REASON, message="m" * MAX_MESSAGE,
                               last_transition_time=STAMP, observed_generation=MAX_COUNT) for t in ConditionType],
-        ranks=[RankHolder(pod=POD, first=MAX_COUNT, last=MAX_COUNT) for _ in range(MAX_NODES)],
+        ranks=[RankHolder(pod=POD, first=LARGEST_RANK, last=LARGEST_RANK) for _ in range(MAX_NODES)],
         restarts_by_reason={r: MAX_COUNT for r in REASONS},
         kept_pods=[POD] * KEEP_FAILED_PODS_MAX,
         checkpoint_tiers=[TierHealth(name=t, healthy=False, reason="PermissionDenied", message="m" * MAX_MESSAGE,
@@ -148,13 +151,17 @@ def test_a_1024_worker_job_whose_every_pod_reports_the_most_it_can_keeps_a_bound
     raw = job(spec, status=running_status())
     workers = [worker(i, node=f"{NODE[:240]}-{i}", uid=f"{UID}-{i}") for i in range(MAX_NODES)]
     nodes = [node(w.node or "") for w in workers]
-    result = plan(raw, observed(raw, workers, nodes=nodes, probes={w.name: _hostile_probe(i) for i, w in enumerate(workers)}), NOW)
+    probes = {w.name: _hostile_probe(i) for i, w in enumerate(workers)}
+    probes[workers[-1].name] = dataclasses.replace(probes[workers[-1].name], rank=MAX_COUNT - 1, world_size=MAX_COUNT)
+    result = plan(raw, observed(raw, workers, nodes=nodes, probes=probes), NOW)
     status = result.status
     assert _stored(status) < STATUS_BUDGET, _stored(status)
     assert len(status["numerics"]["skipped"]) == numerics.MAX_WINDOWS
     tiers = {t["name"]: t for t in status["checkpointTiers"]}
     assert len(tiers["local"]["pods"]) == MAX_LISTED and f"and {MAX_NODES - MAX_LISTED} more" in tiers["local"]["message"]
     assert all(len(c["message"]) <= MAX_MESSAGE for c in status["conditions"])
+    assert len(status["ranks"]) == MAX_NODES - 1  # the page claiming a rank past the job's largest world is not shown
+    assert max(r["last"] for r in status["ranks"]) < MAX_NODES
     rolled_back = [e for e in result.events if e.reason == Reason.ROLLED_BACK]
     assert len(rolled_back) == numerics.MAX_EVENTS + 1 and "more skipped windows" in rolled_back[-1].message
 
