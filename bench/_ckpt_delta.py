@@ -5,8 +5,8 @@ whole (as before content addressing), side by side in one run.
 
 The real trainer (world size 1, in this process) takes every checkpoint and its own
 propagators store it into both tiers; this script times each from the save call to the
-step's ``COMMITTED`` being visible in each tier (its own clock, polling), and measures
-from outside what each checkpoint wrote: the bytes of the files and objects that were not
+step's ``COMMITTED`` being visible in each tier, tier 1 (node-local, whole files) too
+(its own clock, polling), and measures from outside what each checkpoint wrote: the bytes of the files and objects that were not
 in the tier before it (each tier keeps two steps, as retention would). A restore of the
 newest step from each tier into a scratch folder is timed too, the two stores alternating
 over rounds.
@@ -58,6 +58,9 @@ class Delta:
     """Per tier: bytes each later checkpoint added."""
     seconds: dict[str, list[float]] = field(default_factory=dict)
     """Per tier: save call to COMMITTED visible, every checkpoint after the first."""
+    after_local: dict[str, list[float]] = field(default_factory=dict)
+    """Per slower tier: from tier 1's COMMITTED to its own (what storing the step there
+    took once tier 1 had it; the shared tier is a folder on tier 1's disk)."""
     restore: dict[str, float] = field(default_factory=dict)
     """Per tier: the newest step fetched into a scratch folder, median over rounds."""
     restore_worst: dict[str, float] = field(default_factory=dict)
@@ -72,15 +75,24 @@ class Delta:
             out[f"{tier}_later_fraction_of_full"] = statistics.median(sizes) / self.full_state_bytes
             out[f"{tier}_seconds_median"] = statistics.median(self.seconds[tier])
             out[f"{tier}_seconds_worst"] = max(self.seconds[tier])
-            out[f"{tier}_restore_seconds"] = self.restore[tier]
-            out[f"{tier}_restore_seconds_worst"] = self.restore_worst[tier]
+            if tier in self.after_local:
+                out[f"{tier}_after_local_seconds_median"] = statistics.median(self.after_local[tier])
+            if tier in self.restore:
+                out[f"{tier}_restore_seconds"] = self.restore[tier]
+                out[f"{tier}_restore_seconds_worst"] = self.restore_worst[tier]
         return out
 
 
-def _tier_objects(shared: Path, s3: Any, prefix: str) -> dict[str, dict[str, int]]:
-    """Every file of the shared tier and every object of the S3 prefix, with its size."""
-    on_disk = {str(f): f.stat().st_size for f in shared.rglob("*") if f.is_file()}
-    return {"shared": on_disk, "s3": s3.keys("bench", prefix + "/")}
+TIERS = ("local", "shared", "s3")
+
+
+def _files(folder: Path) -> dict[str, int]:
+    return {str(f): f.stat().st_size for f in folder.rglob("*") if f.is_file()}
+
+
+def _tier_objects(local: Path, shared: Path, s3: Any, prefix: str) -> dict[str, dict[str, int]]:
+    """Every file of tier 1 and the shared tier and every object of the S3 prefix, with its size."""
+    return {"local": _files(local), "shared": _files(shared), "s3": s3.keys("bench", prefix + "/")}
 
 
 def _added(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, int]:
@@ -89,9 +101,9 @@ def _added(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) 
     return {tier: sum(size for key, size in now.items() if key not in before[tier]) for tier, now in after.items()}
 
 
-def _committed(shared: Path, s3: Any, prefix: str, step: int) -> dict[str, bool]:
+def _committed(local: Path, shared: Path, s3: Any, prefix: str, step: int) -> dict[str, bool]:
     name = f"step-{step:08d}"
-    return {"shared": (shared / name / "COMMITTED").exists(),
+    return {"local": (local / name / "COMMITTED").exists(), "shared": (shared / name / "COMMITTED").exists(),
             "s3": f"{prefix}/{name}/COMMITTED" in s3.keys("bench", f"{prefix}/{name}/")}
 
 
@@ -109,8 +121,8 @@ def run_mode(mode: str, by_content: bool, folder: Path, s3: Any, preset: str, ch
 
     store = "pieces" if by_content else "whole"
     prefix = f"{mode}-{store}"
-    shared = folder / "shared"
-    base = trainer_config(preset, 2, 64, folder / "tier1", folder / "run").model_dump(mode="json", by_alias=True)
+    shared, local = folder / "shared", folder / "tier1"
+    base = trainer_config(preset, 2, 64, local, folder / "run").model_dump(mode="json", by_alias=True)
     base.update(spec_of(mode, preset))
     base["checkpoint"]["tiers"] += [{"name": "shared", "uri": str(shared), "keep": 2},
                                     {"name": "s3", "uri": f"s3://bench/{prefix}", "endpoint": s3.endpoint, "keep": 2}]
@@ -133,12 +145,12 @@ def run_mode(mode: str, by_content: bool, folder: Path, s3: Any, preset: str, ch
         for index in range(checkpoints):
             for _ in range(steps_between):
                 trainer.step_once()
-            before = _tier_objects(shared, s3, prefix)
+            before = _tier_objects(local, shared, s3, prefix)
             began = time.perf_counter()
             trainer.ckpt.save(trainer.step, trainer.step * 2, rng.capture())
             done: dict[str, float] = {}
-            while len(done) < 2:
-                for tier, seen in _committed(shared, s3, prefix, trainer.step).items():
+            while len(done) < len(TIERS):
+                for tier, seen in _committed(local, shared, s3, prefix, trainer.step).items():
                     if seen and tier not in done:
                         done[tier] = time.perf_counter() - began
                 if time.perf_counter() - began > 600:
@@ -147,14 +159,17 @@ def run_mode(mode: str, by_content: bool, folder: Path, s3: Any, preset: str, ch
             trainer.ckpt.wait()
             while trainer.ckpt.writing():  # the commit's retention: the next save must find every tier free
                 time.sleep(0.01)
-            grew = _added(before, _tier_objects(shared, s3, prefix))
-            for tier in ("shared", "s3"):
+            grew = _added(before, _tier_objects(local, shared, s3, prefix))
+            for tier in TIERS:
                 if index == 0:
                     out.first[tier] = grew[tier]
                 else:
                     out.later.setdefault(tier, []).append(grew[tier])
                     out.seconds.setdefault(tier, []).append(done[tier])
-            log(f"  {mode:<9} {store:<6} checkpoint {index + 1}: shared +{grew['shared'] / 1e6:.1f} MB in {done['shared']:.2f}s, "
+                    if tier != "local":
+                        out.after_local.setdefault(tier, []).append(done[tier] - done["local"])
+            log(f"  {mode:<9} {store:<6} checkpoint {index + 1}: tier 1 +{grew['local'] / 1e6:.1f} MB in {done['local']:.2f}s, "
+                f"shared +{grew['shared'] / 1e6:.1f} MB in {done['shared']:.2f}s ({done['shared'] - done['local']:.2f}s after tier 1), "
                 f"s3 +{grew['s3'] / 1e6:.1f} MB in {done['s3']:.2f}s")
     finally:
         trainer.close()

@@ -266,6 +266,12 @@ def incremental_rows(folder: Path, quick: bool) -> tuple[dict[str, float], list[
             f"in {whole['s3_seconds_median']:.2f}s; restore from S3 {pieces['s3_restore_seconds']:.2f}s against "
             f"{whole['s3_restore_seconds']:.2f}s, from the shared tier {pieces['shared_restore_seconds']:.2f}s against "
             f"{whole['shared_restore_seconds']:.2f}s")
+        say(f"  {mode:<9} tier 1 (whole files) +{pieces['local_later_bytes_median'] / 1e6:.1f} MB in "
+            f"{pieces['local_seconds_median']:.2f}s; the same step by content into a folder on its disk (the shared tier) "
+            f"+{pieces['shared_later_bytes_median'] / 1e6:.1f} MB in {pieces['shared_after_local_seconds_median']:.2f}s more, "
+            f"whole there +{whole['shared_later_bytes_median'] / 1e6:.1f} MB in {whole['shared_after_local_seconds_median']:.2f}s more")
+        values[f"{mode}_local_seconds"] = round(pieces["local_seconds_median"], 2)
+        values[f"{mode}_shared_by_content_after_local_seconds"] = round(pieces["shared_after_local_seconds_median"], 2)
         values[f"{mode}_s3_later_fraction"] = round(pieces["s3_later_fraction"], 3)
         values[f"{mode}_shared_later_fraction"] = round(pieces["shared_later_fraction"], 3)
         values[f"{mode}_bytes_whole_over_pieces"] = round(whole["s3_later_bytes_median"] / max(1, pieces["s3_later_bytes_median"]), 2)

@@ -20,7 +20,7 @@ engine and precision:
   weights and gradients of the trained parameters only; the activations of the blocks the
   backward pass goes into, less the inputs a frozen layer does not keep; bf16 copies of
   the matrices the backward pass reads. Checked against the CPU's own counts (parameters,
-  saved tensors: ``tests/contract/test_params.py``); the coefficients were fitted on
+  saved tensors: ``tests/trainer/engines/test_finetune_costs.py``); the coefficients were fitted on
   fully trained runs, and no fine-tune has been measured on a GPU yet.
 
 The per-token coefficients and the static terms were fitted to the allocator's peak

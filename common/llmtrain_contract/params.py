@@ -16,20 +16,22 @@ saves a layer's activations only for a gradient it will compute.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from .config import ADAPTER_SUFFIXES, LoraConfig, ModelShape, TrainSpec, parameter_names
 
 MATMUL_LAYERS = ("attn.qkv", "attn.proj", "mlp.0", "mlp.2")
 """A block's layers that multiply each token by a weight matrix."""
 BLOCK_OPS: tuple[tuple[str, int], ...] = (
-    ("ln1", 1), ("attn.qkv", 1), ("attention", 4), ("attn.proj", 1), ("ln2", 1), ("mlp.0", 1), ("gelu", 4), ("mlp.2", 4),
+    ("ln1", 1), ("attn.qkv", 1), ("attention", 3), ("attn.proj", 1), ("ln2", 1), ("mlp.0", 1), ("gelu", 4), ("mlp.2", 4),
 )
 """A block's operations in forward order, with what each saves for the backward pass per
-token, in units of the block's width (17 in all: ``memplan.ACT_BYTES["fp32"]`` is 17 x 4
-bytes, the tensors counted op by op). A LayerNorm, attention (q, k, v and its output) and
-the GELU save their input when the gradient reaches it (a LayerNorm also for its own
-weights); a linear layer saves its input only for its weight's gradient, or an adapter's
-(which reads the same input)."""
+token, in units of the block's width (16 in all; the GPU fit ``memplan.ACT_BYTES["bf16"]``
+is 16 x 2 bytes). A LayerNorm, attention (q, k, v) and the GELU save their input when the
+gradient reaches it (a LayerNorm also for its own weights); a linear layer saves its
+input only for its weight's gradient, or an adapter's (which reads the same input). The
+output projection's input is the attention's output, one tensor: kept when the
+attention is differentiated (it keeps its output) or the projection's weight trains."""
 BLOCK_UNITS = sum(units for _, units in BLOCK_OPS)
 
 
@@ -90,21 +92,30 @@ class Training:
         """Elements with a gradient and optimizer state."""
         return sum(n for name, n in self.sizes.items() if name not in self.frozen)
 
-    def needs_input_grad(self) -> dict[str, bool]:
-        """Per parameter: whether a parameter before it trains, so that the gradient of
-        its layer's input is computed. For ``wte.weight`` this is the head's input (the
-        head comes last: anything that trains at all)."""
+    @cached_property
+    def _input_grad(self) -> dict[str, bool]:
         out: dict[str, bool] = {}
         seen = False
         for name in self.sizes:
             out[name] = seen
             seen = seen or name not in self.frozen
         out["wte.weight"] = seen
+        for name in out:
+            if name.endswith(ADAPTER_SUFFIXES[0]):  # lora_a reads its layer's input
+                out[name] = out[name[: -len(ADAPTER_SUFFIXES[0])] + ".weight"]
         return out
+
+    def needs_input_grad(self) -> dict[str, bool]:
+        """Per parameter: whether a parameter before its layer trains, so that the
+        gradient of its layer's input is computed (``lora_b``'s input is ``lora_a``'s
+        output, which always trains). For ``wte.weight`` this is the head's input (the
+        head comes last: anything that trains at all)."""
+        return self._input_grad
 
     def _trains(self, prefix: str) -> bool:
         return any(name.startswith(prefix) and name not in self.frozen for name in self.sizes)
 
+    @cached_property
     def _blocks(self) -> list[tuple[float, bool]]:
         """Per block, in order: the share of a fully trained block's saved activations it
         keeps (``BLOCK_OPS``), and whether its attention is differentiated."""
@@ -119,6 +130,7 @@ class Training:
                 if op in MATMUL_LAYERS:
                     layer = block + op
                     saves = any(layer + s in self.sizes and layer + s not in self.frozen for s in (".weight", *ADAPTER_SUFFIXES))
+                    saves = saves or (op == "attn.proj" and attention)  # the attention's own output
                 else:
                     saves = seen or own
                     attention = attention or (op == "attention" and seen)
@@ -130,16 +142,16 @@ class Training:
     def backward_blocks(self) -> int:
         """Blocks the backward pass goes into (some of their activations are saved); a
         frozen block before every trained parameter keeps none."""
-        return sum(1 for share, _ in self._blocks() if share)
+        return sum(1 for share, _ in self._blocks if share)
 
     def saved_blocks(self) -> float:
         """Blocks' worth of saved activations (a block with every weight trained is 1)."""
-        return sum(share for share, _ in self._blocks())
+        return sum(share for share, _ in self._blocks)
 
     def attention_backward_blocks(self) -> int:
         """Blocks whose attention (scores and weighted sum) is differentiated: a parameter
         before it (its block's qkv projection or adapters included) trains."""
-        return sum(1 for _, attention in self._blocks() if attention)
+        return sum(1 for _, attention in self._blocks if attention)
 
     def saved_weight_copies(self) -> int:
         """Elements of the matrices a backward pass needs: a trained one (for its own

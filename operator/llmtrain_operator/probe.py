@@ -45,6 +45,9 @@ def trainer_url(host: str, port: int) -> str:
     return f"http://{host}:{port}/metrics?{_QUERY}"
 
 
+MAX_PAGE_WINDOWS = 200
+"""Skipped windows taken from one page at most, the newest by sample (the status keeps as
+many: ``planner/policies/numerics.py``)."""
 MAX_BODY = 256 * 1024
 """Bytes of a metrics page read at most: the trainer's filtered page is a few KB, and a
 pod that serves more is not ours to buffer (every job shares the operator's memory)."""
@@ -125,7 +128,7 @@ def parse(text: str) -> TrainerProbe:
         rank=own_rank,
         tokens_per_second=values.get(Metric.TOKENS_PER_SECOND) or None,
         rollbacks=as_int(Metric.NUMERICS_ROLLBACKS),
-        skipped=tuple(sorted(set(skipped))),
+        skipped=tuple(sorted(sorted(set(skipped), key=lambda w: (w[2], w[0]))[-MAX_PAGE_WINDOWS:])),
         stragglers=stragglers,
         rejected=tuple(rejected),
     )

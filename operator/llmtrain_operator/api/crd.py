@@ -49,6 +49,10 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 _DROP_KEYS = {"title", "x-llmtrain-quantity"}
+OPAQUE = "x-llmtrain-opaque"
+"""A field whose schema the API server does not check (``x-kubernetes-preserve-unknown-fields``):
+``status.internal``, which may change shape between operator versions, so that an
+operator of one version and the CRD of another never refuse each other's writes."""
 
 
 def _clean_description(text: str) -> str:
@@ -65,6 +69,9 @@ def _is_null(schema: dict[str, Any]) -> bool:
 def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     """Translate one pydantic JSON-schema node into a structural OpenAPI v3.0 node."""
     schema = copy.deepcopy(schema)
+    if schema.pop(OPAQUE, False):  # the operator's own bookkeeping: its shape is not the API's
+        return {"type": "object", "description": _clean_description(schema.get("description", "")),
+                "x-kubernetes-preserve-unknown-fields": True}
     core = schema.pop(coretypes.MARK, None)
     if core is not None:  # a Kubernetes type: the upstream schema, with the field's description
         typed = coretypes.structural(core)

@@ -201,12 +201,13 @@ cause now): dropped, so that a status written by an earlier version stays readab
 
 
 def attempts(value: str) -> dict[str, int]:
-    """``crash=N,hang=M`` as a dict (``Internal.attempts_seen``); a malformed part is left out."""
+    """``crash=N,hang=M`` as a dict (``Internal.attempts_seen``); a malformed part (a
+    hand-edited status) is left out."""
     out: dict[str, int] = {}
     for part in value.split(","):
         cause, _, count = part.partition("=")
-        if cause and count.isdigit():
-            out[cause] = int(count)
+        if cause and count.isascii() and count.isdigit() and len(count) <= 16:
+            out[cause] = max(out.get(cause, 0), int(count))
     return out
 
 
@@ -222,10 +223,12 @@ def _migrate_attempts(internal: dict[str, Any]) -> dict[str, Any]:
     grouped: dict[str, dict[str, int]] = {}
     for key, value in seen.items():
         pod, _, cause = str(key).partition("/")
-        if isinstance(value, str):
-            grouped.setdefault(pod, {}).update(attempts(value))
-        elif cause and isinstance(value, int) and not isinstance(value, bool):
-            grouped.setdefault(pod, {})[cause] = value
+        found = attempts(value) if isinstance(value, str) else {}
+        if cause and isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53:
+            found = {cause: value}
+        counts = grouped.setdefault(pod, {})
+        for name, n in found.items():  # the larger count is the newer (both forms of one pod: a hand edit)
+            counts[name] = max(counts.get(name, 0), n)
     return {**internal, "attemptsSeen": {pod: text for pod, counts in grouped.items() if (text := attempts_text(counts))}}
 
 
@@ -331,9 +334,10 @@ class LLMTrainJobStatus(CamelModel):
     last_recovery_seconds: float | None = None
     """From the last detected failure to the first training step a trainer finished
     after it (as the trainer timed that step)."""
-    internal: Internal = Field(default_factory=Internal)
+    internal: Internal = Field(default_factory=Internal, json_schema_extra={"x-llmtrain-opaque": True})
     """The operator's own bookkeeping, written in the same patch as the decisions it
-    guards. Not an API: it may change between versions."""
+    guards. Not an API: it may change between versions (the CRD does not check its shape;
+    the operator reads an earlier version's)."""
 
 
 SALVAGED = {"restarts": "restarts", "disruptions": "disruptions", "restartGeneration": "restart_generation", "step": "step"}

@@ -8,6 +8,20 @@ from .decisions import RestartCharged
 from .outcome import finish, retire
 
 
+MAX_REASONS = 64
+"""Reasons ``restartsByReason`` (and the operator's restart counter's ``reason`` label)
+names apart; more are counted as ``OTHER``. The classifier's own are fewer; a pod's
+status can name any reason of the kubelet's (``OutOfcpu``, ``NodeShutdown`` ...)."""
+MAX_REASON_LENGTH = 64
+OTHER = "Other"
+
+
+def reason_key(counts: dict[str, int], reason: str) -> str:
+    """The key a restart of ``reason`` is counted under."""
+    reason = reason[:MAX_REASON_LENGTH]
+    return reason if reason in counts or len(counts) < MAX_REASONS - 1 else OTHER
+
+
 def backoff_seconds(ctx: Pass, restarts: int) -> float:
     b = ctx.spec.fault_tolerance.backoff
     return min(b.max_seconds, b.initial_seconds * (b.factor ** max(0, restarts - 1)))
@@ -19,9 +33,10 @@ def charge_budget(ctx: Pass, reason: str, enforce: bool = True) -> bool:
     once its pod had succeeded is counted, but cannot fail what has finished."""
     status = ctx.status
     status.restarts += 1
-    status.restarts_by_reason[reason] = status.restarts_by_reason.get(reason, 0) + 1
+    key = reason_key(status.restarts_by_reason, reason)
+    status.restarts_by_reason[key] = status.restarts_by_reason.get(key, 0) + 1
     budget = ctx.spec.fault_tolerance.max_restarts
-    ctx.decide(RestartCharged(reason, status.restarts, budget))
+    ctx.decide(RestartCharged(key, status.restarts, budget))
     if status.restarts > budget and enforce:
         finish(ctx, False, Reason.BACKOFF_LIMIT_EXCEEDED,
                f"{status.restarts} restarts exceed faultTolerance.maxRestarts={budget}; last: {reason}")

@@ -34,11 +34,16 @@ from .quarantine import active_quarantine, quarantine
 MAX_KEPT = 20
 """Stamps kept per node (only those within the window matter); ``nodeFailureThreshold``
 is at most this."""
-MAX_KEYS = 128
-"""Keys kept in ``internal.nodeFailures`` (a node's kills, its NotReady episodes and their
-charges: four keys a node), the ones touched longest ago dropped first. Failures on more
-than about 32 nodes within one window are a cluster's, not a node's; a node whose history
-was dropped starts a new episode (charged again) at its next failure."""
+MAX_NODES_KEPT = 32
+"""Nodes whose history ``internal.nodeFailures`` keeps at once (up to four keys each: its
+kills, its NotReady episodes and their charges); a node's keys go once nothing of it is
+within the window. A failure on one more node while 32 are followed is not followed: it
+is charged as an episode of its own, each time, and counted alone for the quarantine.
+The nodes already followed keep their episodes (dropping one to make room would charge
+its next failure again, and a cycle of failures over more nodes than the room would
+charge every one). Failures on more than 32 nodes within one window are a cluster's, not
+a node's."""
+MAX_KEYS = 4 * MAX_NODES_KEPT
 
 
 def points_at_node(pod: PodView) -> bool:
@@ -69,6 +74,10 @@ def _recent(ctx: Pass, stamps: list[str], window: float) -> list[str]:
     return [t for t in stamps if (ctx.seconds_since(t) or 0) < window]
 
 
+def _node_of(key: str) -> str:
+    return key.removeprefix(CHARGED).removeprefix(NOT_READY)
+
+
 def note(ctx: Pass, node: str, not_ready: bool = False) -> Noted:
     """Record a kill that points at ``node`` (or, ``not_ready``, one of its NotReady
     episodes). An episode is counted from its charged failure: failures within the window
@@ -79,16 +88,18 @@ def note(ctx: Pass, node: str, not_ready: bool = False) -> Noted:
     book = ctx.status.internal.node_failures
     window = spec.node_failure_window_seconds
     key = f"{NOT_READY}{node}" if not_ready else node
-    recent = (_recent(ctx, book.get(key, []), window) + [ctx.stamp])[-MAX_KEPT:]
-    book[key] = recent
-    merged = bool(_recent(ctx, book.get(CHARGED + key, []), window))
-    if not merged:
-        book[CHARGED + key] = [ctx.stamp]
     # Keys with nothing recent are dropped: the bookkeeping stays bounded by the nodes in use.
-    for other in [k for k, stamps in book.items() if k not in (key, CHARGED + key) and not _recent(ctx, stamps, window)]:
+    for other in [k for k, stamps in book.items() if not _recent(ctx, stamps, window)]:
         del book[other]
-    for other in sorted(book, key=lambda k: max(book[k], default=""))[:max(0, len(book) - MAX_KEYS)]:
-        del book[other]
+    recent = (_recent(ctx, book.get(key, []), window) + [ctx.stamp])[-MAX_KEPT:]
+    followed = {_node_of(k) for k in book}
+    if node in followed or len(followed) < MAX_NODES_KEPT:
+        book[key] = recent
+        merged = bool(_recent(ctx, book.get(CHARGED + key, []), window))
+        if not merged:
+            book[CHARGED + key] = [ctx.stamp]
+    else:
+        merged = False  # not followed (``MAX_NODES_KEPT``): an episode of its own
     quarantined = False
     if not not_ready and len(recent) >= spec.node_failure_threshold and spec.node_quarantine_seconds > 0:
         quarantined = node not in active_quarantine(ctx)

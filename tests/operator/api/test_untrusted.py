@@ -254,3 +254,13 @@ def parse_or_none(page, parser=parse):
         return parser(page)
     except ValueError:  # not Prometheus' format at all: the probes treat it as no answer
         return None
+
+
+def test_a_page_gives_at_most_its_newest_skipped_windows():
+    from llmtrain_operator.probe import MAX_PAGE_WINDOWS
+
+    lines = [f'llmtrain_trainer_skipped_samples{{first_step="{i}",last_step="{i}",first_sample="{8 * i}",end_sample="{8 * i + 8}"}} 1'
+             for i in range(3 * MAX_PAGE_WINDOWS)]
+    probe = parse("# TYPE llmtrain_trainer_skipped_samples gauge\n" + "\n".join(lines) + "\n")
+    assert len(probe.skipped) == MAX_PAGE_WINDOWS
+    assert min(w[0] for w in probe.skipped) == 2 * MAX_PAGE_WINDOWS  # the newest by sample

@@ -111,8 +111,8 @@ def test_the_quarantine_event_comes_once():
     assert sum("NodeQuarantined" in [e.reason for e in r.events] for r in results) == 1
 
 
-def test_kills_on_more_nodes_than_the_bookkeeping_keeps_drop_the_oldest_and_quarantine_keeps_its_newest():
-    from llmtrain_operator.planner.node_history import MAX_KEYS
+def test_kills_on_more_nodes_than_the_bookkeeping_follows_are_charged_alone_and_quarantine_keeps_its_newest():
+    from llmtrain_operator.planner.node_history import MAX_NODES_KEPT
     from llmtrain_operator.planner.quarantine import MAX_QUARANTINED
 
     nodes = MAX_QUARANTINED + 20  # each killed once: threshold 1 quarantines it
@@ -120,7 +120,20 @@ def test_kills_on_more_nodes_than_the_bookkeeping_keeps_drop_the_oldest_and_quar
                               changes={"spec.faultTolerance.nodeFailureThreshold": 1, "spec.faultTolerance.maxRestarts": 10_000})
     final = results[-1].status
     book = final["internal"]["nodeFailures"]
-    assert len(book) == MAX_KEYS
-    assert f"node-{nodes - 1}" in book and "node-0" not in book  # the newest kept, the oldest dropped
+    followed = {f"node-{i}" for i in range(MAX_NODES_KEPT)}
+    assert set(book) == followed | {f"charged:{n}" for n in followed}  # the first ones, each whole
+    assert final["restarts"] == nodes  # every one an episode of its own
     quarantined = [q["node"] for q in final["quarantinedNodes"]]
     assert len(quarantined) == MAX_QUARANTINED and quarantined[-1] == f"node-{nodes - 1}" and "node-0" not in quarantined
+
+
+def test_nodes_failing_in_turn_beyond_what_is_followed_keep_the_followed_ones_episodes():
+    from llmtrain_operator.planner.node_history import MAX_NODES_KEPT
+
+    nodes = MAX_NODES_KEPT + 6
+    # Every node killed twice within the window, its second kill after every other node's first.
+    pods = [killed(f"a{i}", node=f"node-{i}") for i in range(nodes)] + [killed(f"b{i}", node=f"node-{i}") for i in range(nodes)]
+    results = fail_repeatedly(pods, spacing=1.0, changes={"spec.faultTolerance.maxRestarts": 10_000})
+    # The followed nodes' second kills merge into their episodes; the six others count alone.
+    assert results[-1].status["restarts"] == nodes + 6
+    assert len({k.removeprefix("charged:") for k in results[-1].status["internal"]["nodeFailures"]}) == MAX_NODES_KEPT

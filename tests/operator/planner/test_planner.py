@@ -452,6 +452,19 @@ def test_in_place_counts_written_by_an_earlier_version_are_not_charged_again():
     assert status["restarts"] == 4 and status["internal"]["attemptsSeen"] == {"pod:uid-0": "crash=3,hang=1,oom=1"}
 
 
+def test_a_hand_edited_attempts_entry_is_read_as_far_as_it_makes_sense_and_never_stops_a_pass():
+    from llmtrain_operator.api.status import read_status
+
+    for value in ("crash=\u00b2", "crash=" + "9" * 5000, "garbage", "crash=-1,hang=x", "=3"):
+        raw = job(status=running_status(restarts=1, internal={"attemptsSeen": {"pod:uid-0": value}}))
+        probes = {W0: TrainerProbe(step=20, restarts=1, failed_attempts={"crash": 1})}
+        _, status, _, _ = run(raw, observed(raw, [worker(0, uid="uid-0"), worker(1, uid="uid-1")], probes=probes))
+        assert status["internal"]["attemptsSeen"] == {"pod:uid-0": "crash=1"}, value
+    # Both forms for one pod (a hand edit, or two versions at once): the larger count stands.
+    mixed = read_status({"internal": {"attemptsSeen": {"pod:a": "crash=3", "pod:a/crash": 2, "pod:a/hang": True}}})
+    assert mixed.internal.attempts_seen == {"pod:a": "crash=3"}
+
+
 def test_two_pods_crashing_in_place_are_two_failures():
     raw = job(status=running_status())
     probes = {W0: TrainerProbe(step=20, restarts=1, failed_attempts={"crash": 1}),
@@ -751,6 +764,10 @@ def test_a_pod_that_ends_with_a_hang_its_launcher_counted_in_place_is_replaced_w
     twice = {**hung, "countedInPlace": 2}
     again = plan(later, observed(later, [worker(0, phase="Failed", exit_code=80, termination=twice), worker(1)]), NOW)
     assert again.status["restartsByReason"] == {"Hang": 2}
+    # Labelled kept by someone else before this operator handled its end: still charged once.
+    labelled = [worker(0, phase="Failed", exit_code=80, termination=hung, kept=True), worker(1)]
+    kept = plan(later, observed(later, labelled), NOW + timedelta(seconds=3))
+    assert kept.status["restarts"] == 1 and kept.status["restartsByReason"] == {"Hang": 1}
 
 
 def test_a_node_that_is_ready_again_is_not_failed_while_its_taint_lingers():

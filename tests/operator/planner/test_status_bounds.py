@@ -14,7 +14,6 @@ import types
 import typing
 from typing import Any, get_args, get_origin
 
-from llmtrain_contract.exitcodes import SIGNAL_MAX, table
 from llmtrain_operator.api import parse_job
 from llmtrain_operator.api.observed import TrainerProbe, format_time
 from llmtrain_operator.api.spec import MAX_NODES, FaultToleranceSpec, LLMTrainJobSpec
@@ -23,6 +22,7 @@ from llmtrain_operator.api.status import (CheckpointRecord, attempts_text, Condi
 from llmtrain_operator.api.untrusted import MAX_COUNT
 from llmtrain_operator.api.vocabulary import ConditionType, FailureKind, Reason
 from llmtrain_operator.planner import plan
+from llmtrain_operator.planner.budget import MAX_REASON_LENGTH, MAX_REASONS, reason_key
 from llmtrain_operator.planner.accounting import MAX_CHARGED, MAX_FAILURE_MESSAGE, MAX_SEEN
 from llmtrain_operator.planner.conditions import MAX_MESSAGE, set_condition
 from llmtrain_operator.planner.manifests import config_map
@@ -40,6 +40,9 @@ API server itemizes a map's keys there, ``f:<key>``): the spec (a pod template, 
 DeepSpeed config) and the rest of the metadata take the other half."""
 
 NODE = "n" * 253  # a DNS subdomain's longest
+POD_TEXT = "<"
+"""A character of what a pod said at its costliest: the API server's JSON writes ``<``,
+``>`` and ``&`` as six bytes (``\u003c``)."""
 POD = "p" * 63
 UID = "0" * 36
 STAMP = format_time(NOW)
@@ -47,8 +50,8 @@ LONGEST_REASON = max((r.value for r in Reason), key=len)
 LARGEST_RANK = MAX_NODES * LLMTrainJobSpec.model_fields["procs_per_node"].metadata[1].le - 1
 """A page's rank past the job's largest world is not shown (``policies/progress.py``)."""
 KEEP_FAILED_PODS_MAX = FaultToleranceSpec.model_fields["keep_failed_pods"].metadata[1].le
-REASONS = ([f"Signal{n}" for n in range(1, SIGNAL_MAX + 1)] + [row[3] for row in table()] + [r.value for r in Reason])
-"""Every reason a restart can be charged under: ``restartsByReason``'s keys."""
+REASONS = [f"{'R' * (MAX_REASON_LENGTH - 2)}{i:02}" for i in range(MAX_REASONS)]
+"""``restartsByReason``'s keys at their most (``budget.reason_key``)."""
 
 
 def worst_status() -> LLMTrainJobStatus:
@@ -57,7 +60,10 @@ def worst_status() -> LLMTrainJobStatus:
     causes = [*CHARGED_CAUSES, "oom"]
     pods = MAX_NODES + KEEP_FAILED_PODS_MAX  # live workers and kept ones
     return LLMTrainJobStatus(
-        conditions=[Condition(type=t, status="False", reason=LONGEST_REASON, message="m" * MAX_MESSAGE,
+        # The Failed condition quotes what a pod said; the others are the planner's words,
+        # names and the scheduler's.
+        conditions=[Condition(type=t, status="False", reason=LONGEST_REASON,
+                              message=(POD_TEXT if t == ConditionType.FAILED else "m") * MAX_MESSAGE,
                               last_transition_time=STAMP, observed_generation=MAX_COUNT) for t in ConditionType],
         ranks=[RankHolder(pod=POD, first=LARGEST_RANK, last=LARGEST_RANK) for _ in range(MAX_NODES)],
         restarts_by_reason={r: MAX_COUNT for r in REASONS},
@@ -69,7 +75,7 @@ def worst_status() -> LLMTrainJobStatus:
                                                                             first_sample=MAX_COUNT, end_sample=MAX_COUNT)]
                                 * numerics.MAX_WINDOWS),
         last_failure=FailureRecord(kind=FailureKind.PROCESS_CRASH, reason=LONGEST_REASON, pod=POD, node=NODE,
-                                   exit_code=255, message="m" * MAX_FAILURE_MESSAGE, time=STAMP, detect_seconds=1e9),
+                                   exit_code=255, message=POD_TEXT * MAX_FAILURE_MESSAGE, time=STAMP, detect_seconds=1e9),
         last_checkpoint=CheckpointRecord(step=MAX_COUNT, tier="shared", time=STAMP, summary=f"{MAX_COUNT}@shared"),
         internal=Internal(
             charged_failures=[f"node:{NODE}@{STAMP}"] * MAX_CHARGED,
@@ -111,7 +117,9 @@ def _walk(annotation: Any, path: str) -> set[str]:
 
 
 def _size(status: dict[str, Any]) -> int:
-    return len(json.dumps(status, separators=(",", ":")))
+    """Bytes of the JSON the API server stores (Go's encoder escapes ``<``, ``>``, ``&``)."""
+    text = json.dumps(status, separators=(",", ":"), ensure_ascii=False)
+    return len(text.encode()) + 5 * sum(text.count(c) for c in "<>&")
 
 
 def _managed_keys(value: Any, in_map: bool = False) -> int:
@@ -129,7 +137,7 @@ def test_every_list_and_map_of_the_status_has_its_bound_here():
     assert _containers(LLMTrainJobStatus) == BOUNDED
 
 
-def test_the_worst_case_status_is_a_third_of_etcds_limit_at_most():
+def test_the_worst_case_status_is_half_of_etcds_limit_at_most():
     worst = worst_status().model_dump(mode="json", by_alias=True, exclude_none=True)
     size = _stored(worst)
     assert size < STATUS_BUDGET, f"{size} bytes"
@@ -184,3 +192,27 @@ def test_a_long_condition_message_is_cut_saying_how_much():
     assert message.endswith(f" ... ({100_000 - kept} more characters)")
     set_condition(conditions, ConditionType.FAILED, True, "Crash", "y" * MAX_MESSAGE, STAMP, 1)
     assert conditions[0].message == "y" * MAX_MESSAGE
+
+
+def test_restart_reasons_beyond_the_bound_are_counted_together():
+    counts: dict[str, int] = {}
+    for i in range(3 * MAX_REASONS):
+        key = reason_key(counts, f"KubeletReason{i}" + "x" * 100)
+        counts[key] = counts.get(key, 0) + 1
+    assert len(counts) == MAX_REASONS and counts["Other"] == 3 * MAX_REASONS - (MAX_REASONS - 1)
+    assert all(len(k) <= MAX_REASON_LENGTH for k in counts)
+    assert reason_key(counts, "KubeletReason0" + "x" * 100) in counts  # a known one keeps its own count
+
+
+def test_once_the_skipped_windows_are_full_an_older_one_is_taken_as_seen():
+    full = [{"firstStep": i, "lastStep": i, "firstSample": 100 + i, "endSample": 101 + i} for i in range(numerics.MAX_WINDOWS)]
+    raw = job(status=running_status(numerics={"rollbacks": numerics.MAX_WINDOWS, "skipped": full}))
+    older = TrainerProbe(step=20, rollbacks=numerics.MAX_WINDOWS, skipped=((1, 1, 5, 6),))
+    result = plan(raw, observed(raw, [worker(0), worker(1)], probes={"tiny-elastic-worker-0": older}), NOW)
+    assert result.status["numerics"]["skipped"] == full
+    assert "RolledBack" not in [e.reason for e in result.events]
+    newer = TrainerProbe(step=20, rollbacks=numerics.MAX_WINDOWS + 1, skipped=((900, 900, 9000, 9001),))
+    result = plan(raw, observed(raw, [worker(0), worker(1)], probes={"tiny-elastic-worker-0": newer}), NOW)
+    skipped = result.status["numerics"]["skipped"]
+    assert skipped[-1]["firstSample"] == 9000 and len(skipped) == numerics.MAX_WINDOWS
+    assert [e.reason for e in result.events].count("RolledBack") == 1

@@ -23,8 +23,13 @@ CASES: dict[str, dict[str, Any]] = {
     "first-blocks": {"freeze": ["wte.weight", "wpe.weight", "blocks.[0-1].*"]},
     "mid-block": {"freeze": ["wte.weight", "wpe.weight", "blocks.0.*", "blocks.1.ln1.*", "blocks.1.attn.qkv.*"]},
     "mlps": {"freeze": ["blocks.*.mlp.*"]},
+    "biases-only": {"freeze": ["*.weight"]},
+    "last-layernorm": {"freeze": ["wte.weight", "wpe.weight", "blocks.*"]},
     "lora": {"lora": {"rank": 8}},
     "lora-proj": {"lora": {"rank": 4, "targets": ["proj"]}},
+    "lora-and-base-qkv": {"lora": {"rank": 8}, "freeze": ["wte.weight", "wpe.weight", "blocks.0.ln1.*"]},
+    "proj-frozen": {"freeze": ["blocks.*.attn.proj.*"]},
+    "wte-only": {"freeze": ["wpe.weight", "blocks.*", "ln_f.*"]},
     "lora-and-mlps": {"lora": {"rank": 4}, "freeze": ["wte.weight", "wpe.weight", "blocks.*.attn.*", "blocks.[0-2].mlp.*"]},
 }
 
@@ -84,7 +89,7 @@ def test_the_saved_activations_follow_the_blocks_and_layers_that_train():
     for case, extra in CASES.items():
         training = params.of_spec(_cfg(extra))
         measured = (_saved_bytes(_cfg(extra)) - head_only) / full * shape.n_layer
-        assert training.saved_blocks() == pytest.approx(measured, rel=0.05), case
+        assert training.saved_blocks() == pytest.approx(measured, rel=0.03), case
 
 
 def test_a_lora_plan_counts_optimizer_state_and_gradients_of_the_adapters_only():

@@ -42,7 +42,10 @@ def handle(ctx: Pass) -> Verdict:
     # Ended pods too: a restart just before a pod ended may have had no scrape to show
     # it; the launcher's termination message gives the final counts.
     live = {pod_key(p): p for p in ctx.observed.workers() if p.active or (p.terminated and not p.deleting)}
-    seen = {k: attempts(v) for k, v in book.attempts_seen.items() if k in live}
+    # A kept pod's counts stay too: one labelled kept by someone else is judged by them
+    # (``pod_failures._charged_in_place``).
+    kept = {pod_key(p) for p in ctx.observed.kept_workers()}
+    seen = {k: attempts(v) for k, v in book.attempts_seen.items() if k in live or k in kept}
     charges: list[tuple[str, PodView]] = []
     for key, pod in live.items():
         for cause, count in _failed_attempts(ctx, pod).items():

@@ -14,10 +14,15 @@ from ..context import Pass, Verdict
 
 MAX_WINDOWS = 200
 """Skipped windows kept in the status, the newest by sample; ``rollbacks`` counts them all.
-An honest job has one a rollback; a pod's page can claim thousands."""
+An honest job has one a rollback; a pod's page can claim thousands. Once the list is full,
+a window older than every kept one is taken as one seen before (not recorded again)."""
 MAX_EVENTS = 5
 """Rollback Events a pass sends at most (one a window); more windows new at once are
 summed up in one more Event."""
+
+
+def _by_sample(window: tuple[int, int, int, int]) -> tuple[int, int]:
+    return window[2], window[0]
 
 
 def handle(ctx: Pass) -> Verdict:
@@ -26,10 +31,13 @@ def handle(ctx: Pass) -> Verdict:
     rollbacks = max((p.rollbacks for p in probes if p.rollbacks is not None), default=0)
     current = ctx.status.numerics or NumericsStatus()
     known = {(w.first_step, w.last_step, w.first_sample, w.end_sample) for w in current.skipped}
+    if len(known) >= MAX_WINDOWS:
+        floor = min(_by_sample(w) for w in known)
+        reported = {w for w in reported if _by_sample(w) > floor}
     new = sorted(reported - known)
     if not new and rollbacks <= current.rollbacks:
         return Verdict.CONTINUE
-    windows = sorted(known | reported, key=lambda w: (w[2], w[0]))[-MAX_WINDOWS:]
+    windows = sorted(known | reported, key=_by_sample)[-MAX_WINDOWS:]
     kept = set(windows)
     new = [w for w in new if w in kept]
     ctx.status.numerics = NumericsStatus(

@@ -70,9 +70,9 @@ def _throughput(ctx: Pass, probes: list[TrainerProbe]) -> None:
 def _rank_holders(ctx: Pass, workers: set[str]) -> list[RankHolder]:
     """Each worker's ranks, by its page's rank (its local rank 0's): torchrun gives a
     pod ``procsPerNode`` consecutive ranks. A pod whose page is not read yet, or names a
-    rank past the world size it reports (a page from before a re-rendezvous) or past the
-    largest world the job can have (a page's word, not a rank of this job), is left out
-    rather than guessed."""
+    rank past the world size it reports (a page from before a re-rendezvous), past the
+    largest world the job can have or not a multiple of ``procsPerNode`` (a page's word,
+    not a rank torchrun gave), is left out rather than guessed."""
     per_pod = ctx.spec.procs_per_node
     largest = ctx.spec.replicas.max * per_pod
     held = []
@@ -80,10 +80,13 @@ def _rank_holders(ctx: Pass, workers: set[str]) -> list[RankHolder]:
         probe = ctx.observed.probes.get(name)
         first = getattr(probe, "rank", None)
         world = getattr(probe, "world_size", None)
-        if first is None or first + per_pod > largest or (world and first >= world):
+        if first is None or first % per_pod or first + per_pod > largest or (world and first >= world):
             continue
         held.append(RankHolder(pod=name, first=first, last=first + per_pod - 1))
-    return sorted(held, key=lambda h: (h.first, h.pod))
+    # One holder a rank (two pages naming one: a pod on its way out and its successor,
+    # briefly), so that the list stays within replicas.max entries.
+    unique = {h.first: h for h in sorted(held, key=lambda h: (h.first, h.pod), reverse=True)}
+    return sorted(unique.values(), key=lambda h: h.first)
 
 
 def _last_step(ctx: Pass) -> None:
