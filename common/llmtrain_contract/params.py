@@ -29,9 +29,10 @@ BLOCK_OPS: tuple[tuple[str, int], ...] = (
 token, in units of the block's width (16 in all; the GPU fit ``memplan.ACT_BYTES["bf16"]``
 is 16 x 2 bytes). A LayerNorm, attention (q, k, v) and the GELU save their input when the
 gradient reaches it (a LayerNorm also for its own weights); a linear layer saves its
-input only for its weight's gradient, or an adapter's (which reads the same input). The
-output projection's input is the attention's output, one tensor: kept when the
-attention is differentiated (it keeps its output) or the projection's weight trains."""
+input only for its weight's gradient, or an adapter's (which reads the same input); an
+adapted layer also keeps the adapters' rank-wide middle (``lora_b``'s input). The output
+projection's input is the attention's output, one tensor: kept when the attention is differentiated (it keeps its output) or the
+projection's weight trains."""
 BLOCK_UNITS = sum(units for _, units in BLOCK_OPS)
 
 
@@ -110,7 +111,7 @@ class Training:
         gradient of its layer's input is computed (``lora_b``'s input is ``lora_a``'s
         output, which always trains). For ``wte.weight`` this is the head's input (the
         head comes last: anything that trains at all)."""
-        return self._input_grad
+        return dict(self._input_grad)
 
     def _trains(self, prefix: str) -> bool:
         return any(name.startswith(prefix) and name not in self.frozen for name in self.sizes)
@@ -124,13 +125,15 @@ class Training:
         for i in range(self.shape.n_layer):
             block = f"blocks.{i}."
             seen = grad[block + "ln1.weight"]  # a parameter before the block trains
-            units, attention = 0, False
+            units, attention = 0.0, False
             for op, size in BLOCK_OPS:
                 own = self._trains(block + op + ".")
                 if op in MATMUL_LAYERS:
                     layer = block + op
                     saves = any(layer + s in self.sizes and layer + s not in self.frozen for s in (".weight", *ADAPTER_SUFFIXES))
                     saves = saves or (op == "attn.proj" and attention)  # the attention's own output
+                    if layer + ADAPTER_SUFFIXES[0] in self.sizes:  # lora_a's output, lora_b's input: rank wide
+                        units += self.sizes[layer + ADAPTER_SUFFIXES[0]] / _layer_dims(self.shape, op)[1] / self.shape.n_embd
                 else:
                     saves = seen or own
                     attention = attention or (op == "attention" and seen)

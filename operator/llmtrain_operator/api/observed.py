@@ -58,9 +58,10 @@ def parse_time(value: Any) -> datetime | None:
         return value if value.tzinfo else value.replace(tzinfo=UTC)
     text = str(value).replace("Z", "+00:00")
     try:
-        return datetime.fromisoformat(text)
+        parsed = datetime.fromisoformat(text)
     except ValueError:
         return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)  # a stamp without a zone is UTC
 
 
 def format_time(value: datetime) -> str:

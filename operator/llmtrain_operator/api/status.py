@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from llmtrain_contract.base import CamelModel
-from pydantic import Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from .spec import MAX_NODES
 from .vocabulary import ConditionType, FailureKind, Phase
@@ -168,6 +168,8 @@ class Internal(CamelModel):
     lives in the status because it must be written in the same patch as the decisions it
     guards (a failure's key with the charge of that failure)."""
 
+    model_config = ConfigDict(**{**CamelModel.model_config, "extra": "ignore"})  # another version's keys: read_internal
+
     charged_failures: list[str] = Field(default_factory=list)
     """Keys of failures already charged (``pod:<uid>``, ``node:<name>@<transition>``),
     checked before any charge, so a failure is charged once whatever the order and timing
@@ -206,7 +208,7 @@ def attempts(value: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for part in value.split(","):
         cause, _, count = part.partition("=")
-        if cause and count.isascii() and count.isdigit() and len(count) <= 16:
+        if cause and count.isascii() and count.isdigit() and len(count) <= 16 and int(count) < 2**53:
             out[cause] = max(out.get(cause, 0), int(count))
     return out
 
@@ -242,7 +244,7 @@ def migrate(raw: dict[str, Any]) -> dict[str, Any]:
     if not any(k in raw for k in (*LEGACY_INTERNAL, *LEGACY_DROPPED)):
         return raw
     out = {k: v for k, v in raw.items() if k not in LEGACY_INTERNAL and k not in LEGACY_DROPPED}
-    internal = dict(out.get("internal") or {})
+    internal = dict(out["internal"]) if isinstance(out.get("internal"), dict) else {}
     for old, new in LEGACY_INTERNAL.items():
         if old in raw and new not in internal:
             internal[new] = raw[old]
@@ -337,23 +339,48 @@ class LLMTrainJobStatus(CamelModel):
     internal: Internal = Field(default_factory=Internal, json_schema_extra={"x-llmtrain-opaque": True})
     """The operator's own bookkeeping, written in the same patch as the decisions it
     guards. Not an API: it may change between versions (the CRD does not check its shape;
-    the operator reads an earlier version's)."""
+    the operator reads it field by field: ``read_internal``)."""
 
 
 SALVAGED = {"restarts": "restarts", "disruptions": "disruptions", "restartGeneration": "restart_generation", "step": "step"}
 """Counters kept from a status that cannot be read, so that the budget is never reset."""
 
 
+def read_internal(raw: Any) -> Internal:
+    """``status.internal`` field by field: one the operator cannot read (another version's
+    shape, a hand edit; the CRD does not check it) is left out alone, and a key it does
+    not know is ignored, so that the rest of the bookkeeping (the charged keys above all)
+    still guards its charges."""
+    if not isinstance(raw, dict):
+        return Internal()
+    kept: dict[str, Any] = {}
+    for name, info in Internal.model_fields.items():
+        key = info.alias or name
+        if key in raw:
+            try:
+                Internal.model_validate({key: raw[key]})
+            except ValidationError:
+                continue
+            kept[key] = raw[key]
+    return Internal.model_validate(kept)
+
+
 def read_status(raw: Any) -> LLMTrainJobStatus:
     """The status as written (of this version or an earlier one). A status that cannot be
-    read (hand-edited, from an unknown version) must not wedge the job: it reads as a fresh
-    one that keeps the counters still found in it, so that the budget is never reset."""
+    read (hand-edited, from an unknown version) must not wedge the job: its bookkeeping
+    is read as far as it can be (``read_internal``), and the rest, when it cannot be read,
+    as a fresh status that keeps the counters still found in it, so that the budget is
+    never reset."""
+    data = migrate(raw) if isinstance(raw, dict) else (raw or {})
+    internal = read_internal(data.get("internal")) if isinstance(data, dict) else Internal()
     try:
-        return LLMTrainJobStatus.model_validate(migrate(raw) if isinstance(raw, dict) else (raw or {}))
+        status = LLMTrainJobStatus.model_validate({**data, "internal": {}} if isinstance(data, dict) else data)
     except ValidationError:
-        fresh = LLMTrainJobStatus()
+        status = LLMTrainJobStatus()
         if isinstance(raw, dict):
             for key, attr in SALVAGED.items():
-                if isinstance(raw.get(key), int):
-                    setattr(fresh, attr, raw[key])
-        return fresh
+                value = raw.get(key)
+                if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                    setattr(status, attr, value)
+    status.internal = internal
+    return status

@@ -71,7 +71,8 @@ class Noted:
 
 
 def _recent(ctx: Pass, stamps: list[str], window: float) -> list[str]:
-    return [t for t in stamps if (ctx.seconds_since(t) or 0) < window]
+    # A stamp that is not a time (a hand edit: the CRD does not check ``internal``) is not recent.
+    return [t for t in stamps if (since := ctx.seconds_since(t)) is not None and since < window]
 
 
 def _node_of(key: str) -> str:

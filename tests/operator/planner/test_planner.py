@@ -465,6 +465,20 @@ def test_a_hand_edited_attempts_entry_is_read_as_far_as_it_makes_sense_and_never
     assert mixed.internal.attempts_seen == {"pod:a": "crash=3"}
 
 
+def test_bookkeeping_of_another_shape_is_read_as_far_as_it_can_be_and_charges_nothing_twice():
+    # The CRD does not check status.internal: a newer version's key, a value of another
+    # type or a stamp that is no time must leave the rest of the bookkeeping guarding.
+    failed = PodView(name=W0, role="worker", slot=0, generation=0, phase="Failed", uid="uid-0", node="node-0", exit_code=137)
+    for internal in ({"chargedFailures": ["pod:uid-0"], "futureField": {"x": 1}},
+                     {"chargedFailures": ["pod:uid-0"], "nodeFailures": "not a map"},
+                     {"chargedFailures": ["pod:uid-0"], "nodeFailures": {"node-0": ["garbage"], "charged:node-0": ["2026-11-21T11:59:00"]}},
+                     {"chargedFailures": ["pod:uid-0"], "attemptsSeen": {"pod:uid-1": 3}}):
+        raw = job(status=running_status(restarts=1, internal=internal))
+        _, status, actions, _ = run(raw, observed(raw, [failed, worker(1)]))
+        assert status["restarts"] == 1 and status["phase"] == "Running", internal
+        assert status["internal"]["chargedFailures"] == ["pod:uid-0"] and "futureField" not in status["internal"]
+
+
 def test_two_pods_crashing_in_place_are_two_failures():
     raw = job(status=running_status())
     probes = {W0: TrainerProbe(step=20, restarts=1, failed_attempts={"crash": 1}),
