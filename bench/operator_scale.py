@@ -34,7 +34,7 @@ Secret is issued by its own cert-controller; the benchmark copies it into the we
 certificate folder (the kubelet's part) and registers the webhook to select no object
 (the bed has no kube-proxy to route the API server to a Service).
 
-    python bench/operator_scale.py [--quick] [--jobs N] [--kills K] [--no-peer]
+    python bench/operator_scale.py [--quick] [--jobs N] [--workers W] [--kills K] [--no-peer]
     RESULT jobs=500 kill_to_status_p50_s=... kill_to_status_p99_s=... event_to_action_p99_s=... reconcile_p99_s=...
            queue_p99_s=... rss_mb=... cpu_cores=... kubeflow_kill_to_status_p99_s=... ...
 """
@@ -42,6 +42,8 @@ certificate folder (the kubelet's part) and registers the webhook to select no o
 from __future__ import annotations
 
 import base64
+import dataclasses
+import json
 import math
 import os
 import random
@@ -100,12 +102,19 @@ class Controller:
     metrics_port: int
 
 
+WORKERS = 2
+"""Workers a job has (``--workers``): example 01's two by default."""
+
+
 def _our_job(i: int) -> dict[str, Any]:
     from support.specs import apply_set, load_job  # noqa: PLC0415
 
+    size = {} if WORKERS == 2 else {"spec.replicas": {"min": WORKERS, "max": WORKERS},
+                                    "spec.trainer.builtin.globalBatchSize": 2 * WORKERS}
     job = apply_set(load_job(), {
         # The bed's fake nodes have room for any request; tiny ones keep the scheduler's
         # arithmetic out of the picture. Everything else is example 01 as written.
+        **size,
         "spec.resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
         "spec.trainer.builtin.maxSteps": 1_000_000,
         # kill_to_delete times the failed pod's delete, as Kubeflow's: by default the pod
@@ -117,13 +126,13 @@ def _our_job(i: int) -> dict[str, Any]:
 
 
 def _kubeflow_job(i: int) -> dict[str, Any]:
-    def replica() -> dict[str, Any]:
-        return {"replicas": 1, "restartPolicy": "ExitCode", "template": {"spec": {"containers": [{
+    def replica(count: int = 1) -> dict[str, Any]:
+        return {"replicas": count, "restartPolicy": "ExitCode", "template": {"spec": {"containers": [{
             "name": "pytorch", "image": "ghcr.io/llmtrain/trainer:0.1.0", "command": ["python", "-m", "llmtrain_trainer"],
             "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}}}
 
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": f"job-{i:04d}", "namespace": NS},
-            "spec": {"pytorchReplicaSpecs": {"Master": replica(), "Worker": replica()}, "runPolicy": {"backoffLimit": 1000}}}
+            "spec": {"pytorchReplicaSpecs": {"Master": replica(), "Worker": replica(WORKERS - 1)}, "runPolicy": {"backoffLimit": 1000}}}
 
 
 def _kubeflow_restarting(job: dict[str, Any]) -> int:
@@ -411,7 +420,7 @@ def start_kubeflow(bed: Bed, kube: Kube) -> subprocess.Popen:
 
 
 def histograms(c: Controller) -> dict[str, list[tuple[float, float]]]:
-    if c is OURS:
+    if c.name == OURS.name:
         return {"reconcile": scrape_buckets(c.metrics_port, "llmtrain_operator_reconcile_duration_seconds"),
                 "queue": scrape_buckets(c.metrics_port, "llmtrain_operator_reconcile_queue_seconds"),
                 "event_to_action": scrape_buckets(c.metrics_port, "llmtrain_operator_event_to_action_seconds")}
@@ -485,13 +494,15 @@ def run_kills(kube: Kube, c: Controller, rec: Record, count: int, every: float, 
 
 
 def measure(c: Controller, args: Any, logs: Path) -> dict[str, Any]:
+    # Ours: the workers and the rendezvous store; Kubeflow's: a master and workers.
+    c = dataclasses.replace(c, pods_per_job=WORKERS + 1 if c.name == OURS.name else WORKERS)
     nodes = math.ceil(args.jobs * c.pods_per_job * 1.25 / PODS_PER_NODE)
     bed = Bed(nodes, logs)
     print(f"[{c.name}] bed: fresh local cluster, {nodes} kwok nodes", flush=True)
     stop = threading.Event()
     try:
         kube = bed.up()
-        proc = start_ours(bed, kube) if c is OURS else start_kubeflow(bed, kube)
+        proc = start_ours(bed, kube) if c.name == OURS.name else start_kubeflow(bed, kube)
         rec = Record(c)
         watch_in_thread(kube, f"/api/v1/namespaces/{NS}/pods", rec.on_pod, stop)
         watch_in_thread(kube, c.collection, rec.on_job, stop)
@@ -524,6 +535,9 @@ def measure(c: Controller, args: Any, logs: Path) -> dict[str, Any]:
         during = {k: minus(h2[k], h1[k]) for k in h2}
         if proc.poll() is not None:
             raise RuntimeError(f"{c.name} exited during the run: see {logs}")
+        # The largest job object as the API server serves it (what etcd holds, less its framing).
+        sizes = [(len(json.dumps(j, separators=(",", ":"))), len(json.dumps(j.get("status") or {}, separators=(",", ":"))))
+                 for j in kube.request("GET", c.collection)["items"]]
         lat = kills["latencies"]
         out = {
             "jobs": args.jobs, "pods": want, "all_running_s": all_running_s,
@@ -538,6 +552,7 @@ def measure(c: Controller, args: Any, logs: Path) -> dict[str, Any]:
             "reconcile_during_kills_p99_s": quantile(during["reconcile"], 0.99),
             "queue_during_kills_p99_s": quantile(during["queue"], 0.99),
             "rss_mb": rss, "cpu_cores": cores,
+            "object_bytes_max": max(s[0] for s in sizes), "status_bytes_max": max(s[1] for s in sizes),
         }
         if "event_to_action" in during:
             out["event_to_action_p50_s"] = quantile(during["event_to_action"], 0.5)
@@ -560,7 +575,10 @@ def main() -> None:
     p.add_argument("--steady", type=float, default=None, help="seconds of steady state measured (default 60, quick 20)")
     p.add_argument("--ramp-timeout", type=float, default=1200.0)
     p.add_argument("--no-peer", action="store_true", help="skip Kubeflow's training-operator")
+    p.add_argument("--workers", type=int, default=2, help="workers per job (default 2: example 01's; up to 1,024)")
     args = p.parse_args()
+    global WORKERS
+    WORKERS = args.workers
     args.jobs = args.jobs or (30 if args.quick else 500)
     args.kills = args.kills or (8 if args.quick else 40)
     args.steady = args.steady or (20.0 if args.quick else 60.0)
@@ -576,8 +594,9 @@ def main() -> None:
 
     keys = ("kill_to_status_p50_s", "kill_to_status_p99_s", "kill_to_delete_p99_s", "kill_to_replacement_p99_s",
             "kill_to_status_unanswered", "create_to_first_pod_p99_s", "all_running_s", "reconcile_p99_s", "queue_p99_s",
-            "rss_mb", "cpu_cores")
-    result(jobs=args.jobs, **{k: r(ours.get(k)) for k in keys}, event_to_action_p99_s=r(ours.get("event_to_action_p99_s")),
+            "rss_mb", "cpu_cores", "object_bytes_max")
+    result(jobs=args.jobs, workers=args.workers, **{k: r(ours.get(k)) for k in keys},
+           event_to_action_p99_s=r(ours.get("event_to_action_p99_s")),
            **{f"kubeflow_{k}": r(peer.get(k)) for k in keys if peer})
 
 

@@ -31,8 +31,8 @@ is 16 x 2 bytes). A LayerNorm, attention (q, k, v) and the GELU save their input
 gradient reaches it (a LayerNorm also for its own weights); a linear layer saves its
 input only for its weight's gradient, or an adapter's (which reads the same input); an
 adapted layer also keeps the adapters' rank-wide middle (``lora_b``'s input). The output
-projection's input is the attention's output, one tensor: kept when the attention is differentiated (it keeps its output) or the
-projection's weight trains."""
+projection's input is the attention's output, one tensor: kept when the attention is
+differentiated (it keeps its output) or the projection's weight trains."""
 BLOCK_UNITS = sum(units for _, units in BLOCK_OPS)
 
 
