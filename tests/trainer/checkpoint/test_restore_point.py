@@ -14,13 +14,14 @@ from llmtrain_store import manifest as mf
 from llmtrain_store.fileio import hash_file
 from llmtrain_store.tier import digest_bytes
 from llmtrain_store.directory import DirTier
-from llmtrain_trainer.checkpoint.restore import Candidate, can_serve, candidates, files_to_verify, find_restore_point
+from llmtrain_trainer.checkpoint.restore import (Candidate, can_serve, candidates, files_to_verify, find_restore_point, holds,
+                                                 rank_ranges)
 
 from store.helpers import ALLOWED, flip_byte, save_dir, save_shared
 
 
 def copy(location, world, ranks, samples=80, tier="local", index=0):
-    return {"tier": tier, "index": index, "location": location, "world": world, "ranks": ranks, "samples": samples,
+    return {"tier": tier, "index": index, "location": location, "world": world, "ranks": rank_ranges(ranks), "samples": samples,
             "max_steps": None}
 
 
@@ -323,3 +324,20 @@ def test_reads_refused_on_a_listed_step_are_retryable_though_a_refused_listing_i
         unreadable = err
     with pytest.raises(TierUnavailable, match="s3 tier: step 40 is listed but cannot be read: the credentials were refused"):
         _restore([DirTier("local", tmp_path), _Broken(unreadable)])
+
+
+def test_a_copys_ranks_travel_as_runs_whose_size_does_not_grow_with_the_world():
+    import pickle
+
+    assert rank_ranges([3, 0, 1, 2, 7, 8, 3]) == [(0, 4), (7, 9)]
+    assert [r for r in range(10) if holds([(0, 4), (7, 9)], r)] == [0, 1, 2, 3, 7, 8]
+    assert not holds([], 0)
+    # What every rank gathers from every rank: a complete copy is one run at any world size.
+    small, large = (pickle.dumps({10: [copy("s3://b/p", w, list(range(w)), tier="s3")]}) for w in (8, 8192))
+    assert len(large) - len(small) < 8
+    # A world of 8,192 ranks, each holding its own shard in tier 1 and the job's complete
+    # copy in S3: local loading and the universal copy are both found.
+    world = 8192
+    complete = copy("s3://b/p", world, list(range(world)), tier="s3", index=2)
+    listings = [{10: [copy(f"/n{r // 8}", world, [r]), complete]} for r in range(world)]
+    assert [c.mode for c in candidates(listings, world, sharded=True)] == ["local", "universal"]

@@ -27,6 +27,8 @@ The decision functions here are pure, so they are unit-tested without processes.
 
 from __future__ import annotations
 
+import bisect
+
 import logging
 import re
 import time
@@ -44,7 +46,32 @@ from llmtrain_trainer.checkpoint.protocol import Choice, Mode
 log = logging.getLogger("llmtrain.restore")
 
 Listing = dict[int, list[dict[str, Any]]]
-"""step -> copies, fastest tier first: {tier, index, location, world, ranks, samples, max_steps}."""
+"""step -> copies, fastest tier first: {tier, index, location, world, ranks, samples, max_steps};
+``ranks`` as ``rank_ranges``."""
+RankRanges = list[tuple[int, int]]
+
+
+def rank_ranges(ranks: list[int]) -> RankRanges:
+    """Sorted ranks as ``[start, stop)`` runs: what a copy holds, in the size of its runs
+    (one for a complete copy), not of the world. Every rank gathers every rank's listing,
+    so a list of ranks there would cost each rank the world size squared."""
+    out: RankRanges = []
+    for r in sorted(set(ranks)):
+        if out and out[-1][1] == r:
+            out[-1] = (out[-1][0], r + 1)
+        else:
+            out.append((r, r + 1))
+    return out
+
+
+def holds(ranges: RankRanges, rank: int) -> bool:
+    i = bisect.bisect_right(ranges, rank, key=lambda run: run[0]) - 1
+    return i >= 0 and ranges[i][0] <= rank < ranges[i][1]
+
+
+def covers(ranges: RankRanges, world: int) -> bool:
+    """The copy holds every rank of its world (a complete copy)."""
+    return list(ranges) == [(0, world)]
 
 
 
@@ -147,7 +174,7 @@ def listing_of(tiers: list[Any], config_hash: str, strategy: str, allowed: re.Pa
                 continue
             found[(tier.name, c.location)] = c
             out.setdefault(c.step, []).append({
-                "tier": tier.name, "index": index, "location": c.location, "world": world, "ranks": ranks,
+                "tier": tier.name, "index": index, "location": c.location, "world": world, "ranks": rank_ranges(ranks),
                 "samples": samples, "max_steps": man.get("max_steps"), "data": man.get("data"),
                 "lineage": tuple(lineage_of(man)),
             })
@@ -176,7 +203,7 @@ def candidates(listings: list[Listing], world: int, sharded: bool) -> list[Candi
                 out.append(Candidate(step, "broadcast", samples, saved_world, source_rank=source, saved_max_steps=saved_max,
                                      data=data, lineage=lineage))
             continue
-        if saved_world == world and all(any(r in c["ranks"] for c in cs) for r, cs in enumerate(copies)):
+        if saved_world == world and all(any(holds(c["ranks"], r) for c in cs) for r, cs in enumerate(copies)):
             out.append(Candidate(step, "local", samples, saved_world, saved_max_steps=saved_max, data=data, lineage=lineage))
         tier = _complete_everywhere(copies)
         if tier:
@@ -188,7 +215,7 @@ def candidates(listings: list[Listing], world: int, sharded: bool) -> list[Candi
 def _complete_everywhere(copies: list[list[dict[str, Any]]]) -> str | None:
     """A tier holding a complete copy that every rank can reach: the same location in
     every rank's listing (one node's disk, all ranks on it), else a job-wide tier."""
-    complete = [{(c["tier"], c["location"]) for c in cs if c["ranks"] == list(range(c["world"]))} for cs in copies]
+    complete = [{(c["tier"], c["location"]) for c in cs if covers(c["ranks"], c["world"])} for cs in copies]
     common = set.intersection(*complete) if complete else set()
     return min(common)[0] if common else None
 
@@ -198,7 +225,7 @@ def can_serve(candidate: Candidate, copy: dict[str, Any], rank: int, sharded: bo
     if candidate.mode == "universal":
         return copy["tier"] == candidate.universal_tier
     if candidate.mode == "local" and sharded:
-        return rank in copy["ranks"]
+        return holds(copy["ranks"], rank)
     return True
 
 
