@@ -14,7 +14,7 @@ So every pass of the operator scrapes both endpoints of every running worker and
 progress to write, as it would on a cluster of trainers. The server tells pods apart by
 the address they were dialled on (``getsockname``).
 
-    python bench/_standin_pods.py [--step-seconds 1.0]
+    python bench/_standin_pods.py [--step-seconds 1.0] [--world 2]
 """
 
 from __future__ import annotations
@@ -37,23 +37,23 @@ STEP_MARK, TIME_MARK = "987654321", "1234567890.5"
 """Values no real page holds: the places the step and its time go in the template."""
 
 
-def trainer_registry():
-    """The real trainer's registry for a healthy rank of a 2-node job, its step and step
-    time set to marks (so a page's size and parse cost are the real ones)."""
+def trainer_registry(rank: int = 0, world: int = 2):
+    """The real trainer's registry for a healthy rank of a job of ``world`` nodes, its step
+    and step time set to marks (so a page's size and parse cost are the real ones)."""
     from llmtrain_trainer.train.metrics import TrainerMetrics  # noqa: PLC0415
 
-    m = TrainerMetrics(rank=0, strategy="ddp", config_hash="0" * 12, job="scale")
-    m.started(world_size=2, restarts=0, failed_attempts={})
+    m = TrainerMetrics(rank=rank, strategy="ddp", config_hash="0" * 12, job="scale")
+    m.started(world_size=world, restarts=0, failed_attempts={})
     m.step(int(STEP_MARK), samples=8, loss=3.5, seconds=1.0, node_tokens=512)
     m.checkpoint_committed("local", 10, seconds=0.2, size=46_000_000)
     m.tier_health("local", None)
     return m.registry
 
 
-def trainer_page(names: list[str] | None = None) -> str:
+def trainer_page(names: list[str] | None = None, rank: int = 0, world: int = 2) -> str:
     """The page as the trainer's endpoint renders it, restricted to ``names`` as its
     ``name[]`` query asks (prometheus_client's own filter), with the marks in place."""
-    registry = trainer_registry()
+    registry = trainer_registry(rank, world)
     text = generate_latest(registry.restricted_registry(names) if names else registry).decode()
     out = []
     for line in text.splitlines():
@@ -77,19 +77,24 @@ def launcher_page() -> bytes:
 
 
 class Pods:
-    def __init__(self, step_seconds: float):
+    def __init__(self, step_seconds: float, world: int):
         self.step_seconds = step_seconds
+        self.world = world
         self.first_seen: dict[str, float] = {}
-        self.template = trainer_page()
-        self.templates: dict[bytes, str] = {b"": self.template}
+        self.rank_of: dict[str, int] = {}
+        """Each address's rank, in the order of their first request, modulo the world: one
+        job's pods hold every rank once (a job of 1,024 workers shows 1,024 rank holders)."""
+        self.template = trainer_page(world=world)
+        self.templates: dict[tuple[bytes, int], str] = {(b"", 0): self.template}
         self.launcher = launcher_page()
         self.requests = 0
 
     def trainer(self, address: str, query: bytes) -> bytes:
-        template = self.templates.get(query)
+        rank = self.rank_of.setdefault(address, len(self.rank_of) % self.world)
+        template = self.templates.get((query, rank))
         if template is None:
             names = parse_qs(query.decode()).get("name[]")
-            template = self.templates[query] = trainer_page(names)
+            template = self.templates[(query, rank)] = trainer_page(names, rank, self.world)
         now = time.time()
         began = self.first_seen.setdefault(address, now)
         step = int((now - began) / self.step_seconds)
@@ -121,8 +126,9 @@ class Pods:
 async def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--step-seconds", type=float, default=1.0)
+    p.add_argument("--world", type=int, default=2, help="the jobs' worker count (their pages' world size and ranks)")
     args = p.parse_args()
-    pods = Pods(args.step_seconds)
+    pods = Pods(args.step_seconds, args.world)
     # No SO_REUSEPORT: a second server on these ports must fail, not share them.
     servers = [await asyncio.start_server(pods.serve, "0.0.0.0", port, backlog=4096, reuse_address=True)
                for port in (METRICS_PORT, HEALTH_PORT)]

@@ -289,12 +289,13 @@ def pct(values: list[float], q: float) -> float | None:
 def fake_nodes(kube: Kube, count: int) -> None:
     for i in range(count):
         name = f"kwok-{i}"
+        cidr = f"127.{64 + (i + 1) // 256}.{(i + 1) % 256}.0/24"  # loopback: 254 pods a node, 48,000 nodes
         kube.request("POST", "/api/v1/nodes", {
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
                          "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "type": "kwok",
                                     "llmtrain.io/pool": "gpu"}},
-            "spec": {"podCIDR": f"127.64.{i + 1}.0/24", "podCIDRs": [f"127.64.{i + 1}.0/24"]},
+            "spec": {"podCIDR": cidr, "podCIDRs": [cidr]},
             "status": {"allocatable": {"cpu": "1000", "memory": "4Ti", "pods": str(PODS_PER_NODE)},
                        "capacity": {"cpu": "1000", "memory": "4Ti", "pods": str(PODS_PER_NODE)},
                        "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux", "kubeletVersion": "fake"}}})
@@ -337,7 +338,8 @@ class Bed:
         wait(lambda: sum(1 for n in kube.request("GET", "/api/v1/nodes")["items"]
                          if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", [])))
              == self.nodes, 120, f"{self.nodes} kwok nodes Ready")
-        standin = self.start("standin-pods", [sys.executable, str(ROOT / "bench" / "_standin_pods.py")])
+        standin = self.start("standin-pods", [sys.executable, str(ROOT / "bench" / "_standin_pods.py"),
+                                              f"--world={WORKERS}"])
         log = self.logs / "standin-pods.log"
 
         def serving() -> bool:
@@ -454,14 +456,33 @@ def kill(kube: Kube, pod: dict[str, Any]) -> None:
                  content_type="application/merge-patch+json")
 
 
+def _answered(rec: Record, shot: tuple[str, str, float, int]) -> bool:
+    job, uid, t0, before = shot
+    return None not in (rec.mark_after(job, t0, before), rec.deleted.get(uid), rec.replacement_after(job, t0, uid))
+
+
 def run_kills(kube: Kube, c: Controller, rec: Record, count: int, every: float, timeout: float) -> dict[str, Any]:
+    """``count`` kills, one job at a time until every job was hit once, then again (a job
+    is hit again only once its earlier kill was answered, or timed out, so that no answer
+    is credited to the wrong kill: fewer jobs than kills, one job of 1,024 workers)."""
     rng = random.Random(7)
-    shots = []
+    shots: list[tuple[str, str, float, int]] = []
     hit: set[str] = set()
     for _ in range(count):
         with rec.lock:
             candidates = [(uid, p) for uid, p in rec.pods.items() if p["worker"] and p["phase"] == "Running" and p["job"] not in hit]
+        if not candidates and hit:
+            round_ = [s for s in shots if s[0] in hit]
+
+            def settled(round_: list[tuple[str, str, float, int]] = round_) -> bool:
+                return all(_answered(rec, s) or time.monotonic() > s[2] + timeout for s in round_)
+
+            wait(settled, timeout + 5, "the round's kills answered", every=0.05)
+            hit.clear()
+            with rec.lock:
+                candidates = [(uid, p) for uid, p in rec.pods.items() if p["worker"] and p["phase"] == "Running"]
         if not candidates:
+            print(f"[{c.name}] only {len(shots)} of {count} kills: no running worker left", flush=True)
             break
         uid, pod = rng.choice(sorted(candidates, key=lambda x: x[0]))
         hit.add(pod["job"])
@@ -575,8 +596,11 @@ def main() -> None:
     p.add_argument("--steady", type=float, default=None, help="seconds of steady state measured (default 60, quick 20)")
     p.add_argument("--ramp-timeout", type=float, default=1200.0)
     p.add_argument("--no-peer", action="store_true", help="skip Kubeflow's training-operator")
-    p.add_argument("--workers", type=int, default=2, help="workers per job (default 2: example 01's; up to 1,024)")
+    p.add_argument("--workers", type=int, default=2,
+                   help="workers per job, 2..1024 (default 2: example 01's, elastic 1..2; any other number a fixed size)")
     args = p.parse_args()
+    if not 2 <= args.workers <= 1024:
+        p.error("--workers must be 2..1024")
     global WORKERS
     WORKERS = args.workers
     args.jobs = args.jobs or (30 if args.quick else 500)
@@ -594,7 +618,7 @@ def main() -> None:
 
     keys = ("kill_to_status_p50_s", "kill_to_status_p99_s", "kill_to_delete_p99_s", "kill_to_replacement_p99_s",
             "kill_to_status_unanswered", "create_to_first_pod_p99_s", "all_running_s", "reconcile_p99_s", "queue_p99_s",
-            "rss_mb", "cpu_cores", "object_bytes_max")
+            "rss_mb", "cpu_cores", "object_bytes_max", "status_bytes_max")
     result(jobs=args.jobs, workers=args.workers, **{k: r(ours.get(k)) for k in keys},
            event_to_action_p99_s=r(ours.get("event_to_action_p99_s")),
            **{f"kubeflow_{k}": r(peer.get(k)) for k in keys if peer})

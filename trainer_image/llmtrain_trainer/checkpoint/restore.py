@@ -28,7 +28,6 @@ The decision functions here are pure, so they are unit-tested without processes.
 from __future__ import annotations
 
 import bisect
-
 import logging
 import re
 import time
@@ -71,8 +70,7 @@ def holds(ranges: RankRanges, rank: int) -> bool:
 
 def covers(ranges: RankRanges, world: int) -> bool:
     """The copy holds every rank of its world (a complete copy)."""
-    return list(ranges) == [(0, world)]
-
+    return len(ranges) == 1 and tuple(ranges[0]) == (0, world)
 
 
 @dataclass(frozen=True)
@@ -168,7 +166,7 @@ def listing_of(tiers: list[Any], config_hash: str, strategy: str, allowed: re.Pa
                 continue
             try:
                 mf.entries(man, allowed)
-                world, ranks, samples = int(man["world_size"]), sorted(int(r) for r in man["ranks"]), int(man["samples_consumed"])
+                world, ranks, samples = int(man["world_size"]), [int(r) for r in man["ranks"]], int(man["samples_consumed"])
             except (mf.ManifestRejected, KeyError, TypeError, ValueError) as err:
                 problems.append(f"{tier.name}: step {c.step} rejected: {err}")
                 continue
