@@ -84,11 +84,11 @@ class Training:
     """Every parameter's element count, in forward order."""
     frozen: frozenset[str]
 
-    @property
+    @cached_property
     def total(self) -> int:
         return sum(self.sizes.values())
 
-    @property
+    @cached_property
     def trained(self) -> int:
         """Elements with a gradient and optimizer state."""
         return sum(n for name, n in self.sizes.items() if name not in self.frozen)
@@ -113,21 +113,24 @@ class Training:
         head comes last: anything that trains at all)."""
         return dict(self._input_grad)
 
-    def _trains(self, prefix: str) -> bool:
-        return any(name.startswith(prefix) and name not in self.frozen for name in self.sizes)
+    @cached_property
+    def _trained_layers(self) -> frozenset[str]:
+        """Every layer with a parameter that trains: a name less its last part
+        (``blocks.3.attn.qkv`` for its weight, bias and adapters)."""
+        return frozenset(name.rsplit(".", 1)[0] for name in self.sizes if name not in self.frozen)
 
     @cached_property
     def _blocks(self) -> list[tuple[float, bool]]:
         """Per block, in order: the share of a fully trained block's saved activations it
         keeps (``BLOCK_OPS``), and whether its attention is differentiated."""
-        grad = self.needs_input_grad()
+        grad = self._input_grad
         out = []
         for i in range(self.shape.n_layer):
             block = f"blocks.{i}."
             seen = grad[block + "ln1.weight"]  # a parameter before the block trains
             units, attention = 0.0, False
             for op, size in BLOCK_OPS:
-                own = self._trains(block + op + ".")
+                own = block + op in self._trained_layers
                 if op in MATMUL_LAYERS:
                     layer = block + op
                     saves = any(layer + s in self.sizes and layer + s not in self.frozen for s in (".weight", *ADAPTER_SUFFIXES))
@@ -160,7 +163,11 @@ class Training:
         """Elements of the matrices a backward pass needs: a trained one (for its own
         gradient) or one whose input's gradient is computed. Under autocast their bf16
         copies live until the backward pass; the others are freed after use."""
-        grad = self.needs_input_grad()
+        return self._weight_copies
+
+    @cached_property
+    def _weight_copies(self) -> int:
+        grad = self._input_grad
         return sum(n for name, n in self.sizes.items() if is_matmul(name) and (grad[name] or name not in self.frozen))
 
 
