@@ -43,7 +43,7 @@ test-fast: setup
 	$(BIN)/pytest -m "not slow and not cluster and not e2e and not tools and not images and not kind"
 
 # The fault-matrix scenarios (22), ROUNDS pytest sessions in a row, each with a fresh
-# local cluster (about 12.5 min a round for the first 15 here); a table per scenario (docs/development.md).
+# local cluster (about 17 min a round of all 22 here); a table per scenario (docs/development.md).
 ROUNDS ?= 5
 fault-matrix: setup system-deps cluster-tools
 	$(BIN)/python hack/fault_matrix.py --rounds $(ROUNDS)

@@ -109,8 +109,10 @@ WORKERS = 2
 def _our_job(i: int) -> dict[str, Any]:
     from support.specs import apply_set, load_job  # noqa: PLC0415
 
+    # Many kills in one job: a budget they cannot exhaust.
     size = {} if WORKERS == 2 else {"spec.replicas": {"min": WORKERS, "max": WORKERS},
-                                    "spec.trainer.builtin.globalBatchSize": 2 * WORKERS}
+                                    "spec.trainer.builtin.globalBatchSize": 2 * WORKERS,
+                                    "spec.faultTolerance.maxRestarts": 100_000}
     job = apply_set(load_job(), {
         # The bed's fake nodes have room for any request; tiny ones keep the scheduler's
         # arithmetic out of the picture. Everything else is example 01 as written.
@@ -147,10 +149,19 @@ def _kubeflow_restarting(job: dict[str, Any]) -> int:
     return int(datetime.strptime(stamps[0], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp())
 
 
+def _our_failure_mark(job: dict[str, Any]) -> int:
+    """Grows when the status records a failure: its restarts, or (a kill that merges into
+    its node's episode, not charged again) the newest failure's time, epoch seconds."""
+    status = job.get("status") or {}
+    stamp = (status.get("lastFailure") or {}).get("time")
+    when = int(datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()) if stamp else 0
+    return int(status.get("restarts") or 0) + when
+
+
 OURS = Controller(
     name="llmtrain", collection=f"/apis/llmtrain.io/v1alpha1/namespaces/{NS}/llmtrainjobs", pods_per_job=3,
     job_label="llmtrain.io/job", worker=lambda pod: pod["metadata"]["labels"].get("llmtrain.io/role") == "worker",
-    restart_mark=lambda job: int((job.get("status") or {}).get("restarts") or 0), manifest=_our_job,
+    restart_mark=lambda job: _our_failure_mark(job), manifest=_our_job,
     metrics_port=OUR_METRICS_PORT)
 KUBEFLOW = Controller(
     name="kubeflow", collection=f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs", pods_per_job=2,
