@@ -82,8 +82,8 @@ class Pods:
         self.world = world
         self.first_seen: dict[str, float] = {}
         self.rank_of: dict[str, int] = {}
-        """Each address's rank, in the order of their first request, modulo the world: one
-        job's pods hold every rank once (a job of 1,024 workers shows 1,024 rank holders)."""
+        """Each address's rank, in the order of their first request, modulo the world: the
+        pods of one job each get a rank of their own."""
         self.template = trainer_page(world=world)
         self.templates: dict[tuple[bytes, int], str] = {(b"", 0): self.template}
         self.launcher = launcher_page()

@@ -18,8 +18,9 @@ For each controller, in one run:
 3. *kills*: K worker pods, one every ``--kill-every`` seconds, are marked Failed with
    exit code 137 (what a kubelet reports for a SIGKILLed container) through the status
    subresource. From that write, by this script's clock: ``kill_to_status`` (the job's
-   status records the restart: our ``status.restarts`` grows; Kubeflow's ``Restarting``
-   condition turns True), ``kill_to_delete`` (the pod's DELETED event) and
+   status records the failure: our ``status.restarts`` or ``lastFailure`` moves, the
+   latter for a kill merged into its node's episode, not charged again; Kubeflow's
+   ``Restarting`` condition turns True), ``kill_to_delete`` (the pod's DELETED event) and
    ``kill_to_replacement`` (a new worker pod of the job in the watch). A kill that gets
    no answer within ``--kill-timeout`` counts as that timeout and is reported apart.
 
