@@ -43,7 +43,6 @@ certificate folder (the kubelet's part) and registers the webhook to select no o
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import math
 import os
@@ -94,7 +93,9 @@ class Controller:
     name: str
     collection: str
     """The jobs' API path in the namespace."""
-    pods_per_job: int
+    extra_pods: int
+    """Pods a job has besides its ``WORKERS`` workers' (ours: the rendezvous store; Kubeflow's
+    master is one of them)."""
     job_label: str
     worker: Callable[[dict[str, Any]], bool]
     restart_mark: Callable[[dict[str, Any]], int]
@@ -160,12 +161,12 @@ def _our_failure_mark(job: dict[str, Any]) -> int:
 
 
 OURS = Controller(
-    name="llmtrain", collection=f"/apis/llmtrain.io/v1alpha1/namespaces/{NS}/llmtrainjobs", pods_per_job=3,
+    name="llmtrain", collection=f"/apis/llmtrain.io/v1alpha1/namespaces/{NS}/llmtrainjobs", extra_pods=1,
     job_label="llmtrain.io/job", worker=lambda pod: pod["metadata"]["labels"].get("llmtrain.io/role") == "worker",
     restart_mark=lambda job: _our_failure_mark(job), manifest=_our_job,
     metrics_port=OUR_METRICS_PORT)
 KUBEFLOW = Controller(
-    name="kubeflow", collection=f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs", pods_per_job=2,
+    name="kubeflow", collection=f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs", extra_pods=0,
     job_label="training.kubeflow.org/job-name",
     worker=lambda pod: pod["metadata"]["labels"].get("training.kubeflow.org/replica-type") == "worker",
     restart_mark=_kubeflow_restarting, manifest=_kubeflow_job, metrics_port=KF_METRICS_PORT)
@@ -434,7 +435,7 @@ def start_kubeflow(bed: Bed, kube: Kube) -> subprocess.Popen:
 
 
 def histograms(c: Controller) -> dict[str, list[tuple[float, float]]]:
-    if c.name == OURS.name:
+    if c is OURS:
         return {"reconcile": scrape_buckets(c.metrics_port, "llmtrain_operator_reconcile_duration_seconds"),
                 "queue": scrape_buckets(c.metrics_port, "llmtrain_operator_reconcile_queue_seconds"),
                 "event_to_action": scrape_buckets(c.metrics_port, "llmtrain_operator_event_to_action_seconds")}
@@ -527,21 +528,20 @@ def run_kills(kube: Kube, c: Controller, rec: Record, count: int, every: float, 
 
 
 def measure(c: Controller, args: Any, logs: Path) -> dict[str, Any]:
-    # Ours: the workers and the rendezvous store; Kubeflow's: a master and workers.
-    c = dataclasses.replace(c, pods_per_job=WORKERS + 1 if c.name == OURS.name else WORKERS)
-    nodes = math.ceil(args.jobs * c.pods_per_job * 1.25 / PODS_PER_NODE)
+    pods_per_job = WORKERS + c.extra_pods
+    nodes = math.ceil(args.jobs * pods_per_job * 1.25 / PODS_PER_NODE)
     bed = Bed(nodes, logs)
     print(f"[{c.name}] bed: fresh local cluster, {nodes} kwok nodes", flush=True)
     stop = threading.Event()
     try:
         kube = bed.up()
-        proc = start_ours(bed, kube) if c.name == OURS.name else start_kubeflow(bed, kube)
+        proc = start_ours(bed, kube) if c is OURS else start_kubeflow(bed, kube)
         rec = Record(c)
         watch_in_thread(kube, f"/api/v1/namespaces/{NS}/pods", rec.on_pod, stop)
         watch_in_thread(kube, c.collection, rec.on_job, stop)
         began = create_all(kube, c, rec, args.jobs)
         print(f"[{c.name}] {args.jobs} jobs created in {time.monotonic() - began:.1f}s", flush=True)
-        want = args.jobs * c.pods_per_job
+        want = args.jobs * pods_per_job
         last = [0.0]
 
         def all_running() -> bool:
