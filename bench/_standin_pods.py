@@ -10,9 +10,14 @@ for all of them, on the ports a real worker serves:
   once a second from the first request to that address;
 - ``HEALTH_PORT`` (the launcher): the page the real launcher renders, its workers running.
 
-So every pass of the operator scrapes both endpoints of every running worker and finds
-progress to write, as it would on a cluster of trainers. The server tells pods apart by
-the address they were dialled on (``getsockname``).
+So every pass of the operator scrapes the endpoints of the running workers it reads and
+finds progress to write, as it would on a cluster of trainers. The server tells pods apart
+by the address they were dialled on (``getsockname``), and counts the pages it served:
+``GET /requests`` on ``HEALTH_PORT`` answers ``trainer N`` and ``launcher M`` (the
+benchmark's own count of the operator's probes, read from outside the operator). A pod's
+rank is what the benchmark last posted for its address (``POST /ranks``, a JSON object
+address -> rank: its slot in its job, as torchrun would number one rank a node), or, for
+an address it did not name, the order of first requests modulo the world.
 
     python bench/_standin_pods.py [--step-seconds 1.0] [--world 2]
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import time
 from pathlib import Path
@@ -84,13 +90,18 @@ class Pods:
         self.rank_of: dict[str, int] = {}
         """Each address's rank, in the order of their first request, modulo the world: the
         pods of one job each get a rank of their own."""
+        self.assigned: dict[str, int] = {}
+        """Address -> rank, as the benchmark posted them (``POST /ranks``)."""
         self.template = trainer_page(world=world)
         self.templates: dict[tuple[bytes, int], str] = {(b"", 0): self.template}
         self.launcher = launcher_page()
-        self.requests = 0
+        self.served = {"trainer": 0, "launcher": 0}
+        """Metrics pages asked for, by endpoint."""
 
     def trainer(self, address: str, query: bytes) -> bytes:
-        rank = self.rank_of.setdefault(address, len(self.rank_of) % self.world)
+        rank = self.assigned.get(address)
+        if rank is None:
+            rank = self.rank_of.setdefault(address, len(self.rank_of) % self.world)
         template = self.templates.get((query, rank))
         if template is None:
             names = parse_qs(query.decode()).get("name[]")
@@ -107,9 +118,25 @@ class Pods:
             address, port = writer.get_extra_info("sockname")[:2]
             target = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b"/"
             path, _, query = target.partition(b"?")
-            self.requests += 1
-            if path == b"/metrics":
+            if path == b"/metrics" and port == METRICS_PORT and self.assigned and address not in self.assigned:
+                # Ranks are given out: an address not among them yet is a trainer still
+                # starting (no page), not one with a made-up rank that changes later.
+                body, code = b"starting\n", b"503 Service Unavailable"
+                self.served["trainer"] += 1  # asked all the same
+            elif path == b"/metrics":
                 body, code = (self.trainer(address, query) if port == METRICS_PORT else self.launcher), b"200 OK"
+                self.served["trainer" if port == METRICS_PORT else "launcher"] += 1
+            elif path == b"/ranks" and port == HEALTH_PORT and request.startswith(b"POST"):
+                try:
+                    length = int(next((line.split(b":", 1)[1] for line in request.split(b"\r\n")
+                                       if line.lower().startswith(b"content-length:")), b"0"))
+                    posted = json.loads(await asyncio.wait_for(reader.readexactly(length), timeout=10)) if length else {}
+                    self.assigned = {str(k): int(v) % self.world for k, v in posted.items()}
+                    body, code = f"{len(self.assigned)} ranks\n".encode(), b"200 OK"
+                except (ValueError, TypeError, AttributeError) as err:
+                    body, code = f"bad ranks: {err}\n".encode(), b"400 Bad Request"
+            elif path == b"/requests" and port == HEALTH_PORT:
+                body, code = "".join(f"{k} {v}\n" for k, v in self.served.items()).encode(), b"200 OK"
             elif path in (b"/healthz", b"/readyz") and port == HEALTH_PORT:
                 body, code = b"ok\n", b"200 OK"
             else:

@@ -24,6 +24,12 @@ For each controller, in one run:
    ``kill_to_replacement`` (a new worker pod of the job in the watch). A kill that gets
    no answer within ``--kill-timeout`` counts as that timeout and is reported apart.
 
+*Probes*: the pages the stand-in pods served during the steady state, per second
+(``probe_requests_per_s``, the stand-in server's own count). With
+``--probe-pods-per-pass 0,64`` our operator runs once per value, each on a fresh bed
+(``LLMTRAIN_OPERATOR_PROBE_PODS_PER_PASS``: 0 reads every worker at every pass, as before
+the cap), and the RESULT line gives each run's figures (``cap0_...``) and their ratios.
+
 Our operator also reports ``llmtrain_operator_event_to_action_seconds`` (a watch event
 received to the writes it caused acknowledged, its wait for a slot and any failed
 attempts included); those percentiles are interpolated from its buckets. The
@@ -43,6 +49,7 @@ certificate folder (the kubelet's part) and registers the webhook to select no o
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import math
 import os
@@ -64,6 +71,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "hack"), str(ROOT / "tests")]
 from _common import parser, result  # noqa: E402
 from _kube import ApiError, Kube, watch_in_thread  # noqa: E402
+from llmtrain_contract.names import HEALTH_PORT  # noqa: E402
 
 NS = "scale"
 PODS_PER_NODE = 200
@@ -111,10 +119,13 @@ WORKERS = 2
 def _our_job(i: int) -> dict[str, Any]:
     from support.specs import apply_set, load_job  # noqa: PLC0415
 
-    # Many kills in one job: a budget they cannot exhaust.
+    # Many kills in one job: a budget they cannot exhaust. And no progress backstop: on
+    # this bed's two cores 8,192 pods take about ten minutes to be scheduled and run, and
+    # example 01's 120 s restarted the jobs still waiting for their last workers.
     size = {} if WORKERS == 2 else {"spec.replicas": {"min": WORKERS, "max": WORKERS},
                                     "spec.trainer.builtin.globalBatchSize": 2 * WORKERS,
-                                    "spec.faultTolerance.maxRestarts": 100_000}
+                                    "spec.faultTolerance.maxRestarts": 100_000,
+                                    "spec.faultTolerance.progressTimeoutSeconds": 0}
     job = apply_set(load_job(), {
         # The bed's fake nodes have room for any request; tiny ones keep the scheduler's
         # arithmetic out of the picture. Everything else is example 01 as written.
@@ -224,6 +235,15 @@ class Record:
     def mark_after(self, job: str, since: float, above: int) -> float | None:
         with self.lock:
             return next((t for t, v in self.marks.get(job, []) if t >= since and v > above), None)
+
+    def ranks(self) -> dict[str, int]:
+        """Each running worker's address -> its slot in its job: the rank its stand-in page
+        says (``_standin_pods.py``), one rank 0 a job, as torchrun numbers one rank a node."""
+        with self.lock:
+            pods = [p["pod"] for p in self.pods.values() if p["worker"] and p["phase"] == "Running"]
+        slots = [((p.get("status") or {}).get("podIP"), (p["metadata"].get("labels") or {}).get("llmtrain.io/slot"))
+                 for p in pods]
+        return {ip: int(slot) for ip, slot in slots if ip and slot is not None and str(slot).isdigit()}
 
     def running(self) -> int:
         with self.lock:
@@ -381,9 +401,11 @@ class Bed:
         self.cluster.down()
 
 
-def start_ours(bed: Bed, kube: Kube) -> subprocess.Popen:
+def start_ours(bed: Bed, kube: Kube, probe_cap: int | None) -> subprocess.Popen:
     kube_apply_file(bed, ROOT / "crds" / "llmtrain.io_llmtrainjobs.yaml")
     env = {**bed.cluster.env(), "LLMTRAIN_OPERATOR_METRICS_PORT": str(OUR_METRICS_PORT), "PYTHONUNBUFFERED": "1"}
+    if probe_cap is not None:
+        env["LLMTRAIN_OPERATOR_PROBE_PODS_PER_PASS"] = str(probe_cap)
     proc = bed.start("operator-llmtrain", [sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces",
                                             "-m", "llmtrain_operator.handlers"], env)
     wait(lambda: urllib.request.urlopen(f"http://127.0.0.1:{OUR_METRICS_PORT}/metrics", timeout=2).status == 200
@@ -527,17 +549,42 @@ def run_kills(kube: Kube, c: Controller, rec: Record, count: int, every: float, 
     return {"latencies": out, "missed": missed, "kills": len(shots)}
 
 
-def measure(c: Controller, args: Any, logs: Path) -> dict[str, Any]:
+def post_ranks(rec: Record, stop: threading.Event) -> None:
+    """Every 2 s, tell the stand-in pods each running worker's rank (its slot in its job)."""
+    while not stop.wait(2.0):
+        ranks = rec.ranks()
+        if not ranks:
+            continue
+        try:
+            answer = urllib.request.urlopen(urllib.request.Request(
+                f"http://127.0.0.1:{HEALTH_PORT}/ranks", data=json.dumps(ranks).encode(), method="POST"), timeout=5).read()
+            if answer.decode().split()[0] != str(len(ranks)):
+                print(f"[bench] the stand-in pods took {answer!r} of {len(ranks)} ranks", flush=True)
+        except (OSError, http.client.HTTPException) as err:
+            if not stop.is_set():
+                print(f"[bench] posting ranks to the stand-in pods failed: {err}", flush=True)
+
+
+def probe_pages() -> int:
+    """Metrics pages the stand-in pods have served so far (``_standin_pods.py``)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{HEALTH_PORT}/requests", timeout=5).read().decode()
+    return sum(int(line.split()[1]) for line in text.splitlines())
+
+
+def measure(c: Controller, args: Any, logs: Path, probe_cap: int | None = None) -> dict[str, Any]:
     pods_per_job = WORKERS + c.extra_pods
     nodes = math.ceil(args.jobs * pods_per_job * 1.25 / PODS_PER_NODE)
     bed = Bed(nodes, logs)
-    print(f"[{c.name}] bed: fresh local cluster, {nodes} kwok nodes", flush=True)
+    print(f"[{c.name}] bed: fresh local cluster, {nodes} kwok nodes"
+          + (f", PROBE_PODS_PER_PASS={probe_cap}" if probe_cap is not None else ""), flush=True)
     stop = threading.Event()
     try:
         kube = bed.up()
-        proc = start_ours(bed, kube) if c is OURS else start_kubeflow(bed, kube)
+        proc = start_ours(bed, kube, probe_cap) if c is OURS else start_kubeflow(bed, kube)
         rec = Record(c)
         watch_in_thread(kube, f"/api/v1/namespaces/{NS}/pods", rec.on_pod, stop)
+        if c is OURS:
+            threading.Thread(target=post_ranks, args=(rec, stop), daemon=True).start()
         watch_in_thread(kube, c.collection, rec.on_job, stop)
         began = create_all(kube, c, rec, args.jobs)
         print(f"[{c.name}] {args.jobs} jobs created in {time.monotonic() - began:.1f}s", flush=True)
@@ -557,9 +604,9 @@ def measure(c: Controller, args: Any, logs: Path) -> dict[str, Any]:
         print(f"[{c.name}] every pod Running {all_running_s:.1f}s after the first create; steady state for {args.steady:.0f}s",
               flush=True)
         time.sleep(min(10.0, args.steady))  # the ramp's stragglers settle
-        h0, cpu0, t0 = histograms(c), cpu_seconds(proc.pid), time.monotonic()
+        h0, cpu0, pages0, t0 = histograms(c), cpu_seconds(proc.pid), probe_pages(), time.monotonic()
         time.sleep(args.steady)
-        h1, cpu1, t1 = histograms(c), cpu_seconds(proc.pid), time.monotonic()
+        h1, cpu1, pages1, t1 = histograms(c), cpu_seconds(proc.pid), probe_pages(), time.monotonic()
         steady = {k: minus(h1[k], h0[k]) for k in h1}
         cores, rss = (cpu1 - cpu0) / (t1 - t0), rss_mb(proc.pid)
         print(f"[{c.name}] {args.kills} kills, one every {args.kill_every:.1f}s", flush=True)
@@ -584,7 +631,7 @@ def measure(c: Controller, args: Any, logs: Path) -> dict[str, Any]:
             "passes_per_s": (steady["reconcile"][-1][1] / (t1 - t0)) if steady["reconcile"] else None,
             "reconcile_during_kills_p99_s": quantile(during["reconcile"], 0.99),
             "queue_during_kills_p99_s": quantile(during["queue"], 0.99),
-            "rss_mb": rss, "cpu_cores": cores,
+            "rss_mb": rss, "cpu_cores": cores, "probe_requests_per_s": (pages1 - pages0) / (t1 - t0),
             "object_bytes_max": max(s[0] for s in sizes), "status_bytes_max": max(s[1] for s in sizes),
         }
         if "event_to_action" in during:
@@ -608,6 +655,10 @@ def main() -> None:
     p.add_argument("--steady", type=float, default=None, help="seconds of steady state measured (default 60, quick 20)")
     p.add_argument("--ramp-timeout", type=float, default=1200.0)
     p.add_argument("--no-peer", action="store_true", help="skip Kubeflow's training-operator")
+    p.add_argument("--probe-pods-per-pass", default="",
+                   help="comma-separated values of our LLMTRAIN_OPERATOR_PROBE_PODS_PER_PASS, one run of ours each on a "
+                        "fresh bed (e.g. 0,64: every worker at every pass against the default cap); default: the operator's "
+                        "default, one run")
     p.add_argument("--workers", type=int, default=2,
                    help="workers per job, 2..1024 (default 2: example 01's, elastic 1..2; any other number a fixed size)")
     args = p.parse_args()
@@ -622,7 +673,12 @@ def main() -> None:
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
     print(f"logs in {logs}", flush=True)
-    ours = measure(OURS, args, logs)
+    caps = [int(v) for v in args.probe_pods_per_pass.split(",") if v.strip()]
+    if any(v < 0 for v in caps):
+        p.error("--probe-pods-per-pass values must be 0 or more")
+    # The last value is the headline run; the others are run first, each on its own bed.
+    others = {cap: measure(OURS, args, logs, cap) for cap in caps[:-1]}
+    ours = measure(OURS, args, logs, caps[-1] if caps else None)
     peer = {} if args.no_peer else measure(KUBEFLOW, args, logs)
 
     def r(v: Any) -> Any:
@@ -631,8 +687,15 @@ def main() -> None:
     keys = ("kill_to_status_p50_s", "kill_to_status_p99_s", "kill_to_delete_p99_s", "kill_to_replacement_p99_s",
             "kill_to_status_unanswered", "create_to_first_pod_p99_s", "all_running_s", "reconcile_p99_s", "queue_p99_s",
             "rss_mb", "cpu_cores", "object_bytes_max", "status_bytes_max")
+    compared = ("probe_requests_per_s", "reconcile_p50_s", "reconcile_p99_s", "cpu_cores", "kill_to_status_p50_s",
+                "kill_to_status_p99_s", "event_to_action_p99_s")
+    extra: dict[str, Any] = {}
+    for cap, run in others.items():
+        extra.update({f"cap{cap}_{k}": r(run.get(k)) for k in compared})
+        extra.update({f"cap{cap}_over_ours_{k}": r(run[k] / ours[k]) for k in compared if run.get(k) and ours.get(k)})
     result(jobs=args.jobs, workers=args.workers, **{k: r(ours.get(k)) for k in keys},
            event_to_action_p99_s=r(ours.get("event_to_action_p99_s")),
+           probe_requests_per_s=r(ours.get("probe_requests_per_s")), **extra,
            **{f"kubeflow_{k}": r(peer.get(k)) for k in keys if peer})
 
 

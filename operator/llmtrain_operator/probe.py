@@ -11,6 +11,7 @@ progress a user's script reported (docs/custom-scripts.md).
 from __future__ import annotations
 
 import asyncio
+import enum
 from functools import partial
 import urllib.error
 import urllib.parse
@@ -161,6 +162,10 @@ class LauncherReport:
     """The container's OOM kills, memory peak and limit; None when the page has none."""
     peer_wait: float | None = None
     """Seconds the pod's ranks have been blocked on a peer in another pod; None when not."""
+    attempt: int | None = None
+    """The attempt its worker group runs: one more at every restart of the group, a peer's
+    failure or a membership change included (``handlers/probing.py`` reads every worker
+    when it moves)."""
     rejected: tuple[str, ...] = ()
     """Values on the page that were unusable and ignored, each named."""
 
@@ -188,12 +193,13 @@ def parse_launcher(text: str) -> LauncherReport:
                     bad(sample)
                 else:
                     values[sample.name] = sample.value
-            elif sample.name in (LAUNCHER_OOM_KILLS, LauncherMetric.MEMORY_PEAK, LauncherMetric.MEMORY_LIMIT):
+            elif sample.name in (LAUNCHER_OOM_KILLS, LauncherMetric.MEMORY_PEAK, LauncherMetric.MEMORY_LIMIT,
+                                 LauncherMetric.ATTEMPT):
                 if untrusted.count(sample.value) is None:
                     bad(sample)
                 else:
                     values[sample.name] = sample.value
-    step = values.get(LauncherMetric.STEP)
+    step, attempt = values.get(LauncherMetric.STEP), values.get(LauncherMetric.ATTEMPT)
     kills = values.get(LAUNCHER_OOM_KILLS)
     peak, limit = values.get(LauncherMetric.MEMORY_PEAK), values.get(LauncherMetric.MEMORY_LIMIT)
     memory = ContainerMemory(int(kills), int(peak) if peak is not None else None,
@@ -201,7 +207,8 @@ def parse_launcher(text: str) -> LauncherReport:
     return LauncherReport(failed, workers_running=values.get(LauncherMetric.WORKERS_RUNNING, 0) >= 1,
                           step=untrusted.count(step) if step is not None else None,
                           last_step_time=values.get(LauncherMetric.LAST_STEP_TIMESTAMP) or None,
-                          memory=memory, peer_wait=values.get(LauncherMetric.PEER_WAIT), rejected=tuple(rejected))
+                          memory=memory, peer_wait=values.get(LauncherMetric.PEER_WAIT),
+                          attempt=int(attempt) if attempt is not None else None, rejected=tuple(rejected))
 
 
 def combine(trainers: dict[str, TrainerProbe], launchers: dict[str, LauncherReport]
@@ -262,17 +269,40 @@ def _get(url: str, timeout: float) -> str | None:
         return None
 
 
+class Unasked(enum.Enum):
+    """A probe that could not start within its bound (``QUEUE_TIMEOUTS``): the pod was
+    not asked, which says nothing about it (no silence, no answer)."""
+
+    UNASKED = "unasked"
+
+
+UNASKED = Unasked.UNASKED
+
+QUEUE_TIMEOUTS = 2.0
+"""A request waits for one of the prober's connections at most this many probe timeouts;
+one that could not start by then is no answer (a pass stays bounded when many pods hang)."""
+
+
 class AsyncProber:
     """The operator's probes: HTTP on the event loop (aiohttp, which kopf runs on), not a
     thread per request. Hundreds of jobs' trainers are scraped at every resync, and threads
     would make every Kubernetes API call queue behind them. At most ``concurrency``
-    connections are open at once; each request is one connection (pods come and go, so
-    nothing is kept alive)."""
+    requests are in flight at once, half of them trainers' pages and half launchers' (so
+    that a pass's trainer requests, queued first, never leave the launchers' pages, which
+    carry silences and failure counts, waiting behind them); each is one connection (pods
+    come and go, so nothing is kept alive).
+
+    A request's timeout runs from the moment it holds one of those: counted from the call,
+    as aiohttp's own total timeout is, it included the wait behind the other requests, and
+    a pass of 2,048 pages through 64 connections lost about half of them to their own
+    queue (docs/benchmarks.md, "Operator scale"). The wait is bounded apart
+    (``QUEUE_TIMEOUTS``)."""
 
     def __init__(self, concurrency: int = 64):
         self.concurrency = concurrency
         self._session: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._pools: dict[str, asyncio.Semaphore] = {}
 
     def _client(self) -> Any:
         import aiohttp  # noqa: PLC0415 - the operator's dependency (kopf's); `llmtrain run` scrapes without it
@@ -280,36 +310,54 @@ class AsyncProber:
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed or self._loop is not loop:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.concurrency, force_close=True))
+            share = max(1, self.concurrency // 2)
+            self._pools = {"trainer": asyncio.Semaphore(share), "launcher": asyncio.Semaphore(share)}
             self._loop = loop
         return self._session
 
-    async def text(self, url: str, timeout: float) -> str | None:
-        """The page, or None when the endpoint does not answer 200 in time or serves over
-        ``MAX_BODY`` (read no further): a probe never raises."""
+    async def text(self, url: str, timeout: float, pool: str = "trainer") -> str | Unasked | None:
+        """The page, or None when the endpoint does not answer 200 within ``timeout`` of
+        the request's start or serves over ``MAX_BODY`` (read no further); ``UNASKED``
+        when the request could not start within ``QUEUE_TIMEOUTS`` x ``timeout``. A probe
+        never raises."""
         import aiohttp  # noqa: PLC0415
 
+        session = self._client()
+        slots = self._pools[pool]  # this loop's: released to the one it was taken from
         try:
-            async with self._client().get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
-                if response.status != 200 or (response.content_length or 0) > MAX_BODY:
-                    return None
-                body = bytearray()
-                async for chunk in response.content.iter_chunked(64 * 1024):
-                    body += chunk
-                    if len(body) > MAX_BODY:
+            async with asyncio.timeout(timeout * QUEUE_TIMEOUTS):
+                await slots.acquire()
+        except TimeoutError:
+            return UNASKED
+        try:
+            async with asyncio.timeout(timeout):
+                async with session.get(url) as response:
+                    if response.status != 200 or (response.content_length or 0) > MAX_BODY:
                         return None
-                return body.decode("utf-8", errors="replace")
+                    body = bytearray()
+                    async for chunk in response.content.iter_chunked(64 * 1024):
+                        body += chunk
+                        if len(body) > MAX_BODY:
+                            return None
+                    return body.decode("utf-8", errors="replace")
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
             return None
+        finally:
+            slots.release()
 
-    async def trainer(self, url: str, timeout: float) -> TrainerProbe | None:
+    async def trainer(self, url: str, timeout: float) -> TrainerProbe | Unasked | None:
         text = await self.text(url, timeout)
+        if text is None or text is UNASKED:
+            return text
         # Parsed on a thread: a page of up to MAX_BODY must not hold the event loop that
         # every job's passes and the Lease renewals share.
-        return await asyncio.to_thread(_parsed, parse, text) if text is not None else None
+        return await asyncio.to_thread(_parsed, parse, text)
 
-    async def launcher(self, url: str, timeout: float) -> LauncherReport | None:
-        text = await self.text(url, timeout)
-        return await asyncio.to_thread(_parsed, parse_launcher, text) if text is not None else None
+    async def launcher(self, url: str, timeout: float) -> LauncherReport | Unasked | None:
+        text = await self.text(url, timeout, pool="launcher")
+        if text is None or text is UNASKED:
+            return text
+        return await asyncio.to_thread(_parsed, parse_launcher, text)
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:

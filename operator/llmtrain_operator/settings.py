@@ -59,8 +59,24 @@ class OperatorSettings:
     without events (timers, probes). Seconds. Default 10."""
 
     probe_timeout_seconds: float = 1.0
-    """``LLMTRAIN_OPERATOR_PROBE_TIMEOUT_SECONDS``: timeout of one trainer-metrics scrape.
-    Seconds. Default 1: a slow trainer must not slow every job's pass."""
+    """``LLMTRAIN_OPERATOR_PROBE_TIMEOUT_SECONDS``: timeout of one page read (a trainer's or
+    a launcher's), from the moment it holds a connection; greater than 0. Seconds.
+    Default 1: a slow trainer must not slow every job's pass."""
+
+    probe_pods_per_pass: int = 64
+    """``LLMTRAIN_OPERATOR_PROBE_PODS_PER_PASS``: a job with more running workers than this
+    has only some read at each pass: those whose answer matters now, and this many more,
+    read longest ago; all of them when an answer shows a failure or a restart
+    (``handlers/probing.py``). Default 64: a job of up to 64 workers is read whole at
+    every pass (up to 8 when many jobs share ``PROBE_PAGES_PER_SECOND``); one of 1,024 in
+    16 passes at most. 0: every worker at every pass."""
+
+    probe_pages_per_second: float = 200.0
+    """``LLMTRAIN_OPERATOR_PROBE_PAGES_PER_SECOND``: the pages all jobs' passes read, about,
+    beyond their urgent ones: with many jobs being read each reads fewer than
+    ``PROBE_PODS_PER_PASS`` workers a pass (8 at least), so that the probes of 64 jobs of
+    128 workers do not starve the event loop that answers their failures
+    (``handlers/probing.py``, ``pods_per_pass``). Default 200. 0: no limit but the cap."""
 
     check_secrets: bool = True
     """``LLMTRAIN_OPERATOR_CHECK_SECRETS``: read a job's S3 credentials Secret (never its
@@ -160,7 +176,7 @@ class OperatorSettings:
 
 AT_LEAST_ONE = frozenset({"api_threads", "max_concurrent_reconciles"})
 """Counts where 0 would stop all work (no thread, no slot) rather than turn a feature off."""
-POSITIVE = frozenset({"lease_duration_seconds", "renew_deadline_seconds", "retry_period_seconds"})
+POSITIVE = frozenset({"lease_duration_seconds", "renew_deadline_seconds", "retry_period_seconds", "probe_timeout_seconds"})
 
 
 def _parse(name: str, raw: str, kind: type) -> object:

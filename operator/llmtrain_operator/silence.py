@@ -31,10 +31,13 @@ class Silences:
         """Job -> pod name -> seconds since its last answer, for the pods silent at the last
         ``track`` that answered before."""
 
-    def track(self, job: Hashable, probed: Iterable[Any], answered: Mapping[str, Any]) -> dict[str, float]:
+    def track(self, job: Hashable, probed: Iterable[Any], answered: Mapping[str, Any],
+              running: Iterable[Any] | None = None) -> dict[str, float]:
         """Record this pass's probes of ``probed`` (pod views; ``answered``: pod name -> the
-        launcher's report) and return pod name -> seconds silent, for the silent ones. Pods
-        no longer probed are forgotten, so the book stays bounded by the job's running pods."""
+        launcher's report) and return pod name -> seconds silent, for the silent ones.
+        ``running``: the job's running workers, of which a large job's pass reads only some
+        (``handlers/probing.py``; default: ``probed``); what is known of the others is kept,
+        and pods no longer running are forgotten, so the book stays bounded by them."""
         now = self._clock()
         before = self._first_unanswered.get(job, {})
         heard_before = self._last_answered.get(job, {})
@@ -42,6 +45,15 @@ class Silences:
         heard: dict[str, float] = {}
         silent: dict[str, float] = {}
         since_answer: dict[str, float] = {}
+        probed = list(probed)
+        read = {pod.name for pod in probed}
+        for pod in running if running is not None else ():
+            key = f"{pod.name}/{pod.uid}"
+            if pod.name not in read:
+                if key in before:
+                    book[key] = before[key]
+                if key in heard_before:
+                    heard[key] = heard_before[key]
         for pod in probed:
             key = f"{pod.name}/{pod.uid}"
             if pod.name in answered:
@@ -69,3 +81,8 @@ class Silences:
         """A deleted job's silences."""
         for books in (self._first_unanswered, self._last_answered, self._since_answer):
             books.pop(job, None)
+
+    def clear(self) -> None:
+        """Every job's: what a replica heard before it last led is no longer known."""
+        for books in (self._first_unanswered, self._last_answered, self._since_answer):
+            books.clear()

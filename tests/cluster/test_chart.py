@@ -94,6 +94,14 @@ def test_operator_values_become_settings_the_operator_accepts(local_cluster):
     defaults = next(d for d in render(local_cluster) if d["kind"] == "Deployment")
     names = {e["name"] for e in defaults["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert "LLMTRAIN_OPERATOR_MAX_CONCURRENT_RECONCILES" not in names  # empty values keep the operator's defaults
+    assert not names & {"LLMTRAIN_OPERATOR_PROBE_PODS_PER_PASS", "LLMTRAIN_OPERATOR_PROBE_PAGES_PER_SECOND",
+                        "LLMTRAIN_OPERATOR_PROGRESS_WRITES_PER_SECOND"}
+    # 0 is a value for these two (every worker at every pass; no limit), not "unset".
+    zeros = next(d for d in render(local_cluster, "operator.probePodsPerPass=0", "operator.progressWritesPerSecond=0",
+                                   "operator.probePagesPerSecond=0") if d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in zeros["spec"]["template"]["spec"]["containers"][0]["env"]}
+    settings = from_env({k: v for k, v in env.items() if k.startswith("LLMTRAIN_OPERATOR_") and v is not None})
+    assert (settings.probe_pods_per_pass, settings.progress_writes_per_second, settings.probe_pages_per_second) == (0, 0.0, 0.0)
     pods = render(local_cluster, "jobPods.allowPrivileged=true", "jobPods.allowedServiceAccounts={s3-irsa,reader}")
     env = {e["name"]: e.get("value") for e in next(d for d in pods if d["kind"] == "Deployment")
            ["spec"]["template"]["spec"]["containers"][0]["env"]}

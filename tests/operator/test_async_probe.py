@@ -10,7 +10,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from llmtrain_operator.probe import AsyncProber, scrape, scrape_launcher
+from llmtrain_operator.probe import UNASKED, AsyncProber, scrape, scrape_launcher
 from llmtrain_trainer.train.metrics import TrainerMetrics
 from prometheus_client import generate_latest
 
@@ -44,7 +44,9 @@ class Server:
                     return
                 if self.path == "/slow":
                     time.sleep(5)
-                body = {"/trainer": page, "/slow": page, "/huge": page + b"# padding\n" * 30_000,
+                if self.path == "/brief":
+                    time.sleep(0.3)
+                body = {"/trainer": page, "/slow": page, "/brief": page, "/huge": page + b"# padding\n" * 30_000,
                         "/launcher": b'llmtrain_launcher_failed_attempts_total{cause="hang"} 2.0\n'
                                      b"llmtrain_launcher_workers_running 1.0\n"}.get(self.path)
                 self.send_response(200 if body else 500)
@@ -90,6 +92,36 @@ def test_the_async_probe_reads_what_the_synchronous_one_reads_and_no_answer_is_n
     assert error is None and down is None and slow is None
     assert waited < 2, "a hanging trainer held the probe past its timeout"
     assert all(m == trainer for m in many), "20 probes through 4 connections"
+    server.httpd.shutdown()
+
+
+def test_a_timeout_runs_from_the_requests_start_not_from_its_wait_behind_the_others():
+    """Ten pages that take 0.3 s each through 2 connections (a prober of 4: half for
+    trainers' pages), with a 1 s timeout: the last ones wait 1.2 s for a connection and
+    finish 1.5 s after the call, and each answers (counted from the call, as aiohttp's
+    total timeout is, the last waves were lost to their own queue). Requests that cannot
+    start within twice the timeout are not asked (``UNASKED``), so many hanging pods
+    bound the round."""
+    server = Server()
+    prober = AsyncProber(concurrency=4)
+
+    async def main():
+        try:
+            brief = await asyncio.gather(*(prober.trainer(f"{server.url}/brief", 1.0) for _ in range(10)))
+            started = time.monotonic()
+            hanging = await asyncio.gather(*(prober.trainer(f"{server.url}/slow", 0.3) for _ in range(40)))
+            return brief, hanging, time.monotonic() - started
+        finally:
+            await prober.close()
+
+    brief, hanging, took = asyncio.run(main())
+    assert all(b is not None and b is not UNASKED and b.step == 42 for b in brief), \
+        f"{sum(b is None or b is UNASKED for b in brief)} of 10 lost to the queue"
+    # Those that started time out (None: the pod did not answer); the others were never
+    # asked (UNASKED: nothing is known of those pods, no silence).
+    assert all(h is None or h is UNASKED for h in hanging)
+    assert 2 <= sum(h is None for h in hanging) <= 10 and sum(h is UNASKED for h in hanging) >= 25
+    assert took < 2.5, f"40 hanging pods held the round {took:.1f}s (each request 0.3 s, the wait 0.6 s at most)"
     server.httpd.shutdown()
 
 

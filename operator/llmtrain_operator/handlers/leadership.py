@@ -41,6 +41,8 @@ class LeaseStore(Protocol):
 class Gate(Protocol):
     """What the reconcile loops ask before they plan and before they write."""
 
+    term: int
+
     def holds(self) -> bool: ...
     async def wait(self) -> None: ...
 
@@ -49,6 +51,7 @@ class AlwaysLeader:
     """Leader election off (one replica, tests, ``llmtrain run``)."""
 
     identity = "standalone"
+    term = 1
 
     def holds(self) -> bool:
         return True
@@ -61,6 +64,10 @@ class Leadership:
     def __init__(self, lease: LeaseStore, identity: str, duration: float, renew_deadline: float, retry_period: float,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], datetime] = lambda: datetime.now(UTC)):
         self.lease = lease
+        self.term = 0
+        """One more each time this replica starts to hold the Lease (a renewal is no new
+        term): what a pass remembers of the pods from an earlier term is stale
+        (``reconcile.heard_in_term``)."""
         self.identity = identity
         self.duration = duration
         self.renew_deadline = renew_deadline
@@ -116,6 +123,8 @@ class Leadership:
 
     def _won(self, written: LeaseRecord, started: float) -> bool:
         self._observed, self._observed_at = written, started
+        if not self.holds():
+            self.term += 1  # before holds() says so: no pass of the new term sees the old one
         self._valid_until = started + self.renew_deadline
         return True
 

@@ -29,8 +29,8 @@ from llmtrain_contract.names import HEALTH_PORT
 
 from .. import metrics
 from ..api.job import LLMTrainJob, Received, receive
-from ..api.observed import (LABEL_JOB, ROLE_WORKER, ConfigMapView, ContainerMemory, Observed, PodGroupView, WorkloadView,
-                            assigned_flavors, node_view, parse_time, pod_group_view, pod_view, workload_view)
+from ..api.observed import (LABEL_JOB, ROLE_WORKER, ConfigMapView, ContainerMemory, Observed, PodGroupView, TrainerProbe,
+                            WorkloadView, assigned_flavors, node_view, parse_time, pod_group_view, pod_view, workload_view)
 from ..api.observed import owned_by as is_owned_by
 from ..api.vocabulary import TERMINAL_PHASES, ConditionType, Phase, PodPhase, Reason
 from ..k8s.client import K8s, PermanentApiError, TransientApiError
@@ -39,9 +39,10 @@ from ..planner import Plan, plan_received, podgroup, queue, tokens
 from ..planner.isolation import Isolation
 from ..planner.podpolicy import PodPolicy
 from ..planner.tierclaims import conflicts as tier_conflicts
-from ..probe import AsyncProber, LauncherReport, combine, memory_of, peer_waits_of, trainer_url
+from ..probe import UNASKED, AsyncProber, LauncherReport, Unasked, combine, memory_of, peer_waits_of, trainer_url
 from ..settings import OperatorSettings
 from ..silence import Silences
+from .probing import ProbeBook, pods_per_pass
 from .executor import Refused, WriteGate, check, describe, write
 from .slots import Slots, no_slot
 
@@ -264,19 +265,64 @@ def _running_workers(pods: list[Any]) -> list[Any]:
 PROBER = AsyncProber()
 SILENCES = Silences()
 """Each running worker's unanswered probes in a row (``silence.py``), per job."""
+PROBE_BOOK = ProbeBook()
+"""Each running worker's newest answers, per job: which workers a pass reads (``probing.py``)."""
 
 
-async def probe_workers(pods: list[Any], port: int, timeout: float) -> dict[str, Any]:
-    targets = _running_workers(pods)
+async def probe_workers(targets: list[Any], port: int, timeout: float) -> dict[str, TrainerProbe | Unasked]:
+    """Pod name -> what each of ``targets``' trainer (its local rank 0) reports."""
     results = await asyncio.gather(*(PROBER.trainer(trainer_url(p.ip, port), timeout) for p in targets))
     return {p.name: r for p, r in zip(targets, results) if r is not None}
 
 
-async def probe_launchers(pods: list[Any], timeout: float) -> dict[str, LauncherReport]:
-    """Pod name -> what each running worker's launcher reports."""
-    targets = _running_workers(pods)
+async def probe_launchers(targets: list[Any], timeout: float) -> dict[str, LauncherReport | Unasked]:
+    """Pod name -> what each of ``targets``' launcher reports."""
     results = await asyncio.gather(*(PROBER.launcher(f"http://{p.ip}:{HEALTH_PORT}/metrics", timeout) for p in targets))
     return {p.name: r for p, r in zip(targets, results) if r is not None}
+
+
+@dataclass
+class Reading:
+    """What one pass learned from a job's running workers."""
+
+    probed: list[Any]
+    """The workers read this pass."""
+    launchers: dict[str, LauncherReport]
+    """Their launchers' answers (a pod absent did not answer)."""
+    trainers: dict[str, TrainerProbe]
+    """Their trainers' answers, and what lasts of the others' newest (``probing.lasting``)."""
+    all_launchers: dict[str, LauncherReport]
+    """``launchers``, and what lasts of the others' newest."""
+
+
+async def read_workers(job: Any, running: list[Any], builtin: bool, port: int, settings: OperatorSettings) -> Reading:
+    """Read the workers ``PROBE_BOOK`` picks, and every other one when their answers call
+    for it (``probing.py``). ``builtin``: the pods serve our trainer's page (a user's script
+    serves none: its progress comes through the launcher). The page budget is shared by the
+    jobs whose workers the book reads (finished and waiting jobs read none). A pod either of
+    whose pages could not even be asked for (the prober's queue, ``probe.UNASKED``) counts
+    as not read this pass, and is read first at the next."""
+    timeout = settings.probe_timeout_seconds
+    cap = pods_per_pass(settings.probe_pods_per_pass, settings.probe_pages_per_second, settings.resync_seconds,
+                        PROBE_BOOK.jobs() + (0 if PROBE_BOOK.knows(job) else 1))
+
+    async def read(targets: list[Any]) -> tuple[list[Any], dict[str, TrainerProbe], dict[str, LauncherReport]]:
+        trainers, launchers = await asyncio.gather(probe_workers(targets if builtin else [], port, timeout),
+                                                   probe_launchers(targets, timeout))
+        unasked = {n for n, r in (*trainers.items(), *launchers.items()) if r is UNASKED}
+        PROBE_BOOK.unasked(job, [p for p in targets if p.name in unasked])
+        asked = [p for p in targets if p.name not in unasked]
+        return (asked, {n: r for n, r in trainers.items() if n not in unasked and isinstance(r, TrainerProbe)},
+                {n: r for n, r in launchers.items() if n not in unasked and isinstance(r, LauncherReport)})
+
+    probed, trainers, launchers = await read(PROBE_BOOK.first_round(job, running, cap))
+    rest = PROBE_BOOK.record(job, probed, running, trainers, launchers, builtin)
+    if rest:
+        more, more_trainers, more_launchers = await read(rest)
+        PROBE_BOOK.record(job, more, running, more_trainers, more_launchers, builtin)
+        probed, trainers, launchers = probed + more, {**trainers, **more_trainers}, {**launchers, **more_launchers}
+    kept_trainers, kept_launchers = PROBE_BOOK.lasting(job, running, probed)
+    return Reading(probed, launchers, {**kept_trainers, **trainers}, {**kept_launchers, **launchers})
 
 
 def status_changed(old: dict[str, Any], new: dict[str, Any], flush_seconds: float, now: datetime,
@@ -365,15 +411,13 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
     since_answer: dict[str, float] = {}
     job = received.job
     if settings.probes_enabled and job is not None:  # the plan of an invalid job reads no probe
-        pods = [pod_view(p) for p in before.owned_by(job_uid(body)).pods]
-        # A user's script serves no trainer endpoint: its progress comes from the launcher.
-        trainer_pods = pods if job.spec.trainer.builtin is not None else []
-        timeout = settings.probe_timeout_seconds
-        trainers, launchers = await asyncio.gather(probe_workers(trainer_pods, job.spec.metrics.port, timeout),
-                                                   probe_launchers(pods, timeout))
-        probes, attempts, rejected = combine(trainers, launchers)
-        memory, peer_waits = memory_of(launchers), peer_waits_of(launchers)
-        silent = SILENCES.track((ns, name), _running_workers(pods), launchers)
+        heard_in_term(getattr(gate, "term", 0))
+        running = _running_workers([pod_view(p) for p in before.owned_by(job_uid(body)).pods])
+        reading = await read_workers((ns, name), running, job.spec.trainer.builtin is not None, job.spec.metrics.port,
+                                     settings)
+        probes, attempts, rejected = combine(reading.trainers, reading.all_launchers)
+        memory, peer_waits = memory_of(reading.all_launchers), peer_waits_of(reading.launchers)
+        silent = SILENCES.track((ns, name), reading.probed, reading.launchers, running)
         since_answer = SILENCES.since_answer((ns, name))
     probed = time.perf_counter()
     async with slots.held(urgent, key) if slots is not None else no_slot() as waited:
@@ -460,7 +504,22 @@ def _remember_refusals(namespace: str, name: str, refused: tuple[Refused, ...], 
         log.warning("job %s/%s: the API server refused: %s (retrying in %.0fs)", namespace, name, one, refusal.retry_after)
 
 
+_TERM_HEARD = [0]
+"""The leader term (``Leadership.term``) whose passes filled ``SILENCES`` and ``PROBE_BOOK``."""
+
+
+def heard_in_term(term: int) -> None:
+    """Forget every job's silences and probe answers when ``term`` is not the one they were
+    heard in: a replica that leads again (it lost the Lease and won it back) starts from its
+    first probes, as a new leader does. Called at the start of a pass, on the event loop."""
+    if term != _TERM_HEARD[0]:
+        SILENCES.clear()
+        PROBE_BOOK.clear()
+        _TERM_HEARD[0] = term
+
+
 def forget(namespace: str, name: str) -> None:
-    """A deleted job's remembered refusals and silences."""
+    """A deleted job's remembered refusals, silences and probe answers."""
     _REFUSALS.pop((namespace, name), None)
     SILENCES.forget((namespace, name))
+    PROBE_BOOK.forget((namespace, name))

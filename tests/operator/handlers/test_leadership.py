@@ -5,6 +5,8 @@ stale replace or a second create); the clocks are fake, so every timing is exact
 
 from __future__ import annotations
 
+import importlib
+
 import itertools
 from dataclasses import replace
 from datetime import datetime, timedelta, UTC
@@ -201,3 +203,30 @@ def test_renewals_are_not_queued_behind_a_saturated_api_pool():
     asyncio.run(main())
     assert len(renewals) >= 5, f"{len(renewals)} Lease writes in 0.6 s with the API pool blocked"
     assert store.record is not None and store.record.holder == "", "released on the graceful stop"
+
+
+def test_each_term_won_counts_once_and_a_pass_of_a_new_term_forgets_what_it_heard_before():
+    """What a replica heard of the pods while it led (silences, probe answers) is stale
+    when it wins the Lease back: its term moves before ``holds()`` says it leads (the
+    renewal runs on a thread; a pass starting meanwhile must not see the old term), and a
+    pass of another term starts from nothing (``reconcile.heard_in_term``)."""
+    # The package re-exports a function named `reconcile`, which hides the submodule.
+    reconcile_module = importlib.import_module("llmtrain_operator.handlers.reconcile")
+
+    store, clock = Store(), Clock()
+    a = elector(store, "a", clock)
+    assert a.term == 0 and attempt(a) and a.term == 1
+    clock.t += RETRY
+    assert attempt(a) and a.term == 1, "a renewal is no new term"
+    store.down = True
+    clock.t += RENEW
+    assert not a.holds()
+    store.down = False
+    assert attempt(a) and a.holds() and a.term == 2
+    reconcile_module.heard_in_term(a.term)
+    reconcile_module.SILENCES.track(("ml", "j"), [], {})
+    reconcile_module.PROBE_BOOK._books[("ml", "j")] = {"p/u": None}
+    reconcile_module.heard_in_term(a.term)
+    assert reconcile_module.PROBE_BOOK.jobs() == 1, "the same term keeps what it heard"
+    reconcile_module.heard_in_term(a.term + 1)
+    assert reconcile_module.PROBE_BOOK.jobs() == 0
