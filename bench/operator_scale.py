@@ -24,8 +24,9 @@ For each controller, in one run:
    ``kill_to_replacement`` (a new worker pod of the job in the watch). A kill that gets
    no answer within ``--kill-timeout`` counts as that timeout and is reported apart.
 
-*Probes*: the pages the stand-in pods served during the steady state, per second
-(``probe_requests_per_s``, the stand-in server's own count). With
+*Probes*: the metrics pages the operator asked the stand-in pods for during the steady
+state, per second (``probe_requests_per_s``, the stand-in server's own count; the bench
+tells it each worker's slot in its job, which its page gives as the rank). With
 ``--probe-pods-per-pass 0,64`` our operator runs once per value, each on a fresh bed
 (``LLMTRAIN_OPERATOR_PROBE_PODS_PER_PASS``: 0 reads every worker at every pass, as before
 the cap), and the RESULT line gives each run's figures (``cap0_...``) and their ratios.
