@@ -15,6 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from llmtrain_operator.handlers.leadership import Leadership
+from llmtrain_operator.probe import LauncherReport
+from support.planning import worker
 from llmtrain_operator.k8s.lease import LeaseConflict, LeaseRecord
 
 DURATION, RENEW, RETRY = 15.0, 10.0, 2.0
@@ -223,10 +225,14 @@ def test_each_term_won_counts_once_and_a_pass_of_a_new_term_forgets_what_it_hear
     assert not a.holds()
     store.down = False
     assert attempt(a) and a.holds() and a.term == 2
+    job, pod = ("ml", "j"), worker(0, uid="u0")
+    book, silences = reconcile_module.PROBE_BOOK, reconcile_module.SILENCES
     reconcile_module.heard_in_term(a.term)
-    reconcile_module.SILENCES.track(("ml", "j"), [], {})
-    reconcile_module.PROBE_BOOK._books[("ml", "j")] = {"p/u": None}
+    book.first_round(job, [pod], 64)
+    book.record(job, [pod], [pod], {}, {pod.name: LauncherReport({})}, False)
+    silences.track(job, [pod], {pod.name: object()})
+    silences.track(job, [pod], {})  # heard once, silent now
     reconcile_module.heard_in_term(a.term)
-    assert reconcile_module.PROBE_BOOK.jobs() == 1, "the same term keeps what it heard"
+    assert book.jobs() == 1 and pod.name in silences.since_answer(job), "the same term keeps what it heard"
     reconcile_module.heard_in_term(a.term + 1)
-    assert reconcile_module.PROBE_BOOK.jobs() == 0
+    assert book.jobs() == 0 and silences.since_answer(job) == {}
