@@ -14,6 +14,9 @@ figure lands in ``DIR/gpu.json`` as soon as its section ends:
   on the GPU: DDP over NCCL (one rank; two ranks on a machine with two GPUs), DDP with two
   ranks sharing the GPU over gloo, and DeepSpeed ZeRO-3; each SIGKILLed at step 13 and
   resumed, its losses compared with an uninterrupted run's.
+- ``gpu_oom``: the same stack, one rank asking CUDA's allocator for twice the GPU at step
+  5 (the fault ``gpu_oom``): it must exit 88 with the allocator's own figures and the
+  memory plan, and the restarted rank finish the run.
 - ``first_step``: a fresh trainer process (DDP, ZeRO-1, 2, 3) from its start to its first
   step, timed by this script's clock, with an empty torch extensions folder (an op
   compiled on the way would land there).
@@ -62,7 +65,7 @@ TORCH_RANGE = ((2, 11), (2, 13))
 machines this script was run on (docs/benchmarks.md)."""
 SIZES = ("gpt2-124m", "gpt2-350m", "gpt-1.3b")
 SEQ = 1024
-SECTIONS = ("env", "resume", "first_step", "mfu", "checkpoint", "memory")
+SECTIONS = ("env", "resume", "gpu_oom", "first_step", "mfu", "checkpoint", "memory")
 
 
 def say(text: str) -> None:
@@ -249,6 +252,35 @@ def resume_section(run: Run) -> dict[str, Any]:
         shutil.rmtree(root, ignore_errors=True)
     out["all_ok"] = all(case.get("ok") for case in out.values() if isinstance(case, dict))
     return out
+
+
+# ---------------------------------------------------------------------------- gpu_oom
+
+
+def gpu_oom_section(run: Run) -> dict[str, Any]:
+    """A real allocator refusal (on CPU: torch's error raised by the fault), named by the
+    trainer: exit 88, the GPU's figures, the memory plan; torchrun's restart finishes."""
+    from llmtrain_trainer.pod import exitrecord  # noqa: PLC0415
+    from support.elastic import base_config, run_job  # noqa: PLC0415
+
+    root = Path(tempfile.mkdtemp(prefix="gpu-oom-", dir="/var/tmp"))
+    try:
+        config = base_config(maxSteps=10, data={"seqLen": 128, "vocabSize": 256}, model={"preset": "tiny" if run.cpu else "small"},
+                             faultTolerance={"hangTimeoutSeconds": 120, "collectiveTimeoutSeconds": 60})
+        job, codes = run_job(root, config, nodes=1, procs_per_node=1, max_restarts=2,
+                             env={"LLMTRAIN_FAULT_INJECT": "gpu_oom@step=5,rank=0"}, timeout=120)
+        records = exitrecord.read_attempt(root / "node0" / "run", 0)
+        message = records[0]["message"] if records else None
+        out: dict[str, Any] = {"codes": codes, "exit": records[0]["code"] if records else None, "message": message}
+        figures = message is not None and ("no CUDA figures" in message if run.cpu else "the allocator's peak" in message)
+        out["ok"] = (codes == [0] and out["exit"] == 88 and bool(figures)
+                     and "the memory plan at world size 1: peak " in (message or ""))
+        if not out["ok"]:
+            out["log_tail"] = job.logs()[-3000:]
+        say(f"  exit {out['exit']}, then {codes}: {message}")
+        return out
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------- first step
@@ -597,9 +629,10 @@ def checkpoint_section(run: Run) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------- main
 
-NEEDS = {"env": 0, "resume": 60, "first_step": 40, "mfu": 45, "memory": 40, "checkpoint": 60}
+NEEDS = {"env": 0, "resume": 60, "gpu_oom": 30, "first_step": 40, "mfu": 45, "memory": 40, "checkpoint": 60}
 BODIES: dict[str, Callable[[Run], dict[str, Any]]] = {
-    "env": env_section, "resume": resume_section, "first_step": first_step_section, "mfu": mfu_section,
+    "env": env_section, "resume": resume_section, "gpu_oom": gpu_oom_section, "first_step": first_step_section,
+    "mfu": mfu_section,
     "memory": memory_section, "checkpoint": checkpoint_section,
 }
 
@@ -610,6 +643,8 @@ def summary(figures: dict[str, Any]) -> dict[str, Any]:
     resume = figures.get("resume", {})
     if "all_ok" in resume:
         out["resume_exact"] = int(bool(resume["all_ok"]))
+    if "ok" in figures.get("gpu_oom", {}):
+        out["gpu_oom_named"] = int(bool(figures["gpu_oom"]["ok"]))
     first = figures.get("first_step", {})
     if "no_compilation" in first:
         out["no_compilation"] = int(bool(first["no_compilation"]))

@@ -60,6 +60,13 @@ class ExitCode(enum.IntEnum):
     ``faultTolerance.preflightMinMbps`` before the pod joined. The node's fault, not the
     job's: counted as a disruption; the operator keeps the job off the node."""
 
+    GPU_OUT_OF_MEMORY = 88
+    """CUDA's caching allocator refused an allocation (``torch.OutOfMemoryError``): the
+    rank's GPU figures (the allocator's peak, what it reserved, the GPU's size) and, for
+    the built-in trainer, its memory plan are in the message. Retryable, and charged: a
+    fragmented allocator or a larger world (a smaller ZeRO share) may fit the next time;
+    one that never fits ends the job when the budget does, named so."""
+
 
 class FailureClass(enum.StrEnum):
     SUCCEEDED = "Succeeded"
@@ -91,6 +98,7 @@ _BY_CODE: dict[int, Classification] = {
     ExitCode.BAD_NUMERICS: Classification(FailureClass.PERMANENT, "BadNumerics"),
     ExitCode.STORAGE_FULL: Classification(FailureClass.PERMANENT, "StorageFull"),
     ExitCode.PREFLIGHT_FAILED: Classification(FailureClass.DISRUPTION, "PreflightFailed"),
+    ExitCode.GPU_OUT_OF_MEMORY: Classification(FailureClass.RETRYABLE, "GPUOutOfMemory"),
 }
 
 

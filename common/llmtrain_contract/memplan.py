@@ -205,3 +205,23 @@ def suggestion(job: Job, gpu_bytes: float) -> str | None:
         if fits(candidate, gpu_bytes):
             return name
     return None
+
+
+def advice(job: Job, gpu_bytes: float) -> str:
+    """The suggestion in words, or that no single change fits."""
+    hint = suggestion(job, gpu_bytes)
+    return f"try {hint}" if hint else "no single change of micro-batch, activation checkpointing or ZeRO stage fits"
+
+
+def verdict(job: Job, gpu_bytes: float | None) -> str:
+    """The plan in one sentence, against a GPU of ``gpu_bytes`` when its size is known:
+    what a message about a rank out of GPU memory cites."""
+    text = f"the memory plan at world size {job.world_size}: {plan(job).describe()}"
+    if gpu_bytes is None:
+        return text
+    if fits(job, gpu_bytes):
+        # The plan is a model fitted within 6 %: an OOM it did not foresee is fragmentation,
+        # a larger batch than planned (a script), or a case the fit did not cover.
+        return (f"{text}; by the plan it fits a GPU of {size(gpu_bytes)}, so the allocator's fragmentation or memory the "
+                f"plan does not count filled it (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps the first)")
+    return f"{text}; it does not fit a GPU of {size(gpu_bytes)} ({HEADROOM:.0%} usable, less CUDA's context): {advice(job, gpu_bytes)}"

@@ -194,9 +194,12 @@ pod's ranks train again at once (an elastic job re-formed without the silent pee
 operator, probing every second while a pod is silent, sees it."""
 
 
-FAILED_ATTEMPT_CAUSES = ("crash", "hang", "victim", "preempted", "permanent")
+FAILED_ATTEMPT_CAUSES = ("crash", "hang", "victim", "preempted", "permanent", "gpu_oom")
 """What ended a failed attempt, the ``cause`` label of the trainer's and the launcher's
-failed-attempts counters; the operator ignores any other."""
+failed-attempts counters; the operator ignores any other. ``gpu_oom``: a rank of the pod
+ran out of GPU memory (exit ``GPU_OUT_OF_MEMORY``), a crash named apart, reported only
+once it happened: an operator older than it refuses counts that name it
+(docs/exit-codes.md)."""
 
 
 class Termination:

@@ -258,3 +258,27 @@ def test_a_rank_whose_collective_broke_because_a_peer_died_is_a_victim(tmp_path)
     assert 1 not in records, "rank 1 died without a record"
     assert attempt_cause(tmp_path / "run", 0, 2) == "crash", "in the crashed rank's pod it is a crash"
     assert attempt_cause(tmp_path / "run", 0, 1) == "victim", "a pod holding only the survivor: a victim, never charged"
+
+
+def test_a_script_out_of_gpu_memory_exits_88_named_with_where_it_was_raised(tmp_path):
+    """torch's own error, re-raised by a wrapper as engines do: found in the chain."""
+    done = _run(tmp_path, """
+        import torch
+        def step():
+            try:
+                raise torch.OutOfMemoryError(
+                    "CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 79 GiB\\nmore advice")
+            except torch.OutOfMemoryError as err:
+                raise RuntimeError("the engine's step failed") from err
+        step()
+    """)
+    assert done.returncode == 88, done.stderr
+    [record] = exitrecord.read_attempt(tmp_path / "run", 2)
+    assert record["code"] == 88 and record["rank"] == 3
+    assert record["message"] == (
+        "rank 3 ran out of GPU memory: OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total "
+        "capacity of 79 GiB; no CUDA figures (the rank's CUDA allocator is not initialised); lower the micro-batch or the "
+        "sequence length, recompute activations (activation checkpointing), or shard the optimizer state and weights (ZeRO, "
+        f"FSDP) (at {tmp_path / 'train.py'}:8 in step)")
+    code, message = decide(1, [record])
+    assert code == 88 and message["reason"] == "GPUOutOfMemory", message

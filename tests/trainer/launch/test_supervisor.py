@@ -358,7 +358,7 @@ def test_the_launcher_counts_an_attempt_failed_when_the_next_starts_and_agrees_w
     exitrecord.write(tmp_path, 0, 0, 0, ExitCode.COLLECTIVE_TIMEOUT, "victim: rank 0", 6)
     exitrecord.write(tmp_path, 1, 0, 0, 1, "Traceback ...", 9)
     tracker = AttemptTracker(tmp_path, agent_pid=os.getpid())
-    assert tracker.failed_attempts() == dict.fromkeys(exitrecord.CAUSES, 0) and tracker.attempt == 0, "no worker yet"
+    assert tracker.failed_attempts() == exitrecord.reported(dict.fromkeys(exitrecord.CAUSES, 0)) and tracker.attempt == 0, "no worker yet"
     ranks.append(_worker(1, 2))
     assert tracker.failed_attempts()["hang"] == 1 and sum(tracker.failed_attempts().values()) == 1
     ranks.append(_worker(2, 2))

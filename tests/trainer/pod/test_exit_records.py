@@ -59,6 +59,24 @@ def test_failed_attempts_counts_each_earlier_attempt_by_cause(tmp_path):
     assert counts == {"crash": 1, "hang": 1, "victim": 1, "preempted": 0, "permanent": 0}
 
 
+def test_a_rank_out_of_gpu_memory_explains_its_peers_ends_and_a_hang_still_outranks_it(tmp_path):
+    run(tmp_path, 0, 0, ExitCode.GPU_OUT_OF_MEMORY)
+    run(tmp_path, 0, 1, ExitCode.COLLECTIVE_TIMEOUT)
+    run(tmp_path, 0, 2, 1)  # a peer that crashed on its way down
+    assert exitrecord.attempt_cause(tmp_path, 0, local_world_size=3) == "gpu_oom"
+    run(tmp_path, 1, 0, ExitCode.GPU_OUT_OF_MEMORY)
+    run(tmp_path, 1, 1, ExitCode.HANG)
+    assert exitrecord.attempt_cause(tmp_path, 1, local_world_size=2) == "hang"
+    run(tmp_path, 2, 0)  # the current attempt
+    assert exitrecord.failed_attempts(tmp_path, restart_count=1, local_world_size=3)["gpu_oom"] == 1
+    # Reported once it happened only: an operator older than the cause refuses counts naming it.
+    assert "gpu_oom" not in exitrecord.failed_attempts(tmp_path, restart_count=0, local_world_size=3)
+    # Replaced by a membership change under the same restart count, it is still counted.
+    run(tmp_path, 2, 0, ExitCode.GPU_OUT_OF_MEMORY)
+    run(tmp_path, 2, 0)
+    assert exitrecord.superseded_causes(tmp_path) == ["gpu_oom"]
+
+
 def test_the_launcher_picks_the_most_significant_record(tmp_path):
     run(tmp_path, 0, 0, ExitCode.COLLECTIVE_TIMEOUT, rank=4)
     run(tmp_path, 0, 1, ExitCode.HANG, rank=5)

@@ -75,32 +75,47 @@ def test_a_frozen_or_gil_holding_rank_is_blamed_from_outside_and_its_peer_is_a_v
     assert termination["reason"] == "Hang" and termination["rank"] == 1 and verdict in termination["message"]
 
 
-def test_the_launcher_reports_an_in_place_hang_restart_and_the_restarted_trainer_agrees(tmp_path):
+def test_the_launcher_reports_in_place_hang_and_gpu_oom_restarts_and_the_restarted_trainer_agrees(tmp_path):
     """torchrun restarts the group after the hang: the launcher counts the failed attempt
     as soon as the next one starts (the operator reads it there, before the restarted
-    trainer is up), and the trainer, once up, reports the same count."""
+    trainer is up), and the trainer, once up, reports the same count. Then a rank runs out
+    of GPU memory (torch's own error, raised in the step: this machine has no GPU): it
+    exits 88 with its memory plan, and the attempt counts as ``gpu_oom``, not a crash."""
     from llmtrain_operator.probe import scrape, scrape_launcher
+    from llmtrain_trainer.pod import exitrecord
 
     cfg = base_config(maxSteps=24, faultTolerance={"hangTimeoutSeconds": HANG_TIMEOUT, "collectiveTimeoutSeconds": 60})
-    faults = "hang@step=4,rank=1;slow@step=1,seconds=0.3,steps=400"
-    job = ElasticJob(tmp_path, cfg, nodes=1, procs_per_node=2, max_restarts=1, health_port=free_port(),
+    faults = "hang@step=4,rank=1;gpu_oom@step=12,rank=0;slow@step=1,seconds=0.3,steps=400"
+    job = ElasticJob(tmp_path, cfg, nodes=1, procs_per_node=2, max_restarts=2, health_port=free_port(),
                      env={"LLMTRAIN_FAULT_INJECT": faults}).start()
     try:
         launcher = f"http://127.0.0.1:{job.health_port}/metrics"
         counted = lambda: (report := scrape_launcher(launcher)) and report.failed  # noqa: E731
         wait_for(lambda: (counted() or {}).get("hang") == 1, 120, 0.2, "the launcher counting the hang")
-        assert counted() == {"crash": 0, "hang": 1, "victim": 0, "preempted": 0, "permanent": 0}
+        # No gpu_oom yet, and none reported at 0 (an older operator refuses the cause).
+        assert counted() == {"crash": 0, "hang": 1, "victim": 0, "preempted": 0, "permanent": 0}, counted()
         assert job.running[0].proc.poll() is None, "counted while the pod runs on"
+        wait_for(lambda: (counted() or {}).get("gpu_oom") == 1, 120, 0.2, "the launcher counting the GPU OOM")
+        assert counted() == {"crash": 0, "hang": 1, "victim": 0, "preempted": 0, "permanent": 0, "gpu_oom": 1}, counted()
 
         def trainer_count():
             endpoint = json.loads((tmp_path / "node0" / "run" / "metrics-local-rank-0.json").read_text())
             probe = scrape(f"http://{endpoint['host']}:{endpoint['port']}/metrics", timeout=1)
-            return probe is not None and probe.restarts == 1 and probe.failed_attempts.get("hang") == 1 and probe
-        probe = wait_for(trainer_count, 120, 0.2, "the restarted trainer reporting the hang")
+            return probe is not None and probe.restarts == 2 and probe.failed_attempts.get("gpu_oom") == 1 and probe
+        probe = wait_for(trainer_count, 120, 0.2, "the restarted trainer reporting both")
         assert probe.failed_attempts == counted(), probe.failed_attempts
     finally:
         codes = job.wait()
     assert codes == [0], job.logs()
+    records = {r["rank"]: r for r in exitrecord.read_attempt(tmp_path / "node0" / "run", 1)}
+    assert records[0]["code"] == ExitCode.GPU_OUT_OF_MEMORY, records
+    message = records[0]["message"]
+    assert message.startswith("rank 0 ran out of GPU memory: OutOfMemoryError: CUDA out of memory. Tried to allocate"), message
+    import torch
+
+    figures = "the allocator's peak" if torch.cuda.is_available() else "no CUDA figures"
+    assert figures in message and "the memory plan at world size 2: peak " in message, message
+    assert exitrecord.attempt_cause(tmp_path / "node0" / "run", 1, 2) == "gpu_oom", "its peer's end does not outrank it"
 
 
 def test_a_stopped_torchrun_agent_ends_the_pod_with_the_hang_code(tmp_path):

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 
 def test_the_probe_reads_what_the_trainer_exports():
     m = TrainerMetrics(rank=0, strategy="ddp", config_hash="abc", job="j")
-    m.started(world_size=2, restarts=3, failed_attempts={"crash": 1, "hang": 1, "victim": 1, "preempted": 0, "permanent": 0})
+    m.started(world_size=2, restarts=3, failed_attempts={"crash": 1, "hang": 1, "victim": 1, "preempted": 0, "permanent": 0, "gpu_oom": 2})
     m.step(step=41, samples=328, loss=2.6, seconds=0.5, node_tokens=512)
     m.step(step=42, samples=336, loss=2.5, seconds=0.5, node_tokens=512)
     m.checkpoint_committed("local", 40, 0.1, 1000)
@@ -22,7 +22,7 @@ def test_the_probe_reads_what_the_trainer_exports():
     assert "llmtrain_trainer_tokens_total 1024.0" in text  # a counter: every step adds the node's tokens
     probe = parse(text)
     assert (probe.step, probe.world_size, probe.restarts) == (42, 2, 3)
-    assert probe.failed_attempts == {"crash": 1, "hang": 1, "victim": 1, "preempted": 0, "permanent": 0}
+    assert probe.failed_attempts == {"crash": 1, "hang": 1, "victim": 1, "preempted": 0, "permanent": 0, "gpu_oom": 2}
     assert probe.last_checkpoint == {"local": 40, "shared": 30}
     assert probe.last_step_time is not None
     assert probe.tier_degraded == {} and probe.cost_seconds is None and probe.mtbf_seconds is None, "unset reads as absent"

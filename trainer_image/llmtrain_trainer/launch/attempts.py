@@ -92,7 +92,8 @@ class AttemptTracker:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def failed_attempts(self) -> dict[str, int]:
-        """cause -> failed attempts of this pod so far (every cause present, maybe 0)."""
+        """cause -> failed attempts of this pod so far (every cause present, maybe 0, but
+        the newer ones only once above 0: ``exitrecord.reported``)."""
         with self._lock:
             group = worker_group(self.agent_pid) if self.agent_pid is not None else None
             if group is not None and group[0] >= self.attempt:
@@ -112,7 +113,7 @@ class AttemptTracker:
                 # The current attempt, hung: torchrun restarts it. (Once a membership
                 # change restarts it instead, the record is kept aside and counted there.)
                 counts["hang"] += 1
-            return counts
+            return exitrecord.reported(counts)
 
     def workers_running(self) -> bool:
         """Whether torchrun has live workers now (not between attempts, nor before the first)."""

@@ -14,7 +14,8 @@ as exactly that.
 
 Each failed attempt has a *cause* (``attempt_cause``): a rank of this pod crashed or hung
 (``crash``, ``hang``), or every rank failed only because a peer elsewhere vanished
-(``victim``: exit 83). The operator charges causes to the restart budget, never victims:
+(``victim``: exit 83), or a rank ran out of GPU memory (``gpu_oom``: exit 88, a crash named
+apart). The operator charges causes to the restart budget, never victims:
 a victim's restart is a consequence of a failure charged where it happened.
 """
 
@@ -26,6 +27,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from llmtrain_contract import oom
 from llmtrain_contract.exitcodes import ExitCode, FailureClass, classify_exit
 from llmtrain_contract.names import FAILED_ATTEMPT_CAUSES
 
@@ -39,6 +41,15 @@ _SEVERITY = {
 }
 CAUSES = FAILED_ATTEMPT_CAUSES
 """What ended a failed attempt, as exported in ``llmtrain_trainer_failed_attempts_total``."""
+NEWER_CAUSES = (oom.GPU_CAUSE,)
+"""Causes an operator older than them does not know: it refuses a termination message's
+counts whole for one, and warns of the label on every page. Reported only once they
+happened (``reported``), so a trainer image newer than its operator changes nothing until
+one does."""
+FAILURES = ("hang", "permanent", oom.GPU_CAUSE, "crash")
+"""The causes that are this pod's own failure, the one that best explains an attempt
+first: a hung rank explains its local peers' ends, a rank out of GPU memory a peer's
+broken collective."""
 
 
 def _severity(code: int) -> tuple[int, int]:
@@ -76,7 +87,7 @@ def mark_started(run_dir: Path, attempt: int, local_rank: int) -> None:
     record = _read(folder / f"local-{local_rank}.json")
     started = _read(folder / f"local-{local_rank}.started")
     if record is not None and "code" in record and (started is None or record.get("time", 0) >= started.get("time", 0)):
-        if _cause_of(int(record["code"])) in ("hang", "crash", "permanent"):
+        if _cause_of(int(record["code"])) in FAILURES:
             _write_json(folder / SUPERSEDED / f"{float(record.get('time', 0)):.6f}-local-{local_rank}.json", record)
     _write_json(folder / f"local-{local_rank}.started", {"time": time.time()})
 
@@ -90,6 +101,8 @@ def superseded_causes(run_dir: Path) -> list[str]:
 def _cause_of(code: int) -> str:
     if code == ExitCode.HANG:
         return "hang"
+    if code == ExitCode.GPU_OUT_OF_MEMORY:
+        return oom.GPU_CAUSE
     if classify_exit(code).failure_class == FailureClass.PERMANENT:
         return "permanent"
     if code not in (ExitCode.SUCCESS, ExitCode.COLLECTIVE_TIMEOUT, ExitCode.PREEMPTED):
@@ -147,7 +160,7 @@ def attempt_cause(run_dir: Path, attempt: int, local_world_size: int) -> str:
     """Why ``attempt`` (a failed one: torchrun restarted after it) ended."""
     records = read_attempt(run_dir, attempt)
     causes = {_cause_of(int(r["code"])) for r in records}
-    for cause in ("hang", "permanent", "crash"):
+    for cause in FAILURES:
         if cause in causes:
             return cause
     if len({r.get("local_rank") for r in records}) < local_world_size:
@@ -160,4 +173,9 @@ def failed_attempts(run_dir: Path, restart_count: int, local_world_size: int) ->
     of the failed runs a membership change replaced (``mark_started``)."""
     causes = Counter(attempt_cause(run_dir, k, local_world_size) for k in range(restart_count))
     causes.update(superseded_causes(run_dir))
-    return {cause: causes.get(cause, 0) for cause in CAUSES}
+    return reported({cause: causes.get(cause, 0) for cause in CAUSES})
+
+
+def reported(counts: dict[str, int]) -> dict[str, int]:
+    """Every cause's count, the ``NEWER_CAUSES`` only once they are above 0."""
+    return {cause: n for cause, n in counts.items() if n or cause not in NEWER_CAUSES}

@@ -26,6 +26,9 @@ Off unless the environment variable ``LLMTRAIN_FAULT_INJECT`` is set. Its value 
     oom@step=15,rank=1            grow this process until the kernel's OOM killer ends it
                                   (the container's memory limit; refused without one, so
                                   that a test never fills the machine)
+    gpu_oom@step=15,rank=1        run out of GPU memory: on a GPU, ask CUDA's allocator
+                                  for twice the device (a real ``torch.OutOfMemoryError``);
+                                  without one, raise that error with torch's own words
     nan@step=15,rank=0            set a parameter of this rank to NaN before step 15:
                                   its loss, then every rank's gradients, weights and
                                   loss turn NaN (bad numerics)
@@ -59,7 +62,7 @@ from llmtrain_trainer.pod import memcg
 
 ENV = Env.FAULT_INJECT
 STATE_ENV = Env.FAULT_STATE_DIR
-KINDS = {"crash", "hang", "slow", "exit", "sigterm", "stop", "gil", "nan", "oom"}
+KINDS = {"crash", "hang", "slow", "exit", "sigterm", "stop", "gil", "nan", "oom", "gpu_oom"}
 TARGETS = ("self", "agent", "launcher")
 """What ``stop`` freezes: this rank, its torchrun agent (the parent), or the launcher."""
 
@@ -172,6 +175,8 @@ class FaultInjector:
             self.poison = True
         elif fault.kind == "oom":
             _grow_until_killed()
+        elif fault.kind == "gpu_oom":
+            _exhaust_gpu()
         elif fault.kind == "gil":
             # Nested quantifiers on a non-matching subject: exponential backtracking inside
             # the regex engine, which never releases the GIL (2**40 steps: hours).
@@ -190,6 +195,18 @@ def _grow_until_killed() -> None:
     hoard = []
     while True:
         hoard.append(b"\x01" * (64 << 20))
+
+
+def _exhaust_gpu() -> None:
+    """Raise ``torch.OutOfMemoryError``: from CUDA's allocator itself when this rank has a
+    GPU (twice its memory in one tensor), else with the words torch uses."""
+    import torch  # noqa: PLC0415 - the trainer's ranks have it; the injector's other faults need none
+
+    if torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        torch.empty(2 * total, dtype=torch.uint8, device="cuda")
+        raise AssertionError("CUDA allocated twice its GPU's memory")  # unreachable on any GPU
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. (injected: this rank has no GPU)")
 
 
 def _agent() -> int:

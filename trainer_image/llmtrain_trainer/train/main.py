@@ -19,8 +19,10 @@ import yaml
 from pydantic import ValidationError
 
 from llmtrain_trainer.pod import exitrecord
+from llmtrain_trainer.train import gpumem
 from llmtrain_trainer.train.faults import FaultInjector
 from llmtrain_trainer.train.peers import is_collective_failure
+from llmtrain_contract import memplan
 from llmtrain_contract.config import TrainerConfig, WorldSizeInvalid
 from llmtrain_contract.exitcodes import ExitCode
 from llmtrain_contract.names import Env
@@ -81,6 +83,17 @@ def _fail(run_dir: Path, code: int, message: str, step: int | None = None) -> in
     except OSError as err:
         print(f"llmtrain: could not write the exit record: {err}", file=sys.stderr)
     return int(code)
+
+
+def _gpu_oom_message(cfg: TrainerConfig, err: BaseException) -> str:
+    """The GPU's figures and the memory plan at this attempt's world size, against this GPU."""
+    gpu = gpumem.figures(err)
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        plan = memplan.verdict(memplan.from_config(cfg, world), gpu.total_bytes if gpu is not None else None)
+    except Exception as plan_err:  # noqa: BLE001 - the OOM is named without its plan rather than not at all
+        plan = f"no memory plan ({type(plan_err).__name__}: {plan_err})"
+    return gpumem.message(_rank(), err, gpu, plan)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,8 +182,12 @@ def run(cfg: TrainerConfig, config_dir: Path | None = None) -> int:
         return _fail(run_dir, ExitCode.TRANSIENT, str(err))
     except Exception as err:  # noqa: BLE001 - every exit must be classified
         step = trainer.step if trainer else None
+        # A victim first: a collective that broke while handling an OOM has it as context.
         if is_collective_failure(err):
             return _fail(run_dir, ExitCode.COLLECTIVE_TIMEOUT, f"{type(err).__name__}: {err}", step)
+        if (oom := gpumem.out_of_memory(err)) is not None:
+            traceback.print_exc()
+            return _fail(run_dir, ExitCode.GPU_OUT_OF_MEMORY, _gpu_oom_message(cfg, oom), step)
         traceback.print_exc()
         exitrecord.write(run_dir, _attempt(), _rank(), _local_rank(), 1, f"{type(err).__name__}: {err}", step)
         return 1

@@ -13,7 +13,8 @@ uncaught exception its type, text and where it was raised, which the launcher pu
 the pod's termination message and the operator into the job's status and Events. An
 exception that says a peer failed (a broken collective, ``peers.py``) makes the rank a
 victim (exit 83), as in the built-in trainer, so that one lost rank is charged once, not
-once more per survivor. It also gives each local rank its own ``LLMTRAIN_PROGRESS_FILE``
+once more per survivor; one that says CUDA's allocator ran out of GPU memory exits 88 with
+the GPU's figures (``gpumem.py``). It also gives each local rank its own ``LLMTRAIN_PROGRESS_FILE``
 (``progress.py``).
 
 A rank killed by a signal or ended with ``os._exit`` writes no record; the launcher then
@@ -33,6 +34,7 @@ from llmtrain_contract.names import Env
 
 from llmtrain_trainer.pod import exitrecord
 from llmtrain_trainer.pod import progress
+from llmtrain_trainer.train import gpumem
 from llmtrain_trainer.train.peers import is_collective_failure
 
 USAGE = "usage: python -m llmtrain_trainer.train.script (SCRIPT | -m MODULE) [ARGS...]"
@@ -58,12 +60,13 @@ def exit_code(err: SystemExit) -> tuple[int, str]:
 def describe(err: BaseException) -> str:
     """``ValueError: bad shape at /app/train.py:42 in step()``: the innermost frame of the
     script's traceback, which is where a user looks first."""
+    return f"{type(err).__name__}: {err}".strip().rstrip(":") + where(err)
+
+
+def where(err: BaseException) -> str:
+    """`` (at /app/train.py:42 in step)``, or nothing without a traceback."""
     frames = traceback.extract_tb(err.__traceback__)
-    text = f"{type(err).__name__}: {err}".strip().rstrip(":")
-    if frames:
-        last = frames[-1]
-        text += f" (at {last.filename}:{last.lineno} in {last.name})"
-    return text
+    return f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
 
 
 def _last_step(run_dir: Path, local_rank: int) -> int | None:
@@ -105,7 +108,12 @@ def run(argv: list[str]) -> int:
         if is_collective_failure(err):
             # A peer died or froze: this rank is a victim, and the failure is charged
             # where it happened, not once more per survivor (exitrecord.attempt_cause).
+            # First: a collective that broke while the script handled an OOM has it as context.
             code, message = int(ExitCode.COLLECTIVE_TIMEOUT), f"victim: a peer failed: {describe(err)}"
+        elif (oom := gpumem.out_of_memory(err)) is not None:
+            # Named apart from a crash (docs/exit-codes.md); where the script raised it, as for any exception.
+            code = int(ExitCode.GPU_OUT_OF_MEMORY)
+            message = gpumem.message(rank, oom, gpumem.figures(oom)) + where(err)
         else:
             code, message = 1, describe(err)
     if run_dir is not None:

@@ -15,11 +15,14 @@ crash count before it reads the cgroup, so a page that shows the crash shows the
 crash first reported by the restarted trainer in a pass whose launcher page did not
 answer is named ``RestartedInPlace`` (its kill is then used by the pod's next crash, if
 any: the count cannot say which crash it was).
+
+A rank out of GPU memory has a cause of its own (``gpu_oom``: the rank said so in its exit
+record), charged as ``GPUOutOfMemory`` with a built-in job's memory plan.
 """
 
 from __future__ import annotations
 
-from llmtrain_contract import oom
+from llmtrain_contract import memplan, oom
 from llmtrain_contract.exitcodes import ExitCode, classify_exit
 from llmtrain_contract.names import Termination
 
@@ -29,10 +32,12 @@ from ...api.vocabulary import FailureKind, PodPhase, Reason
 from ..accounting import pod_key, record_failure
 from ..budget import charge_budget
 from ..context import Pass, Verdict
+from ..render import trainer_config
 
 CHARGED_CAUSES = {
     "crash": (Reason.RESTARTED_IN_PLACE, FailureKind.PROCESS_CRASH),
     "hang": (classify_exit(ExitCode.HANG).reason, FailureKind.HANG),
+    oom.GPU_CAUSE: (oom.GPU_REASON, FailureKind.PROCESS_CRASH),
 }
 """Causes that are charged, with their restart reason and failure kind."""
 
@@ -61,18 +66,26 @@ def handle(ctx: Pass) -> Verdict:
     # used) before any charge: the budget may end the pass at any one of them.
     oom_kills = _new_oom_kills(ctx, live, seen)
     named: list[tuple[str, PodView, str, str, str]] = []
+    plans: dict[str, str] = {}  # pod key -> its GPU OOM message: a plan per pod, not per claimed charge
     for cause, pod in charges:
         reason, _ = CHARGED_CAUSES[cause]
         where = f"pod {pod.name}" + (f" on node {pod.node}" if pod.node else "")
         message = f"a rank in {where} {'hung' if cause == 'hang' else 'failed'} and torchrun restarted the worker group in place"
+        if cause == oom.GPU_CAUSE:
+            message = plans.get(pod_key(pod)) or plans.setdefault(pod_key(pod), gpu_oom_message(ctx, pod, where))
         memory = _memory(ctx, pod)
-        if cause == "crash" and memory is not None and oom_kills.get(pod_key(pod), 0) > 0:
+        if cause in (oom.GPU_CAUSE, "crash") and memory is not None and oom_kills.get(pod_key(pod), 0) > 0:
             oom_kills[pod_key(pod)] -= 1
             counts = seen.setdefault(pod_key(pod), {})
             counts[OOM] = counts.get(OOM, 0) + 1
-            reason = oom.REASON
-            message = (f"the kernel's OOM killer ended a rank in {where} (torchrun restarted the worker group in place): "
-                       + oom.figures(memory.peak_bytes, memory.limit_bytes))
+            kernel = oom.figures(memory.peak_bytes, memory.limit_bytes)
+            if cause == oom.GPU_CAUSE:
+                # The attempt had both (a rank killed without a record beside one out of GPU
+                # memory): the kill is used here, or it would name a later, unrelated crash.
+                message += f"; the kernel's OOM killer also ended a rank of the pod: {kernel}"
+            else:
+                reason = oom.REASON
+                message = f"the kernel's OOM killer ended a rank in {where} (torchrun restarted the worker group in place): {kernel}"
         named.append((cause, pod, where, reason, message))
     book.attempts_seen = {key: text for key, counts in seen.items() if (text := attempts_text(counts))}
     for cause, pod, where, reason, message in named:
@@ -87,6 +100,20 @@ def handle(ctx: Pass) -> Verdict:
 
 OOM = "oom"
 """The ``attempts_seen`` slot of the OOM kills already used to name a crash."""
+
+
+def gpu_oom_message(ctx: Pass, pod: PodView, where: str) -> str:
+    """A rank out of GPU memory, restarted in place: its own figures stay in its exit
+    record and log (a page gives counts only); a built-in job's memory plan at the job's
+    world size, against the node's GPU when NVIDIA's labels give its size."""
+    text = (f"a rank in {where} ran out of GPU memory (CUDA's allocator refused an allocation; the rank's log and "
+            f"exit record give the allocator's figures) and torchrun restarted the worker group in place")
+    if ctx.spec.trainer.builtin is None:
+        return f"{text}; {oom.GPU_ADVICE}"
+    node = ctx.observed.nodes.get(pod.node) if pod.node else None
+    room = node.gpu_memory_mib << 20 if node is not None and node.gpu_memory_mib else None
+    world = ctx.status.world_size or ctx.spec.replicas.min * ctx.spec.procs_per_node
+    return f"{text}; {memplan.verdict(memplan.from_config(trainer_config(ctx.job), world), room)}"
 
 
 def _new_oom_kills(ctx: Pass, live: dict[str, PodView], seen: dict[str, dict[str, int]]) -> dict[str, int]:

@@ -46,11 +46,8 @@ def handle(ctx: Pass) -> Verdict:
         ctx.condition(ConditionType.GPU_MEMORY_FITS, True, Reason.FITS_GPU_MEMORY,
                       f"a rank's planned peak at world size {world}, {memplan.size(plan.peak)}, fits the largest GPU: {gpu}")
         return Verdict.CONTINUE
-    hint = memplan.suggestion(job, room)
     message = (f"a rank's planned peak at world size {world}, {memplan.size(plan.peak)}, does not fit the largest GPU the job "
-               f"can land on, {gpu}, with {memplan.HEADROOM:.0%} of it usable; "
-               + (f"try {hint}" if hint else "no single change of micro-batch, activation checkpointing or ZeRO stage fits")
-               + f" ({plan.describe()})")
+               f"can land on, {gpu}, with {memplan.HEADROOM:.0%} of it usable; {memplan.advice(job, room)} ({plan.describe()})")
     if ctx.condition(ConditionType.GPU_MEMORY_FITS, False, Reason.EXCEEDS_GPU_MEMORY, message):
         ctx.event(Reason.EXCEEDS_GPU_MEMORY, message, warning=True)
     return Verdict.CONTINUE
