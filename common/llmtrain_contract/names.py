@@ -32,6 +32,11 @@ class Env:
     """Tier 2 (shared filesystem) checkpoint directory, when configured."""
     S3_URI = "LLMTRAIN_S3_URI"
     """Tier 3, ``s3://bucket/prefix``, when configured."""
+    CHECKPOINT_TIERS = "LLMTRAIN_CHECKPOINT_TIERS"
+    """A script job's tiers as the built-in trainer's config lists them (JSON: name, uri,
+    keep, intervalSteps, S3 settings), for the checkpoint API (``llmtrain_trainer/checkpoints.py``)."""
+    JOB_UID = "LLMTRAIN_JOB_UID"
+    """A script job's uid: what its checkpoints are owned by (``llmtrain_store.owner``)."""
     PROGRESS_FILE = "LLMTRAIN_PROGRESS_FILE"
     """Where a user's script may write its step, a number a line, to report progress
     (docs/custom-scripts.md); the launcher serves it as ``LauncherMetric.STEP``."""

@@ -51,10 +51,12 @@ ENGINE_FILES = {
     "deepspeed": re.compile(r"(ds/((zero_pp_rank_\d+_)?mp_rank_00_model_states\.pt"
                             rf"|(bf16_)?zero_pp_rank_\d+_mp_rank_00_optim_states\.pt){_SLICED}"
                             r"|rng/rank-\d{5}\.llmt)"),
+    "script": re.compile(rf"(script-state\.pt{_SLICED}|script-rank-\d{{5}}\.pt{_SLICED}|rng/rank-\d{{5}}\.llmt)"),
 }
 """Every file name each engine writes, by the manifest's ``strategy`` (DeepSpeed prefixes
 its optimizer shards with ``bf16_`` when it trains in bf16, and at ZeRO-3 every rank writes
-its own ``zero_pp_rank_<r>_mp_rank_00_model_states.pt``): a manifest naming
+its own ``zero_pp_rank_<r>_mp_rank_00_model_states.pt``; a script's state through the
+checkpoint API is one replicated file or a file per rank): a manifest naming
 anything else is rejected. The trainer's engines answer with these; ``llmtrain
 checkpoints`` checks with them, without the trainer."""
 PIECE = 64 << 20

@@ -8,6 +8,7 @@ it is; the local runner resolves the references itself (``localrun/cluster.py``)
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from llmtrain_contract.names import Env
 
 from ..api.job import LLMTrainJob
+from .render import tiers_wire
 
 
 def _field(name: str, path: str) -> dict[str, Any]:
@@ -77,6 +79,10 @@ def worker_env(job: LLMTrainJob, paths: dict[str, str], run_dir: str) -> list[di
         env.append({"name": Env.CHECKPOINT_DIR, "value": paths["local"]})
         if "shared" in paths:
             env.append({"name": Env.SHARED_CHECKPOINT_DIR, "value": paths["shared"]})
+        if spec.trainer.builtin is None:
+            # The checkpoint API (docs/custom-scripts.md) builds the built-in trainer's tiers from these.
+            env += [{"name": Env.CHECKPOINT_TIERS, "value": json.dumps(tiers_wire(job, paths), sort_keys=True)},
+                    {"name": Env.JOB_UID, "value": job.metadata.uid or ""}]
     s3 = spec.checkpoint.s3
     if s3 is not None:
         ref = s3.credentials_secret

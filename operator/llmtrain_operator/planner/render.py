@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import yaml
 from llmtrain_contract.config import TrainerConfig
@@ -25,6 +26,23 @@ def tier_paths(job: LLMTrainJob) -> dict[str, str]:
     return paths
 
 
+def tiers_wire(job: LLMTrainJob, paths: dict[str, str]) -> list[dict[str, Any]]:
+    """The job's checkpoint tiers as the trainer's config lists them (``checkpoint.tiers``;
+    a script job's ``LLMTRAIN_CHECKPOINT_TIERS``); none with checkpoints off."""
+    ckpt = job.spec.checkpoint
+    if not ckpt.enabled:
+        return []
+    tiers: list[dict[str, Any]] = [{"name": "local", "uri": paths["local"], "keep": ckpt.local.keep}]
+    for name, tier in (("shared", ckpt.shared), ("s3", ckpt.s3)):
+        if tier is None:
+            continue
+        entry = {"name": name, "uri": paths[name], "keep": tier.keep, "intervalSteps": tier.interval_steps or 0}
+        if isinstance(tier, S3TierSpec):
+            entry.update({"endpoint": tier.endpoint, "region": tier.region, "pathStyle": tier.force_path_style})
+        tiers.append(entry)
+    return tiers
+
+
 def trainer_config(job: LLMTrainJob, paths: dict[str, str] | None = None, run_dir: str = names.RUN_DIR,
                    metrics_host: str = "$POD_IP") -> TrainerConfig:
     """The config the built-in trainer reads. ``paths`` overrides the tier locations."""
@@ -33,16 +51,7 @@ def trainer_config(job: LLMTrainJob, paths: dict[str, str] | None = None, run_di
         raise ValueError("only the built-in trainer has a trainer config")
     paths = paths or tier_paths(job)
     ckpt = spec.checkpoint
-    tiers = []
-    if ckpt.enabled:
-        tiers.append({"name": "local", "uri": paths["local"], "keep": ckpt.local.keep})
-        for name, tier in (("shared", ckpt.shared), ("s3", ckpt.s3)):
-            if tier is None:
-                continue
-            entry = {"name": name, "uri": paths[name], "keep": tier.keep, "intervalSteps": tier.interval_steps or 0}
-            if isinstance(tier, S3TierSpec):
-                entry.update({"endpoint": tier.endpoint, "region": tier.region, "pathStyle": tier.force_path_style})
-            tiers.append(entry)
+    tiers = tiers_wire(job, paths)
     if ckpt.interval_steps == AUTO:
         auto = ckpt.auto or AutoCadenceSpec()
         cadence = {"intervalSteps": auto.initial_steps, "auto": auto.model_dump(by_alias=True)}

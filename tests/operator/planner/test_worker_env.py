@@ -70,3 +70,28 @@ def test_each_rank_gets_the_pods_cpus_over_its_ranks_as_intra_op_threads_unless_
 def test_the_local_run_carries_the_same_thread_count(tmp_path):
     parsed = parse_job({**job({"spec.resources": {"requests": {"cpu": "2"}}}), "status": None})
     assert LocalCluster(parsed, tmp_path).worker_environment("tiny-elastic-worker-0", 0)["OMP_NUM_THREADS"] == "2"
+
+
+def test_a_script_job_gets_its_tiers_for_the_checkpoint_api_as_the_builtin_trainers_config_lists_them(tmp_path):
+    import json
+
+    from llmtrain_contract.config import CheckpointTierConfig
+    from llmtrain_operator.planner.render import trainer_config
+
+    tiers = {"spec.checkpoint.shared": {"claimName": "ckpt", "keep": 5, "intervalSteps": 20},
+             "spec.checkpoint.s3": {"bucket": "ckpts", "endpoint": "http://minio:9000", "credentialsSecret": {"name": "s3"}}}
+    builtin = parse_job({**job(tiers), "status": None})
+    script = parse_job({**job({**tiers, "spec.trainer": {"command": ["/app/train.py"]}, "spec.image": "example.com/me:1"}),
+                        "status": None})
+    env = {e["name"]: e.get("value") for e in worker_pod(script, 0, 0)["spec"]["containers"][0]["env"]}
+    listed = [CheckpointTierConfig.model_validate(t) for t in json.loads(env[Env.CHECKPOINT_TIERS])]
+    assert listed == trainer_config(builtin).checkpoint.tiers
+    assert [(t.name, t.keep, t.interval_steps) for t in listed] == [("local", 2, 0), ("shared", 5, 20), ("s3", 5, 0)]
+    assert env[Env.JOB_UID] == "uid-1"
+    local = LocalCluster(script, tmp_path).worker_environment("tiny-elastic-worker-0", 0)
+    assert json.loads(local[Env.CHECKPOINT_TIERS])[0]["uri"] == str(tmp_path / "node-0" / "ckpt"), "the local run's folders"
+    # The built-in trainer reads its config file; checkpoints off: no tiers to give.
+    assert Env.CHECKPOINT_TIERS not in {e["name"] for e in worker_pod(builtin, 0, 0)["spec"]["containers"][0]["env"]}
+    off = parse_job({**job({"spec.trainer": {"command": ["/app/train.py"]}, "spec.image": "example.com/me:1",
+                            "spec.checkpoint.enabled": False}), "status": None})
+    assert Env.CHECKPOINT_TIERS not in {e["name"] for e in worker_pod(off, 0, 0)["spec"]["containers"][0]["env"]}

@@ -104,6 +104,8 @@ class CheckpointManager:
         self._stored_local: int | None = None
         self._lock = threading.Lock()
         self._propagators: list[Propagator] = []
+        self._last_saved: tuple[Saved, list[Propagator]] | None = None
+        """The newest step committed to tier 1, and the slower tiers it was handed to."""
 
     # ------------------------------------------------------------------ restore
 
@@ -210,6 +212,39 @@ class CheckpointManager:
             self.heartbeat()
         self._pending = None
         return True
+
+    def flush(self) -> bool:
+        """Block until the previous save is in tier 1 and every slower tier has stored what
+        it took; False when a slower tier did not finish within twice the commit timeout."""
+        self.wait()
+        return all(propagator.flush(self.commit_timeout * 2) for propagator in self._propagators)
+
+    def can_complete(self, step: int) -> bool:
+        """Whether ``step`` is this rank's last save and tier 1 committed it (``complete``
+        has its files to give)."""
+        return self._last_saved is not None and self._last_saved[0].step == step
+
+    def complete(self, step: int) -> bool:
+        """Make every slower tier hold ``step``, this rank's last save (a script's final
+        checkpoint of the step its loop saved last): a tier that skipped it, still busy
+        with an older step, gets it from tier 1 now; blocks until stored. A step is never
+        saved twice (tier 1 would commit it again). Every rank calls it: the tiers that
+        skipped the step are the same on every rank (their choice was agreed), once every
+        rank ``can_complete``. False when ``step`` is not the last save committed to tier 1,
+        or a tier did not finish (one that failed is degraded and logged: done)."""
+        if not self.flush() or not self.can_complete(step):
+            return False
+        assert self._last_saved is not None  # can_complete
+        saved, took = self._last_saved
+        missing = [p for p in self._propagators if p not in took]
+        for propagator in missing:
+            propagator.claim(step)
+        again = Saved(step, saved.meta, saved.records, memory=saved.memory)
+        again.hold(len(missing))
+        for propagator in missing:
+            propagator.deliver(again)
+        self._last_saved = (saved, took + missing)
+        return all(propagator.flush(self.commit_timeout * 2) for propagator in missing)
 
     def save(self, step: int, samples: int, rng_state: RngState, tiers_busy: list[bool] | None = None,
              sync: bool = False) -> float:
@@ -338,6 +373,7 @@ class CheckpointManager:
         if snap is not None:
             snap.release()
         saved = Saved(step, meta, records, memory={rng_file(self.info.rank): MemorySource([rng_bytes])})
+        self._last_saved = (saved, list(targets))
         saved.hold(len(targets))
         for propagator in targets:
             propagator.deliver(saved)

@@ -60,7 +60,7 @@ def read_arena(path: Path, arena: Arena, expected: Pieces) -> dict[str, Any]:
     return header.meta
 
 
-def write_small(path: Path, data: bytes) -> tuple[int, Pieces]:
+def write_small(path: Path, data: bytes | memoryview) -> tuple[int, Pieces]:
     """A small file (an RNG archive) already encoded in memory, hashed as written."""
     writer = FileWriter(path, piece_size(len(data)), direct=False)
     try:
@@ -72,12 +72,17 @@ def write_small(path: Path, data: bytes) -> tuple[int, Pieces]:
     return writer.size, pieces
 
 
-def read_tensors(data: bytes, expected: Pieces) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Tensors and meta of a small archive already in memory, after checking its hashes."""
+def verify(data: bytes, expected: Pieces, what: str = "an archive") -> None:
+    """Raise ChecksumMismatch unless ``data`` hashes to the manifest's pieces."""
     hasher = PieceHasher(_piece_of(expected))
     hasher.update(data)
     if hasher.finish() != [tuple(p) for p in expected]:
-        raise ChecksumMismatch("an archive does not match the manifest's hashes")
+        raise ChecksumMismatch(f"{what} does not match the manifest's hashes")
+
+
+def read_tensors(data: bytes, expected: Pieces) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Tensors and meta of a small archive already in memory, after checking its hashes."""
+    verify(data, expected)
     header = decode_header(data, file_size=len(data))
     buffer = bytearray(data[header.payload_offset:])
     out = {}

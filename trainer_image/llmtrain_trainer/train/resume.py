@@ -58,38 +58,8 @@ class Resume:
         """The restore point every rank agrees on, with its files where this rank reads
         them; None for a fresh start (nothing saved, or every copy unusable and
         ``checkpoint.allowFreshStart`` set). A collective."""
-        pull_timeout = max(600.0, self.cfg.fault_tolerance.collective_timeout_seconds)
-        excluded: frozenset[tuple[str, int]] = frozenset()
-        self.ckpt.forget_failed_pulls()
-        failures: list[tuple[str, int, str]] = []
-        for _ in range(RESTORE_ROUNDS):
-            try:
-                choice = self.ckpt.restore_point(self.sharded, lambda o: gather(self.info, o), excluded)
-            except NoLoadableCheckpoint as err:
-                if not self.cfg.checkpoint.allow_fresh_start:
-                    raise
-                log.error("%s; starting from step 0 because checkpoint.allowFreshStart is set", err)
-                return None
-            if choice is None:
-                if self.info.rank == 0:
-                    # Said on every start: after a failure it tells that no checkpoint had
-                    # been committed yet, so the restart redoes every step from the first.
-                    log.info("starting from step 0: no checkpoint in any tier")
-                return None
-            folder, failure = None, None
-            if not (choice.mode == "broadcast" and self.info.rank != choice.source_rank):
-                try:
-                    folder = self.ckpt.localize(choice, pull_timeout)
-                except CheckpointError as err:
-                    failure = (choice.tier or "", choice.step, str(err))
-            failures = [f for f in gather(self.info, failure) if f]
-            if not failures:
-                return RestorePoint(choice, folder)
-            if self.info.rank == 0:
-                for _tier, step, why in failures:
-                    log.warning("step %d: %s; agreeing on another copy", step, why)
-            excluded = excluded | {(t, s) for t, s, _ in failures}
-        raise NoLoadableCheckpoint([why for _, _, why in failures])
+        return agree(self.ckpt, self.info, self.sharded, self.cfg.checkpoint.allow_fresh_start,
+                     self.cfg.fault_tolerance.collective_timeout_seconds)
 
     def load(self, engine: Engine, point: RestorePoint, heartbeat: Callable[[], None]) -> int:
         """Load ``point`` into ``engine`` and the RNG state; returns the restored step."""
@@ -135,3 +105,41 @@ class Resume:
                 "unchanged)", saved_max, self.cfg.max_steps, choice.step, self.cfg.max_steps, choice.step + 1,
                 lr_at(choice.step, opt, self.cfg.max_steps), lr_at(choice.step, opt, saved_max),
             )
+
+
+def agree(ckpt: Checkpoints, info: DistInfo, sharded: bool, allow_fresh_start: bool,
+          collective_timeout: float) -> RestorePoint | None:
+    """The agreement on a restore point (``Resume.agree``; the checkpoint API's too): every
+    rank calls it; a pull that fails on any rank excludes that copy and they agree again."""
+    pull_timeout = max(600.0, collective_timeout)
+    excluded: frozenset[tuple[str, int]] = frozenset()
+    ckpt.forget_failed_pulls()
+    failures: list[tuple[str, int, str]] = []
+    for _ in range(RESTORE_ROUNDS):
+        try:
+            choice = ckpt.restore_point(sharded, lambda o: gather(info, o), excluded)
+        except NoLoadableCheckpoint as err:
+            if not allow_fresh_start:
+                raise
+            log.error("%s; starting from step 0 because checkpoint.allowFreshStart is set", err)
+            return None
+        if choice is None:
+            if info.rank == 0:
+                # Said on every start: after a failure it tells that no checkpoint had
+                # been committed yet, so the restart redoes every step from the first.
+                log.info("starting from step 0: no checkpoint in any tier")
+            return None
+        folder, failure = None, None
+        if not (choice.mode == "broadcast" and info.rank != choice.source_rank):
+            try:
+                folder = ckpt.localize(choice, pull_timeout)
+            except CheckpointError as err:
+                failure = (choice.tier or "", choice.step, str(err))
+        failures = [f for f in gather(info, failure) if f]
+        if not failures:
+            return RestorePoint(choice, folder)
+        if info.rank == 0:
+            for _tier, step, why in failures:
+                log.warning("step %d: %s; agreeing on another copy", step, why)
+        excluded = excluded | {(t, s) for t, s, _ in failures}
+    raise NoLoadableCheckpoint([why for _, _, why in failures])
