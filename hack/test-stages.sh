@@ -10,7 +10,8 @@
 #          process cannot report (a frozen rank, a rank holding the GIL, a whole pod frozen:
 #          tests/e2e/test_hangs.py), a rank crash and a node loss recovered and the job
 #          succeeding (tests/e2e/test_failures.py), a rank the kernel's OOM killer ends
-#          under a real memory limit, named OOMKilled (tests/e2e/test_oom.py), a job in a
+#          under a real memory limit, named OOMKilled, and a rank out of GPU memory named
+#          GPUOutOfMemory (tests/e2e/test_oom.py), a job in a
 #          namespace enforcing Pod Security "restricted" run as its pods ask
 #          (tests/e2e/test_restricted.py), a job's NetworkPolicy enforced by a real plugin
 #          (tests/e2e/test_network_policy.py), a hostile pod in the job's namespace (a forged

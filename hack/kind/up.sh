@@ -27,7 +27,23 @@ bash hack/images/engine.sh
 bin=$(bash hack/cluster-tools/build.sh kind kubectl helm | tail -1)
 export PATH=$bin:$PATH
 node=$(bash hack/kind/node-image.sh | tail -1)
-bash hack/images/build.sh
+images_log=$ROOT/.cache/kind/images-build.log
+mkdir -p "$(dirname "$images_log")"
+if [ "${1:-}" = load ]; then
+  bash hack/images/build.sh
+else
+  # The project's images build while kind creates the cluster, which is mostly kubeadm
+  # waiting (the base image exists: node-image.sh made it, so the two never both make it).
+  bash hack/images/build.sh > "$images_log" 2>&1 &
+  images_pid=$!
+  # Not left building when the cluster's creation fails and this script ends early.
+  trap '[ -z "${images_pid:-}" ] || kill "$images_pid" 2>/dev/null || true' EXIT
+fi
+images_built() {  # the background build's end, its output shown either way
+  [ -n "${images_pid:-}" ] || return 0
+  if wait "$images_pid"; then cat "$images_log" >&2; images_pid=""; return 0; fi
+  cat "$images_log" >&2; log "the project's images did not build"; return 1
+}
 VERSION=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/llmtrain-operator/Chart.yaml)
 
 # The operator image into every worker, the trainer's (5.9 GB) only into the GPU pool's,
@@ -127,6 +143,7 @@ config=$(PYTHONPATH=hack .venv/bin/python -m kindbed "$STATE")
 log "creating $CLUSTER from $node"
 kind create cluster --name "$CLUSTER" --image "$node" --config "$config" --kubeconfig "$STATE/kubeconfig" --wait 240s >&2
 export KUBECONFIG=$STATE/kubeconfig
+images_built
 load_project_images
 # This machine reaches each node's pods through the node (the suite scrapes and reads them).
 : > "$STATE/host-routes"

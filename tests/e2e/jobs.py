@@ -91,6 +91,17 @@ def run_dir(bed, pod: dict[str, Any]) -> Path:
     return bed.state / "pods" / pod["metadata"]["uid"] / "volumes" / "run"
 
 
+def touch_in_workers(bed, namespace: str, name: str, filename: str) -> None:
+    """Create ``filename`` in the run dir of every worker of the job that has one now
+    (a paced job's ``until=`` release: called at each poll, so a replacement that starts
+    after the first touch is released too)."""
+    for pod in pods(bed, namespace, name):
+        try:
+            (run_dir(bed, pod) / filename).touch()
+        except FileNotFoundError:
+            pass  # not started yet, or gone: the next poll sees it
+
+
 def freeze_launcher(bed, pod: dict[str, Any]) -> None:
     """Stop a worker pod's launcher, its ranks running on. On real nodes the node sends
     the SIGSTOP (``KindCluster.signal_first_process``): the launcher is its container's

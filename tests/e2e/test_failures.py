@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 from support.waiting import wait_for
 
-from .jobs import PVC, create, events, job_manifest, pods, status, wait_status
+from .jobs import PVC, create, events, job_manifest, pods, status, touch_in_workers, wait_status
 from .matrix import check_counters, restores
 
 pytestmark = pytest.mark.e2e
 
 NS, NAME = "e2e-failures", "survivor"
+RELEASE = "release-pacing"
 DETECT_BOUND = 5.0
 RECOVERY_BOUND = 60.0
 GRACE = 10
@@ -45,8 +46,9 @@ def job(operator):
         "spec.faultTolerance.nodeFailureGraceSeconds": GRACE, "spec.faultTolerance.maxRestarts": 6,
         # Pacing: from step 20 every step takes >= 1 s, so that the survivor cannot finish
         # all 90 steps alone before the node loss is even detected (NotReady after 16 s,
-        # then the grace); unpaced, a fast run sometimes did.
-        "spec.env": [{"name": "LLMTRAIN_FAULT_INJECT", "value": "slow@step=20,seconds=1,steps=70"}],
+        # then the grace); unpaced, a fast run sometimes did. Released once both faults
+        # are handled (the last test), so that the job does not sit out the rest.
+        "spec.env": [{"name": "LLMTRAIN_FAULT_INJECT", "value": f"slow@step=20,seconds=1,steps=70,until={RELEASE}"}],
     }))
     wait_status(bed, NS, NAME, lambda s: s.get("phase") == "Running" and s.get("step", 0) >= 12, 300, "running past step 12")
     run: dict = {}
@@ -140,7 +142,12 @@ def test_a_lost_node_is_charged_once_the_survivor_trains_on_and_the_replacement_
 
 def test_the_job_succeeds_with_each_failure_charged_once(operator, prometheus, job):
     bed = operator
-    done = wait_status(bed, NS, NAME, lambda s: s.get("phase") in ("Succeeded", "Failed"), 900, "finished")
+
+    def released_and_finished(s: dict) -> bool:
+        touch_in_workers(bed, NS, NAME, RELEASE)
+        return s.get("phase") in ("Succeeded", "Failed")
+
+    done = wait_status(bed, NS, NAME, released_and_finished, 900, "finished")
     assert done["phase"] == "Succeeded", json.dumps(done)[:3000]
     assert bed.kubectl("wait", "--for=condition=Succeeded", f"ltj/{NAME}", "-n", NS, "--timeout=5s").returncode == 0
     # One charge per failure; the survivors' groups that failed because their peer

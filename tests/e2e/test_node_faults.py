@@ -17,7 +17,8 @@ import json
 import pytest
 from support.waiting import wait_for
 
-from .jobs import PVC, create, event_messages, freeze_launcher, job_manifest, pods, rank_holder, run_dir, status, wait_status
+from .jobs import (PVC, create, event_messages, freeze_launcher, job_manifest, pods, rank_holder, run_dir, status,
+                   touch_in_workers, wait_status)
 
 pytestmark = pytest.mark.e2e
 
@@ -171,13 +172,9 @@ def test_the_job_succeeds_with_each_fault_charged_once(operator, job):
     assert running.get("phase") not in ("Succeeded", "Failed"), "the paced job must outlast its faults: " + json.dumps(running)[:2000]
 
     def released_and_finished(s: dict) -> bool:
-        # Into every worker's run dir at each poll: a replacement that starts after the
-        # first release (the deleted node's) would pace the whole job again.
-        for pod in pods(bed, NS, NAME):
-            try:
-                (run_dir(bed, pod) / RELEASE).touch()
-            except FileNotFoundError:
-                pass  # not started yet, or gone: the next poll sees it
+        # At each poll: a replacement that starts after the first release (the deleted
+        # node's) would pace the whole job again.
+        touch_in_workers(bed, NS, NAME, RELEASE)
         return s.get("phase") in ("Succeeded", "Failed")
 
     done = wait_status(bed, NS, NAME, released_and_finished, 600, "finished")

@@ -19,12 +19,13 @@ import pytest
 from llmtrain_operator.planner.manifests import IMAGE_UID
 from support.waiting import wait_for
 
-from .jobs import GANG, PVC, create, event_messages, job_manifest, pods, wait_status
+from .jobs import GANG, PVC, create, event_messages, job_manifest, pods, touch_in_workers, wait_status
 from .matrix import restores
 
 pytestmark = pytest.mark.kind
 
 NS, NAME = "e2e-restricted-run", "restricted"
+RELEASE = "release-pacing"
 IMAGE_ID = str(IMAGE_UID)
 """The images' user and group (docs/install.md, "Images"), which the pods' fsGroup names."""
 
@@ -56,8 +57,9 @@ def test_a_job_in_a_restricted_namespace_runs_as_its_pods_ask_and_recovers_from_
         **GANG, "spec.trainer.builtin.maxSteps": 60, "spec.checkpoint.intervalSteps": 5,
         "spec.checkpoint.shared": {"claimName": "ckpt-shared", "intervalSteps": 10},
         # Paced from step 10 (every step >= 1 s): the crash and the replacement's start
-        # fall well inside the run, and the replacement is read while it trains.
-        "spec.env": [{"name": "LLMTRAIN_FAULT_INJECT", "value": "slow@step=10,seconds=1,steps=50"}],
+        # fall well inside the run, and the replacement is read while it trains; released
+        # once it has been read.
+        "spec.env": [{"name": "LLMTRAIN_FAULT_INJECT", "value": f"slow@step=10,seconds=1,steps=50,until={RELEASE}"}],
     }))
     try:
         running = wait_status(bed, NS, NAME, lambda s: s.get("phase") == "Running" and s.get("step", 0) >= 12, 300,
@@ -77,7 +79,11 @@ def test_a_job_in_a_restricted_namespace_runs_as_its_pods_ask_and_recovers_from_
                                what="the replacement running")
         _assert_restricted(_runtime_view(bed, replacement), replacement["metadata"]["name"])
 
-        done = wait_status(bed, NS, NAME, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, "finished")
+        def released_and_finished(s: dict) -> bool:
+            touch_in_workers(bed, NS, NAME, RELEASE)
+            return s.get("phase") in ("Succeeded", "Failed")
+
+        done = wait_status(bed, NS, NAME, released_and_finished, 600, "finished")
         assert done["phase"] == "Succeeded", json.dumps(done)[:3000]
         assert done["restartsByReason"] == {"Signal9": 1} and done["step"] == 60, done
         # The tiers were written by uid 65532 under a read-only root: the crash was recovered

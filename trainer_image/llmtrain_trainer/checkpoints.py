@@ -72,7 +72,7 @@ from llmtrain_trainer.checkpoint.manager import CheckpointManager
 from llmtrain_trainer.checkpoint.protocol import manifest_files
 from llmtrain_trainer.checkpoint.rngfiles import rng_file
 from llmtrain_trainer.engines import rng
-from llmtrain_trainer.state.tensorio import verify, write_small
+from llmtrain_trainer.state.tensorio import ChecksumMismatch, verify, write_small
 from llmtrain_trainer.train.agreement import gather
 from llmtrain_trainer.train.metrics import NullMetrics
 from llmtrain_trainer.train.resume import RNG_STEP_STRIDE, agree
@@ -273,11 +273,24 @@ class ScriptCheckpoints:
             raise ReshardNeeded(f"step {choice.step} holds each rank's own part of a sharded state saved at world size "
                                 f"{choice.saved_world}; this run has {self.info.world_size} ranks: restore it at "
                                 f"{choice.saved_world} ranks (replicas.min = replicas.max), or reshard it yourself")
-        data = self._read(point.folder, choice.step) if point.folder is not None else None
+        # Each failure below is agreed: a rank that raised alone would leave the others
+        # waiting in the broadcast or the tiers' barrier.
+        data, problem = None, None
+        if point.folder is not None:
+            try:
+                data = self._read(point.folder, choice.step)
+            except (UnusableCheckpoint, ChecksumMismatch, OSError) as err:
+                problem = f"rank {self.info.rank}: {err}"
+        self._agreed(problem)
         if choice.mode == "broadcast":
             data = broadcast_bytes(data if self.info.rank == choice.source_rank else None, choice.source_rank)
         assert data is not None  # a local copy, or the broadcast's
-        state = self._load(data, choice.step)
+        state, problem = None, None
+        try:
+            state = self._load(data, choice.step)
+        except UnusableCheckpoint as err:
+            problem = f"rank {self.info.rank}: {err}"
+        self._agreed(problem)
         if choice.saved_world == self.info.world_size:
             found = self.manager.read_rng(choice.step, rng_file(self.info.rank), point.folder)
             if found is not None:
@@ -290,6 +303,12 @@ class ScriptCheckpoints:
             log.info("restored step %d (%s tier, %s, saved at world size %d, now %d)", choice.step, choice.source_tier,
                      choice.mode, choice.saved_world, self.info.world_size)
         return choice.step, state
+
+    def _agreed(self, problem: str | None) -> None:
+        """Raise on every rank when any rank has a problem, naming each."""
+        problems = [p for p in gather(self.info, problem) if p]
+        if problems:
+            raise UnusableCheckpoint("; ".join(problems[:4]))
 
     def _read(self, folder: Path, step: int) -> bytes:
         name = self.state.file_name()
@@ -316,8 +335,8 @@ class ScriptCheckpoints:
 
     def save(self, step: int, state: Any, sync: bool = False) -> float:
         """Checkpoint ``state`` as of ``step`` (every rank, the same steps); the seconds
-        the caller was blocked. Raises what ``torch.save`` raises for a state it cannot
-        serialise."""
+        the caller was blocked. ``CheckpointRefused`` on every rank when any rank could
+        not (``_serialise``); ``ValueError`` for a step older than the last one saved."""
         if self.restored is None:
             raise RuntimeError("restore() first: it agrees on the step the job resumes from, and prepares the tiers")
         if self.saved is not None and step < self.saved:

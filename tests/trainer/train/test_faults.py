@@ -59,6 +59,17 @@ def test_pacing_ends_once_its_release_file_appears(tmp_path):
         injector.at_step(step)
     assert time.perf_counter() - began < 0.05, "ten steps, none paced after the release"
 
+def test_a_pause_ends_early_once_its_file_appears(tmp_path):
+    import threading
+
+    injector = FaultInjector(parse("slow@step=2,seconds=30,until=go"), rank=0, attempt=0, state_dir=tmp_path / "state",
+                             run_dir=tmp_path)
+    threading.Timer(0.3, lambda: (tmp_path / "go").write_text("")).start()
+    began = time.perf_counter()
+    injector.at_step(2)
+    assert 0.3 <= time.perf_counter() - began < 5, "paused until the file, not the 30 s"
+
+
 def test_a_triggered_fault_fires_at_the_first_step_after_its_file_appears(tmp_path):
     fired = []
     injector = FaultInjector(parse("gil@trigger=go,rank=1,step=3"), rank=1, attempt=0, state_dir=tmp_path / "state", run_dir=tmp_path)

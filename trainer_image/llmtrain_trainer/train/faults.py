@@ -6,6 +6,9 @@ Off unless the environment variable ``LLMTRAIN_FAULT_INJECT`` is set. Its value 
     crash@step=25,rank=1          SIGKILL this process at the start of step 25 on rank 1
     hang@step=30,rank=0           block forever (as a stuck collective would)
     slow@step=10,rank=0,seconds=2 sleep 2 s in step 10
+    slow@step=14,seconds=60,until=go
+                                  pause step 14 for up to 60 s, less once a file ``go``
+                                  appears in the run dir (a test resumes it when ready)
     slow@step=20,seconds=1,steps=70
                                   pace every rank: each of steps 20..89 takes >= 1 s
                                   (every time it runs; tests that must outlast a failure)
@@ -148,6 +151,14 @@ class FaultInjector:
             marker.write_text(str(time.time()))
             self._fire(fault)
 
+    def _pause(self, seconds: float, until: str | None) -> None:
+        """Sleep ``seconds``, or less once the file ``until`` appears in the run dir."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if until is not None and (self.run_dir / until).exists():
+                return
+            time.sleep(min(left, 0.1) if until is not None else left)
+
     def _fire(self, fault: Fault) -> None:
         print(f"llmtrain: FAULT INJECTION (test only): {fault.kind} at step {self._step} on rank {self.rank}", file=sys.stderr, flush=True)
         if fault.kind == "crash":
@@ -156,7 +167,7 @@ class FaultInjector:
             while True:
                 time.sleep(3600)
         elif fault.kind == "slow":
-            time.sleep(float(fault.params.get("seconds", "1")))
+            self._pause(float(fault.params.get("seconds", "1")), fault.params.get("until"))
         elif fault.kind == "exit":
             os._exit(int(fault.params.get("code", "1")))
         elif fault.kind == "sigterm":
