@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test` (what CI runs, .ci/run): every test, in two stages.
+# `make test` (what CI runs, .ci/run): every test, in three stages.
 #
 #   fast   lint (import contracts, ruff, mypy) and the unit and API-contract tests: no
 #          torchrun, no cluster, no built tools. A failure here ends the run at once.

@@ -105,7 +105,8 @@ class Metric:
     LAST_STEP_TIMESTAMP = f"{PREFIX}_last_step_timestamp_seconds"
     WORKER_GROUP_RESTARTS = f"{PREFIX}_worker_group_restarts"
     FAILED_ATTEMPTS = f"{PREFIX}_failed_attempts"
-    """Label ``cause``: crash | hang | victim | preempted | permanent."""
+    """Label ``cause``: crash | hang | victim | preempted | permanent | gpu_oom (this one only
+    once it happened: ``FAILED_ATTEMPT_CAUSES``)."""
     CHECKPOINT_STALL_SECONDS = f"{PREFIX}_checkpoint_stall_seconds"
     CHECKPOINT_PERSIST_SECONDS = f"{PREFIX}_checkpoint_persist_seconds"
     """Label ``tier``: from the snapshot to the commit in that tier."""

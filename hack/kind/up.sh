@@ -34,15 +34,18 @@ if [ "${1:-}" = load ]; then
 else
   # The project's images build while kind creates the cluster, which is mostly kubeadm
   # waiting (the base image exists: node-image.sh made it, so the two never both make it).
-  bash hack/images/build.sh > "$images_log" 2>&1 &
+  # A session of its own, so that its docker builds go with it when this script ends
+  # early (the cluster's creation failed).
+  setsid bash hack/images/build.sh > "$images_log" 2>&1 &
   images_pid=$!
-  # Not left building when the cluster's creation fails and this script ends early.
-  trap '[ -z "${images_pid:-}" ] || kill "$images_pid" 2>/dev/null || true' EXIT
+  trap '[ -z "${images_pid:-}" ] || kill -- "-$images_pid" 2>/dev/null || true' EXIT
 fi
 images_built() {  # the background build's end, its output shown either way
   [ -n "${images_pid:-}" ] || return 0
-  if wait "$images_pid"; then cat "$images_log" >&2; images_pid=""; return 0; fi
-  cat "$images_log" >&2; log "the project's images did not build"; return 1
+  local pid=$images_pid
+  images_pid=""
+  if wait "$pid"; then cat "$images_log" >&2 || true; return 0; fi
+  cat "$images_log" >&2 || true; log "the project's images did not build"; return 1
 }
 VERSION=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/llmtrain-operator/Chart.yaml)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,24 @@ def touch_in_workers(bed, namespace: str, name: str, filename: str) -> None:
             (run_dir(bed, pod) / filename).touch()
         except FileNotFoundError:
             pass  # not started yet, or gone: the next poll sees it
+
+
+def finished_released_once_whole(bed, namespace: str, name: str, filename: str, world: int = 2):
+    """A ``wait_status`` predicate: the job has finished. Meanwhile, once its world is whole
+    (a replacement trains with the survivors), its pacing is released: ``filename`` touched
+    in every worker, at most every 5 s (on kind each touch reads the nodes' state; a pod
+    that starts after one is released by the next)."""
+    touched = [float("-inf")]
+
+    def predicate(s: dict[str, Any]) -> bool:
+        if s.get("phase") in ("Succeeded", "Failed"):
+            return True
+        if s.get("worldSize", 0) >= world and time.monotonic() - touched[0] >= 5:
+            touch_in_workers(bed, namespace, name, filename)
+            touched[0] = time.monotonic()
+        return False
+
+    return predicate
 
 
 def freeze_launcher(bed, pod: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from support.waiting import wait_for
 
-from .jobs import PVC, create, events, job_manifest, pods, status, touch_in_workers, wait_status
+from .jobs import PVC, create, events, finished_released_once_whole, job_manifest, pods, status, wait_status
 from .matrix import check_counters, restores
 
 pytestmark = pytest.mark.e2e
@@ -47,7 +47,8 @@ def job(operator):
         # Pacing: from step 20 every step takes >= 1 s, so that the survivor cannot finish
         # all 90 steps alone before the node loss is even detected (NotReady after 16 s,
         # then the grace); unpaced, a fast run sometimes did. Released once both faults
-        # are handled (the last test), so that the job does not sit out the rest.
+        # are handled and the replacement trains (the last test): the job does not sit
+        # out the rest.
         "spec.env": [{"name": "LLMTRAIN_FAULT_INJECT", "value": f"slow@step=20,seconds=1,steps=70,until={RELEASE}"}],
     }))
     wait_status(bed, NS, NAME, lambda s: s.get("phase") == "Running" and s.get("step", 0) >= 12, 300, "running past step 12")
@@ -143,11 +144,7 @@ def test_a_lost_node_is_charged_once_the_survivor_trains_on_and_the_replacement_
 def test_the_job_succeeds_with_each_failure_charged_once(operator, prometheus, job):
     bed = operator
 
-    def released_and_finished(s: dict) -> bool:
-        touch_in_workers(bed, NS, NAME, RELEASE)
-        return s.get("phase") in ("Succeeded", "Failed")
-
-    done = wait_status(bed, NS, NAME, released_and_finished, 900, "finished")
+    done = wait_status(bed, NS, NAME, finished_released_once_whole(bed, NS, NAME, RELEASE), 900, "finished")
     assert done["phase"] == "Succeeded", json.dumps(done)[:3000]
     assert bed.kubectl("wait", "--for=condition=Succeeded", f"ltj/{NAME}", "-n", NS, "--timeout=5s").returncode == 0
     # One charge per failure; the survivors' groups that failed because their peer

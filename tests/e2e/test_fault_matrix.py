@@ -221,9 +221,9 @@ def _flip_a_byte(path) -> None:
 def test_08_a_corrupted_newest_checkpoint_is_skipped_with_the_reason_and_the_previous_one_used(operator, prometheus):
     bed, ns, name = operator, "e2e-m-corrupt", "corrupt"
     # Step 14 pauses every rank until the test says go (60 s at most): the newest checkpoint
-    # is step 10 meanwhile, and the crash fires at the start of step 15, before step 15's
-    # checkpoint. Every rank crashes: a survivor would save the step it holds (a rescue
-    # checkpoint), newer than both.
+    # is step 10 meanwhile, and the crash fires as the pause ends, in step 14, before step
+    # 15's checkpoint. Every rank crashes: a survivor would save the step it holds (a
+    # rescue checkpoint), newer than both.
     create(bed, ns, paced(name, "slow@step=14,seconds=60,until=go;crash@trigger=go"))
     wait_status(bed, ns, name, lambda s: s.get("step", 0) >= 13, 300, "at the paused step 14")
     workers = pods(bed, ns, name)

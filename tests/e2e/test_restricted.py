@@ -19,7 +19,7 @@ import pytest
 from llmtrain_operator.planner.manifests import IMAGE_UID
 from support.waiting import wait_for
 
-from .jobs import GANG, PVC, create, event_messages, job_manifest, pods, touch_in_workers, wait_status
+from .jobs import GANG, PVC, create, event_messages, finished_released_once_whole, job_manifest, pods, wait_status
 from .matrix import restores
 
 pytestmark = pytest.mark.kind
@@ -58,7 +58,7 @@ def test_a_job_in_a_restricted_namespace_runs_as_its_pods_ask_and_recovers_from_
         "spec.checkpoint.shared": {"claimName": "ckpt-shared", "intervalSteps": 10},
         # Paced from step 10 (every step >= 1 s): the crash and the replacement's start
         # fall well inside the run, and the replacement is read while it trains; released
-        # once it has been read.
+        # once it has been read and trains with its peer.
         "spec.env": [{"name": "LLMTRAIN_FAULT_INJECT", "value": f"slow@step=10,seconds=1,steps=50,until={RELEASE}"}],
     }))
     try:
@@ -79,11 +79,7 @@ def test_a_job_in_a_restricted_namespace_runs_as_its_pods_ask_and_recovers_from_
                                what="the replacement running")
         _assert_restricted(_runtime_view(bed, replacement), replacement["metadata"]["name"])
 
-        def released_and_finished(s: dict) -> bool:
-            touch_in_workers(bed, NS, NAME, RELEASE)
-            return s.get("phase") in ("Succeeded", "Failed")
-
-        done = wait_status(bed, NS, NAME, released_and_finished, 600, "finished")
+        done = wait_status(bed, NS, NAME, finished_released_once_whole(bed, NS, NAME, RELEASE), 600, "finished")
         assert done["phase"] == "Succeeded", json.dumps(done)[:3000]
         assert done["restartsByReason"] == {"Signal9": 1} and done["step"] == 60, done
         # The tiers were written by uid 65532 under a read-only root: the crash was recovered

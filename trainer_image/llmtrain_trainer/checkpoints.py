@@ -66,13 +66,13 @@ from llmtrain_contract.names import Env
 from llmtrain_store import manifest as mf
 from llmtrain_store.build import build_tiers
 from llmtrain_store.sources import MemorySource
-from llmtrain_store.tier import file_record
+from llmtrain_store.tier import CheckpointError, file_record
 
 from llmtrain_trainer.checkpoint.manager import CheckpointManager
 from llmtrain_trainer.checkpoint.protocol import manifest_files
 from llmtrain_trainer.checkpoint.rngfiles import rng_file
 from llmtrain_trainer.engines import rng
-from llmtrain_trainer.state.tensorio import ChecksumMismatch, verify, write_small
+from llmtrain_trainer.state.tensorio import verify, write_small
 from llmtrain_trainer.train.agreement import gather
 from llmtrain_trainer.train.metrics import NullMetrics
 from llmtrain_trainer.train.resume import RNG_STEP_STRIDE, agree
@@ -279,8 +279,8 @@ class ScriptCheckpoints:
         if point.folder is not None:
             try:
                 data = self._read(point.folder, choice.step)
-            except (UnusableCheckpoint, ChecksumMismatch, OSError) as err:
-                problem = f"rank {self.info.rank}: {err}"
+            except Exception as err:  # noqa: BLE001 - agreed below, so that no rank raises alone
+                problem = f"rank {self.info.rank}: {type(err).__name__}: {err}"
         self._agreed(problem)
         if choice.mode == "broadcast":
             data = broadcast_bytes(data if self.info.rank == choice.source_rank else None, choice.source_rank)
@@ -347,7 +347,7 @@ class ScriptCheckpoints:
             # every rank or none (a node whose tier 1 failed has no copy to give).
             began = time.perf_counter()
             if sync:
-                self.manager.flush()
+                self.manager.wait()  # tier 1 only: a rank uploading must not keep the others in the gather
                 if all(gather(self.info, self.manager.can_complete(step))):
                     if not self.manager.complete(step):
                         log.error("step %d: not stored into every slower tier (see the tiers' errors above)", step)
@@ -368,7 +368,13 @@ class ScriptCheckpoints:
             self.state.pending = None
             raise CheckpointRefused(f"step {step} not saved: " + "; ".join(problems[:4]))
         busy = [any(flags) for flags in zip(*(b for _, b in answers))]
-        blocked = self.manager.save(step, 0, rng.capture(), tiers_busy=busy, sync=sync)
+        blocked = 0.0
+        try:
+            blocked = self.manager.save(step, 0, rng.capture(), tiers_busy=busy, sync=sync)
+        except CheckpointError as err:
+            # A synchronous save that no tier of this rank took: degraded and logged, as
+            # the built-in trainer goes on; raising here would be this rank's alone.
+            log.error("step %d: %s", step, err)
         self.saved = step
         return blocked + (time.perf_counter() - began if sync else 0.0)
 
