@@ -217,14 +217,9 @@ def dist_info() -> DistInfo:
                            f"(WORLD_SIZE is {os.environ['WORLD_SIZE']})")
     if initialised and dist.get_world_size() > 1 and "LOCAL_WORLD_SIZE" not in os.environ:
         raise RuntimeError("checkpoints.open() needs torchrun's LOCAL_WORLD_SIZE (how many ranks share a node's disk)")
-    rank = dist.get_rank() if initialised else 0
-    world = dist.get_world_size() if initialised else 1
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if initialised else 1
-    return DistInfo(rank=rank, world_size=world, local_rank=int(os.environ.get("LOCAL_RANK", "0")) if initialised else 0,
-                    local_world_size=local_world,
-                    node_rank=int(os.environ.get("GROUP_RANK", str(rank // max(local_world, 1)))),
-                    restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-                    backend=dist.get_backend() if initialised else "none")
+    if not initialised:
+        return DistInfo.of(0, 1, "none", {})
+    return DistInfo.of(dist.get_rank(), dist.get_world_size(), dist.get_backend(), os.environ)
 
 
 def open(sharded: bool = False, compat: str = "", allow_fresh_start: bool = False,

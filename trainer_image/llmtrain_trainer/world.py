@@ -6,6 +6,7 @@ Torch-free and dependency-free, so that every room of the rank side (``train``,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -20,6 +21,14 @@ class DistInfo:
     restart_count: int
     """TORCHELASTIC_RESTART_COUNT: how many times torchrun restarted this worker group."""
     backend: str
+
+    @classmethod
+    def of(cls, rank: int, world_size: int, backend: str, env: Mapping[str, str]) -> DistInfo:
+        """A rank of a process group, placed by torchrun's environment ``env``."""
+        local_world = int(env.get("LOCAL_WORLD_SIZE", "1"))
+        return cls(rank=rank, world_size=world_size, local_rank=int(env.get("LOCAL_RANK", "0")), local_world_size=local_world,
+                   node_rank=int(env.get("GROUP_RANK", str(rank // max(local_world, 1)))),
+                   restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")), backend=backend)
 
     @property
     def num_nodes(self) -> int:

@@ -56,17 +56,7 @@ def init(collective_timeout_seconds: float) -> DistInfo:
     timeout = datetime.timedelta(seconds=collective_timeout_seconds)
     if not dist.is_initialized():
         dist.init_process_group(backend=backend_spec(backend), timeout=timeout)
-    world = dist.get_world_size()
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return DistInfo(
-        rank=dist.get_rank(),
-        world_size=world,
-        local_rank=local_rank,
-        local_world_size=local_world,
-        node_rank=int(os.environ.get("GROUP_RANK", str(dist.get_rank() // max(local_world, 1)))),
-        restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-        backend=backend,
-    )
+    return DistInfo.of(dist.get_rank(), dist.get_world_size(), backend, os.environ)
 
 
 def backend_spec(backend: str) -> str:

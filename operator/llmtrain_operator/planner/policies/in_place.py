@@ -72,7 +72,9 @@ def handle(ctx: Pass) -> Verdict:
         where = f"pod {pod.name}" + (f" on node {pod.node}" if pod.node else "")
         message = f"a rank in {where} {'hung' if cause == 'hang' else 'failed'} and torchrun restarted the worker group in place"
         if cause == oom.GPU_CAUSE:
-            message = plans.get(pod_key(pod)) or plans.setdefault(pod_key(pod), gpu_oom_message(ctx, pod, where))
+            if pod_key(pod) not in plans:
+                plans[pod_key(pod)] = gpu_oom_message(ctx, pod, where)
+            message = plans[pod_key(pod)]
         memory = _memory(ctx, pod)
         if cause in (oom.GPU_CAUSE, "crash") and memory is not None and oom_kills.get(pod_key(pod), 0) > 0:
             oom_kills[pod_key(pod)] -= 1
