@@ -17,12 +17,12 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 CLUSTER=${LLMTRAIN_KIND_CLUSTER:-llmtrain}
 STATE=${LLMTRAIN_KIND_STATE:-$ROOT/.cache/kind/bed}
-log() { echo "kind-up: $*" >&2; }
+started=$(date +%s)
+log() { echo "kind-up: [+$(( $(date +%s) - started ))s] $*" >&2; }  # stamped: where the minutes go
 
 if ip link show lcbr0 >/dev/null 2>&1; then
   log "the process-based local cluster is up (bridge lcbr0): make cluster-down first"; exit 1
 fi
-started=$(date +%s)
 bash hack/images/engine.sh
 bin=$(bash hack/cluster-tools/build.sh kind kubectl helm | tail -1)
 export PATH=$bin:$PATH
@@ -105,6 +105,7 @@ load() {  # load IMAGE NODE...: into each node that lacks this build of it
       stale=$(ctr -n k8s.io images ls -q | grep "^import-" || true)
       [ -z "$stale" ] || ctr -n k8s.io images rm --sync $stale >/dev/null'
     new=$(docker exec "$n" crictl inspecti -o go-template --template '{{.status.id}}' "$image")
+    log "$image is in $n"
     if [ -n "$old" ] && [ "$old" != "$new" ]; then docker exec "$n" crictl rmi "$old" >/dev/null || true; fi
     if [ -n "$have" ]; then link_layers "$image" "$have" "$n" || true; else have=$n; fi
   done
@@ -145,6 +146,7 @@ snapshot > "$STATE/host-sysctl.before"
 config=$(PYTHONPATH=hack .venv/bin/python -m kindbed "$STATE")
 log "creating $CLUSTER from $node"
 kind create cluster --name "$CLUSTER" --image "$node" --config "$config" --kubeconfig "$STATE/kubeconfig" --wait 240s >&2
+log "$CLUSTER created"
 export KUBECONFIG=$STATE/kubeconfig
 images_built
 load_project_images

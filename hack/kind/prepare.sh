@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# What the kind bed needs before it has a cluster, made ahead of it: the Docker engine
+# (hack/images/engine.sh), the Debian base, the node image (node-image.sh, which needs
+# hack/cluster-tools' Go builds) and the project's images (hack/images/build.sh).
+# hack/kind/up.sh then finds each up to date and goes straight to creating the cluster.
+#
+#   bash hack/kind/prepare.sh
+#
+# `make test` runs it in the background, after its Go tools build, while the full stage
+# runs on the process bed: none of it touches the host's routes, firewall or bridges
+# (engine.sh starts dockerd with none of those, builds use the host's network), so it may
+# run beside the process bed, which `make kind-up` may not. Each step is skipped when its
+# result is current, so a second run costs seconds. Needs root.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+started=$(date +%s)
+bash hack/images/engine.sh
+bash hack/kind/node-image.sh >/dev/null
+bash hack/images/build.sh
+echo "prepare.sh: the kind bed's engine and images ready in $(( $(date +%s) - started )) s" >&2
