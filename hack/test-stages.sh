@@ -3,8 +3,9 @@
 #
 #   fast   lint (import contracts, ruff, mypy) and the unit and API-contract tests: no
 #          torchrun, no cluster, no built tools. A failure here ends the run at once.
-#   full   everything else: the torchrun suites, the store against MinIO, the cluster and
-#          end-to-end suites (tests/conftest.py orders them: cluster tests last).
+#   full   everything else, in two pytest sessions side by side: the cluster and
+#          end-to-end suites on the local cluster, and the torchrun suites, the store
+#          against MinIO and the tools.
 #   kind   the smoke on real nodes, once the process bed is down: the images and the kind
 #          bed built here (hack/kind/up.sh), the operator helm-installed, hangs a hung
 #          process cannot report (a frozen rank, a rank holding the GIL, a whole pod frozen:
@@ -41,22 +42,31 @@ kind_on=0
 # The background work's CPU share. Autogroup nice 19 (a session of its own, as
 # tests/support/prebuild.py starts its build) covers the processes it starts, but not
 # Docker's: a build's RUN steps and the engine's work belong to dockerd and its
-# containers. Where the cgroup v1 cpu controller is writable (root here), the background
-# session and Docker's container parent (/docker) get the lowest weight instead (2, against
-# 1024 for a task of the stages), restored once the kind stage starts (and at exit).
+# containers. Where the cgroup v1 cpu controller is writable (root here), the tools build
+# and the kind preparation run in cgroups of their own, Docker's containers under /docker,
+# each given the lowest weight (2, against 1024 for a task of the stages). The tools' weight
+# goes back to 1024 when the full stage starts, whose cluster half needs them at once
+# (on a cold machine the build is not done by then); the preparation's when the kind stage
+# starts (and both at exit).
 CPU_CG=/sys/fs/cgroup/cpu
-low_cg=""
-if [ -w "$CPU_CG/cgroup.procs" ] && mkdir -p "$CPU_CG/llmtrain-background" "$CPU_CG/docker" 2>/dev/null; then
-  low_cg=$CPU_CG/llmtrain-background
+tools_cg="" prep_cg=""
+if [ -w "$CPU_CG/cgroup.procs" ] \
+   && mkdir -p "$CPU_CG/llmtrain-tools" "$CPU_CG/llmtrain-prepare" "$CPU_CG/docker" 2>/dev/null; then
+  tools_cg=$CPU_CG/llmtrain-tools prep_cg=$CPU_CG/llmtrain-prepare
 fi
-cpu_weight() {  # cpu_weight SHARES: the background session's and Docker's containers'
-  [ -n "$low_cg" ] || return 0
-  echo "$1" > "$low_cg/cpu.shares" 2>/dev/null || true
-  echo "$1" > "$CPU_CG/docker/cpu.shares" 2>/dev/null || true
+cpu_weight() {  # cpu_weight tools|prepare SHARES
+  [ -n "$tools_cg" ] || return 0
+  if [ "$1" = tools ]; then
+    echo "$2" 2>/dev/null > "$tools_cg/cpu.shares" || true
+  else
+    echo "$2" 2>/dev/null > "$prep_cg/cpu.shares" || true
+    echo "$2" 2>/dev/null > "$CPU_CG/docker/cpu.shares" || true
+  fi
 }
 build_pid=""
 if [ "${LLMTRAIN_PREBUILD_TOOLS:-1}" != 0 ] && command -v go >/dev/null 2>&1; then
-  cpu_weight 2
+  cpu_weight tools 2
+  cpu_weight prepare 2
   # The default tools, then the kind bed's (kubelet, kubeadm, kube-proxy, kind, CoreDNS,
   # crictl, kube-router), which only the last stage needs; then, for the kind stage and as
   # root, its engine and images.
@@ -67,9 +77,10 @@ if [ "${LLMTRAIN_PREBUILD_TOOLS:-1}" != 0 ] && command -v go >/dev/null 2>&1; th
     nice -n 19 bash hack/cluster-tools/build.sh \
       minio etcd helm kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kubeadm kube-proxy kind coredns crictl kube-router \
       || exit
-    [ "$2" = 1 ] || exit 0
+    [ "$3" = 1 ] || exit 0
+    [ -z "$2" ] || echo $$ > "$2/cgroup.procs"
     echo "tools built; the kind stage'"'"'s engine and images next (log: .cache/kind-prepare.log)"
-    exec nice -n 19 bash hack/kind/prepare.sh > .cache/kind-prepare.log 2>&1' sh "$low_cg" "$prepare" \
+    exec nice -n 19 bash hack/kind/prepare.sh > .cache/kind-prepare.log 2>&1' sh "$tools_cg" "$prep_cg" "$prepare" \
     < /dev/null > .cache/cluster-tools-prebuild.log 2>&1 &
   build_pid=$!
   stamp "tools build started in the background (log: .cache/cluster-tools-prebuild.log)"
@@ -80,7 +91,8 @@ stop_build() {
     kill -TERM -- "-$build_pid" 2>/dev/null || true
   fi
   [ -z "${runs_pid:-}" ] || kill "$runs_pid" 2>/dev/null || true
-  cpu_weight 1024
+  cpu_weight tools 1024
+  cpu_weight prepare 1024
   # An engine the background started for a kind stage that never ran (a red stage before
   # it): stopped, as the kind stage's own teardown would have (hack/kind/down.sh).
   if [ "${prepare:-0}" = 1 ] && [ "$kind_ran" = 0 ]; then bash hack/images/engine.sh stop >/dev/null 2>&1 || true; fi
@@ -125,6 +137,7 @@ fi
 # as its longer half. The second's output is shown once both end. The build started above
 # already runs: neither session may start a second one.
 FULL=(-p no:cacheprovider "${on_kind[@]}" "$@")
+cpu_weight tools 1024  # the cluster half waits for them
 LLMTRAIN_PREBUILD_TOOLS=0 "$BIN/pytest" -m "(slow or tools) and not cluster and not e2e" \
   --basetemp="$full_tmp/runs" "${FULL[@]}" > .cache/full-runs.log 2>&1 &
 runs_pid=$!
@@ -149,9 +162,10 @@ stamp "stage kind: the smoke on real nodes"
 # The engine and images made in the background (hack/kind/prepare.sh) now run at full
 # weight; what is left of them is waited for (a failure there is only logged: up.sh makes
 # what is missing and names its own errors).
-cpu_weight 1024
+cpu_weight tools 1024
+cpu_weight prepare 1024
 if [ -n "$build_pid" ]; then
-  echo 0 > "/proc/$build_pid/autogroup" 2>/dev/null || true
+  echo 0 2>/dev/null > "/proc/$build_pid/autogroup" || true
   renice -n 0 -g "$build_pid" >/dev/null 2>&1 || true
   wait "$build_pid" || echo "test-stages: the background build or the kind stage's preparation failed (.cache/cluster-tools-prebuild.log, .cache/kind-prepare.log)" >&2
   build_pid=""
@@ -159,11 +173,16 @@ if [ -n "$build_pid" ]; then
 fi
 # An engine the background started runs at nice 19, and the kind nodes would inherit it
 # (their kubelets then lose every contest with their own pods): back to 0 before they exist.
+# Every thread of dockerd and of its containerd: nice is a thread's, and a Go daemon starts
+# a container's shim from any of its threads (renicing the main one alone left the nodes'
+# etcd, API server and kubelet at 19, seen with top).
 engine=$(cat .cache/docker/dockerd.pid 2>/dev/null || true)
 if [ -n "$engine" ] && kill -0 "$engine" 2>/dev/null; then
-  echo 0 > "/proc/$engine/autogroup" 2>/dev/null || true
-  # shellcheck disable=SC2046
-  renice -n 0 -p "$engine" $(pgrep -P "$engine") >/dev/null 2>&1 || true
+  echo 0 2>/dev/null > "/proc/$engine/autogroup" || true
+  for daemon in "$engine" $(pgrep -P "$engine"); do
+    # shellcheck disable=SC2046
+    renice -n 0 -p $(ls "/proc/$daemon/task" 2>/dev/null) >/dev/null 2>&1 || true
+  done
 fi
 kind_ran=1
 bash hack/kind/e2e.sh "${KIND_SMOKE[@]}"

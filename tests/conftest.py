@@ -43,9 +43,10 @@ def _check_markers(items) -> None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Suites that need the local cluster (marked ``cluster`` or ``e2e``) run last, so that
-    the cluster (which stays up for the rest of the session once started) does not compete
-    with the timing-sensitive torchrun suites for this machine's two cores. Modules with a
+    """Suites that need the local cluster (marked ``cluster`` or ``e2e``) run last in a
+    session that has both, so that the cluster (which stays up for the rest of the session
+    once started) is not left idling beside the torchrun suites. (`make test` runs the two
+    in separate sessions side by side: hack/test-stages.sh.) Modules with a
     test marked ``tools`` come just before them: the Go-built tools, when missing, are
     built meanwhile (see ``support.prebuild``), and a module stays in one piece for its
     module fixtures. This hook only orders: it never adds a marker."""

@@ -75,3 +75,28 @@ def test_the_fast_stage_leaves_out_every_declared_marker():
     for where in ("Makefile", "hack/test-stages.sh"):
         (selection,) = re.findall(r'-m "(not slow[^"]*)"', (root / where).read_text())
         assert set(re.findall(r"not (\w+)", selection)) == declared, (where, selection, declared)
+
+
+def test_the_full_stages_two_sessions_run_every_marked_test_exactly_once():
+    """CI's full stage runs two pytest sessions side by side (hack/test-stages.sh): for every
+    combination of markers, a test the old single selection ("slow or cluster or e2e or
+    tools") took runs in exactly one of them, and nothing else runs in either."""
+    from itertools import combinations
+
+    from _pytest.mark.expression import Expression  # pytest's own -m parser
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "hack/test-stages.sh").read_text()
+    options = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    declared = sorted(m.split(":")[0] for m in options["markers"])
+    (runs,) = re.findall(r'pytest" -m "(\(slow or tools\)[^"]*)"', text)
+    (cluster,) = re.findall(r'pytest" -m "(cluster or e2e)"', text)
+
+    def selects(expression: str, markers: set[str]) -> bool:
+        return Expression.compile(expression).evaluate(lambda name, **_: name in markers)
+
+    for size in range(len(declared) + 1):
+        for chosen in combinations(declared, size):
+            markers = set(chosen)
+            wanted = selects("slow or cluster or e2e or tools", markers)
+            assert selects(runs, markers) + selects(cluster, markers) == int(wanted), (markers, runs, cluster)
