@@ -14,7 +14,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 echo "system-deps: installing ${need[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+# One apt at a time: make test's background may be installing the Docker engine (engine.sh).
+flock -w 900 /tmp/llmtrain-apt.lock apt-get update -qq
+flock -w 900 /tmp/llmtrain-apt.lock apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 # The Debian package starts a Prometheus service where an init system runs; the tests
 # start their own on another port, so that one is not needed.

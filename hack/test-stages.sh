@@ -43,35 +43,39 @@ kind_on=0
 # tests/support/prebuild.py starts its build) covers the processes it starts, but not
 # Docker's: a build's RUN steps and the engine's work belong to dockerd and its
 # containers. Where the cgroup v1 cpu controller is writable (root here), the tools build
-# and the kind preparation run in cgroups of their own, Docker's containers under /docker,
-# each given the lowest weight (2, against 1024 for a task of the stages). The tools' weight
-# goes back to 1024 when the full stage starts, whose cluster half needs them at once
-# (on a cold machine the build is not done by then); the preparation's when the kind stage
-# starts (and both at exit).
+# and the kind preparation run in cgroups of their own, Docker's containers under /docker
+# when the preparation runs, each given the lowest weight (2, against 1024 for a task of
+# the stages); the kernel ignores autogroup for a task outside the root cgroup, so there
+# only the weights count. The tools' weight goes back to 1024 when the full stage starts,
+# whose cluster half needs them at once (on a cold machine the build is not done by then);
+# the preparation's when the kind stage starts (and both at exit).
 CPU_CG=/sys/fs/cgroup/cpu
-tools_cg="" prep_cg=""
-if [ -w "$CPU_CG/cgroup.procs" ] \
-   && mkdir -p "$CPU_CG/llmtrain-tools" "$CPU_CG/llmtrain-prepare" "$CPU_CG/docker" 2>/dev/null; then
-  tools_cg=$CPU_CG/llmtrain-tools prep_cg=$CPU_CG/llmtrain-prepare
-fi
-cpu_weight() {  # cpu_weight tools|prepare SHARES
+tools_cg="" prep_cg="" docker_shares=""
+prepare=0  # the background also prepares the kind stage: as root, with the stage on
+[ "$kind_on" = 0 ] || [ "$(id -u)" != 0 ] || prepare=1
+engine_was_up=0  # an engine this run did not start is never stopped by it
+/usr/bin/docker version >/dev/null 2>&1 && engine_was_up=1
+cpu_weight() {  # cpu_weight tools|prepare SHARES|restore
   [ -n "$tools_cg" ] || return 0
   if [ "$1" = tools ]; then
-    echo "$2" 2>/dev/null > "$tools_cg/cpu.shares" || true
+    echo "${2/restore/1024}" 2>/dev/null > "$tools_cg/cpu.shares" || true
   else
-    echo "$2" 2>/dev/null > "$prep_cg/cpu.shares" || true
-    echo "$2" 2>/dev/null > "$CPU_CG/docker/cpu.shares" || true
+    echo "${2/restore/1024}" 2>/dev/null > "$prep_cg/cpu.shares" || true
+    [ "$prepare" = 0 ] || echo "${2/restore/${docker_shares:-1024}}" 2>/dev/null > "$CPU_CG/docker/cpu.shares" || true
   fi
 }
 build_pid=""
 if [ "${LLMTRAIN_PREBUILD_TOOLS:-1}" != 0 ] && command -v go >/dev/null 2>&1; then
+  if [ -w "$CPU_CG/cgroup.procs" ] && mkdir -p "$CPU_CG/llmtrain-tools" "$CPU_CG/llmtrain-prepare" 2>/dev/null \
+     && { [ "$prepare" = 0 ] || mkdir -p "$CPU_CG/docker" 2>/dev/null; }; then
+    tools_cg=$CPU_CG/llmtrain-tools prep_cg=$CPU_CG/llmtrain-prepare
+    [ "$prepare" = 0 ] || docker_shares=$(cat "$CPU_CG/docker/cpu.shares" 2>/dev/null || echo 1024)
+  fi
   cpu_weight tools 2
   cpu_weight prepare 2
   # The default tools, then the kind bed's (kubelet, kubeadm, kube-proxy, kind, CoreDNS,
-  # crictl, kube-router), which only the last stage needs; then, for the kind stage and as
-  # root, its engine and images.
-  prepare=0
-  [ "$kind_on" = 0 ] || [ "$(id -u)" != 0 ] || prepare=1
+  # crictl, kube-router), which only the last stage needs; then, for the kind stage, its
+  # engine and images.
   setsid sh -c '[ -z "$1" ] || echo $$ > "$1/cgroup.procs"
     echo 19 > /proc/self/autogroup 2>/dev/null
     nice -n 19 bash hack/cluster-tools/build.sh \
@@ -90,12 +94,18 @@ stop_build() {
   if [ -n "$build_pid" ] && kill -0 "$build_pid" 2>/dev/null; then
     kill -TERM -- "-$build_pid" 2>/dev/null || true
   fi
-  [ -z "${runs_pid:-}" ] || kill "$runs_pid" 2>/dev/null || true
-  cpu_weight tools 1024
-  cpu_weight prepare 1024
+  if [ -n "${runs_pid:-}" ] && kill -0 "$runs_pid" 2>/dev/null; then  # its teardown runs (MinIO, torchrun)
+    kill -INT "$runs_pid" 2>/dev/null || true
+    wait "$runs_pid" 2>/dev/null || true
+  fi
+  cpu_weight tools restore
+  cpu_weight prepare restore
   # An engine the background started for a kind stage that never ran (a red stage before
   # it): stopped, as the kind stage's own teardown would have (hack/kind/down.sh).
-  if [ "${prepare:-0}" = 1 ] && [ "$kind_ran" = 0 ]; then bash hack/images/engine.sh stop >/dev/null 2>&1 || true; fi
+  if [ "$prepare" = 1 ] && [ "$kind_ran" = 0 ] && [ "$engine_was_up" = 0 ] && [ "${LLMTRAIN_KEEP_ENGINE:-0}" != 1 ]; then
+    bash hack/images/engine.sh stop >/dev/null 2>&1 || true
+  fi
+  [ -z "$tools_cg" ] || rmdir "$tools_cg" "$prep_cg" 2>/dev/null || true  # fails while a kept engine is in one
 }
 trap stop_build EXIT
 
@@ -138,15 +148,21 @@ fi
 # already runs: neither session may start a second one.
 FULL=(-p no:cacheprovider "${on_kind[@]}" "$@")
 cpu_weight tools 1024  # the cluster half waits for them
-LLMTRAIN_PREBUILD_TOOLS=0 "$BIN/pytest" -m "(slow or tools) and not cluster and not e2e" \
-  --basetemp="$full_tmp/runs" "${FULL[@]}" > .cache/full-runs.log 2>&1 &
+# (A background job of a script starts with SIGINT ignored, and Python then installs no
+# Ctrl-C handler: restored, so that Ctrl-C and the exit trap end it through its teardown.)
+(trap - INT; LLMTRAIN_PREBUILD_TOOLS=0 exec "$BIN/pytest" -m "(slow or tools) and not cluster and not e2e" \
+  --basetemp="$full_tmp/runs" "${FULL[@]}") > .cache/full-runs.log 2>&1 &
 runs_pid=$!
 cluster_rc=0
 LLMTRAIN_PREBUILD_TOOLS=0 "$BIN/pytest" -m "cluster or e2e" --basetemp="$full_tmp/cluster" "${FULL[@]}" || cluster_rc=$?
 stamp "stage full: the cluster and end-to-end suites ended (exit $cluster_rc); the other half's session:"
 runs_rc=0
 wait "$runs_pid" || runs_rc=$?
+runs_pid=""
 cat .cache/full-runs.log
+# pytest's 5 is "no test selected": arguments (-k ...) that pick tests of one half only
+[ "$cluster_rc" != 5 ] || cluster_rc=0
+[ "$runs_rc" != 5 ] || runs_rc=0
 if [ "$cluster_rc" != 0 ] || [ "$runs_rc" != 0 ]; then
   stamp "stage full FAILED (cluster and end-to-end: exit $cluster_rc; torchrun, store and tools: exit $runs_rc; their files kept in $full_tmp)"
   exit 1

@@ -44,10 +44,11 @@ answers || { [ -x /usr/sbin/dockerd ] && [ -x /usr/bin/docker ]; } || need+=(doc
 if [ ${#need[@]} -gt 0 ]; then
   echo "engine.sh: installing ${need[*]} (Debian)" >&2
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >&2
+  # One apt at a time: make test runs hack/system-deps.sh meanwhile.
+  flock -w 900 /tmp/llmtrain-apt.lock apt-get update -qq >&2
   # --no-install-recommends: no needrestart and friends; the engine is started below,
   # never by systemd (there is none on a CI runner like this one).
-  apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+  flock -w 900 /tmp/llmtrain-apt.lock apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
 fi
 
 if answers; then exit 0; fi
