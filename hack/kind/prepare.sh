@@ -6,8 +6,8 @@
 #
 #   bash hack/kind/prepare.sh
 #
-# `make test` runs it in the background, after its Go tools build, while the full stage
-# runs on the process bed: none of it touches the host's routes, firewall or bridges
+# `make test` runs it in the background, after its Go tools build, while its stages run
+# (the full one on the process bed): none of it touches the host's routes, firewall or bridges
 # (engine.sh starts dockerd with none of those, builds use the host's network), so it may
 # run beside the process bed, which `make kind-up` may not. Each step is skipped when its
 # result is current, so a second run costs seconds. Needs root.
