@@ -139,13 +139,12 @@ on_kind=()
 if [ "${LLMTRAIN_KIND_SMOKE:-1}" != 0 ]; then
   for module in "${KIND_SMOKE[@]}"; do on_kind+=("--ignore=$module"); done
 fi
-# Two pytest sessions side by side (docs/development.md, "Where a CI run's time goes"):
-# the cluster and end-to-end suites, which mostly wait (paced jobs, timeouts, grace
-# periods, pod start-ups) on the local cluster, and everything else marked for this stage
-# (the torchrun runs, the store against MinIO, the tools), which mostly computes. One after
-# the other they took 64 min here at 19f79f5, side by side 47 min at 8fc625c (both halves
-# computing at once about half of it). The second's output is shown once both end. The build started above
-# already runs: neither session may start a second one.
+# Two pytest sessions side by side (docs/development.md, "How long `make test` takes"):
+# the cluster and end-to-end suites on the local cluster, and everything else marked for
+# this stage (the torchrun runs, the store against MinIO, the tools). One after the other
+# they took 64 min here at 19f79f5, side by side 47 min at 8fc625c (the cluster half ended
+# after 37). The second's output is shown once both end. The build started above already
+# runs: neither session may start a second one.
 FULL=(-p no:cacheprovider "${on_kind[@]}" "$@")
 cpu_weight tools 1024  # the cluster half waits for them
 # (A background job of a script starts with SIGINT ignored, and Python then installs no
@@ -178,8 +177,7 @@ stamp "stage kind: the smoke on real nodes"
 # The engine and images made in the background (hack/kind/prepare.sh) now run at full
 # weight; what is left of them is waited for (a failure there is only logged: up.sh makes
 # what is missing and names its own errors).
-cpu_weight tools 1024
-cpu_weight prepare 1024
+cpu_weight prepare 1024  # (the tools' is 1024 since the full stage)
 if [ -n "$build_pid" ]; then
   echo 0 2>/dev/null > "/proc/$build_pid/autogroup" || true
   renice -n 0 -g "$build_pid" >/dev/null 2>&1 || true
