@@ -6,7 +6,8 @@
 #   full   everything else, in two pytest sessions side by side: the cluster and
 #          end-to-end suites on the local cluster, and the torchrun suites, the store
 #          against MinIO and the tools.
-#   kind   the smoke on real nodes, once the process bed is down: the images and the kind
+#   kind   the smoke on real nodes, once the cluster half has passed and its process bed
+#          is down, while the other half goes on: the images and the kind
 #          bed built here (hack/kind/up.sh), the operator helm-installed, hangs a hung
 #          process cannot report (a frozen rank, a rank holding the GIL, a whole pod frozen:
 #          tests/e2e/test_hangs.py), a rank crash and a node loss recovered and the job
@@ -102,8 +103,12 @@ stop_build() {
   cpu_weight prepare restore
   # An engine the background started for a kind stage that never ran (a red stage before
   # it): stopped, as the kind stage's own teardown would have (hack/kind/down.sh).
-  if [ "$prepare" = 1 ] && [ "$kind_ran" = 0 ] && [ "$engine_was_up" = 0 ] && [ "${LLMTRAIN_KEEP_ENGINE:-0}" != 1 ]; then
-    bash hack/images/engine.sh stop >/dev/null 2>&1 || true
+  # Its saved images too (the nodes' imports, hack/kind/saved-image.sh: 6 GB).
+  if [ "$prepare" = 1 ] && [ "$kind_ran" = 0 ]; then
+    /usr/bin/docker version >/dev/null 2>&1 && { bash hack/kind/saved-image.sh rm || true; }
+    if [ "$engine_was_up" = 0 ] && [ "${LLMTRAIN_KEEP_ENGINE:-0}" != 1 ]; then
+      bash hack/images/engine.sh stop >/dev/null 2>&1 || true
+    fi
   fi
   [ -z "$tools_cg" ] || rmdir "$tools_cg" "$prep_cg" 2>/dev/null || true  # fails while a kept engine is in one
 }
@@ -127,9 +132,10 @@ if ! wait "$deps_pid"; then
 fi
 stamp "stage full: torchrun, store, cluster and end-to-end suites"
 # Its own temporary tree, removed once it passes: the trainer runs leave checkpoints in
-# their tmp_path (8.3 GB in all at 3c79f11), which pytest keeps, and the kind stage then
-# needs that room to import the trainer image into a node (a cold run here stopped on the
-# kind stage's room check with 12 GB free). A failed stage keeps it for the post-mortem.
+# their tmp_path (8.3 GB in all at 3c79f11), and the kind stage needs that room to import
+# the trainer image into a node (a cold run here stopped on the kind stage's room check
+# with 12 GB free). The cluster half's goes before the kind stage, the other half's passed
+# tests' as each ends; a failed stage keeps the rest for the post-mortem.
 full_tmp=$(mktemp -d /tmp/llmtrain-full.XXXXXX)
 # The kind stage's end-to-end modules run there, on real nodes, and not here as well
 # (once each: the budget of a cold run); with the kind stage off they run here.
@@ -143,37 +149,49 @@ fi
 # the cluster and end-to-end suites on the local cluster, and everything else marked for
 # this stage (the torchrun runs, the store against MinIO, the tools). One after the other
 # they took 64 min here at 19f79f5, side by side 47 min at 8fc625c (the cluster half ended
-# after 37). The second's output is shown once both end. The build started above already
-# runs: neither session may start a second one.
+# after 37). The kind stage starts as soon as the cluster half has passed (its process
+# bed is then down), while the other half goes on; that half's output is shown once both
+# end. The build started above already runs: neither session may start a second one.
 FULL=(-p no:cacheprovider "${on_kind[@]}" "$@")
 cpu_weight tools 1024  # the cluster half waits for them
 # (A background job of a script starts with SIGINT ignored, and Python then installs no
 # Ctrl-C handler: restored, so that Ctrl-C and the exit trap end it through its teardown.)
+# A passed test's tmp_path goes when it ends: the kind stage imports the trainer image
+# into its nodes while this half still runs.
 (trap - INT; LLMTRAIN_PREBUILD_TOOLS=0 exec "$BIN/pytest" -m "(slow or tools) and not cluster and not e2e" \
-  --basetemp="$full_tmp/runs" "${FULL[@]}") > .cache/full-runs.log 2>&1 &
+  -o tmp_path_retention_policy=failed --basetemp="$full_tmp/runs" "${FULL[@]}") > .cache/full-runs.log 2>&1 &
 runs_pid=$!
 cluster_rc=0
 LLMTRAIN_PREBUILD_TOOLS=0 "$BIN/pytest" -m "cluster or e2e" --basetemp="$full_tmp/cluster" "${FULL[@]}" || cluster_rc=$?
-stamp "stage full: the cluster and end-to-end suites ended (exit $cluster_rc); the other half's session:"
-runs_rc=0
-wait "$runs_pid" || runs_rc=$?
-runs_pid=""
-cat .cache/full-runs.log
-# pytest's 5 is "no test selected": arguments (-k ...) that pick tests of one half only
-[ "$cluster_rc" != 5 ] || cluster_rc=0
-[ "$runs_rc" != 5 ] || runs_rc=0
-if [ "$cluster_rc" != 0 ] || [ "$runs_rc" != 0 ]; then
+[ "$cluster_rc" != 5 ] || cluster_rc=0  # pytest's 5 is "no test selected": arguments (-k ...) that pick tests of one half only
+stamp "stage full: the cluster and end-to-end suites ended (exit $cluster_rc); the other half goes on"
+runs_done() {  # the other half's end and its output; its exit code in runs_rc
+  runs_rc=0
+  wait "$runs_pid" || runs_rc=$?
+  runs_pid=""
+  cat .cache/full-runs.log
+  [ "$runs_rc" != 5 ] || runs_rc=0
+  stamp "stage full: the torchrun, store and tools suites ended (exit $runs_rc)"
+}
+full_failed() {
   stamp "stage full FAILED (cluster and end-to-end: exit $cluster_rc; torchrun, store and tools: exit $runs_rc; their files kept in $full_tmp)"
   exit 1
+}
+if [ "$cluster_rc" != 0 ]; then
+  runs_done
+  full_failed
 fi
-rm -rf "$full_tmp"
-stamp "stage full passed (its temporary files removed)"
+rm -rf "$full_tmp/cluster"
 
 if [ "${LLMTRAIN_KIND_SMOKE:-1}" = 0 ]; then
+  runs_done
+  [ "$runs_rc" = 0 ] || full_failed
+  rm -rf "$full_tmp"
+  stamp "stage full passed (its temporary files removed)"
   stamp "stage kind SKIPPED (LLMTRAIN_KIND_SMOKE=0)"
   exit 0
 fi
-stamp "stage kind: the smoke on real nodes"
+stamp "stage kind: the smoke on real nodes, beside the full stage's other half"
 # The engine and images made in the background (hack/kind/prepare.sh) now run at full
 # weight; what is left of them is waited for (a failure there is only logged: up.sh makes
 # what is missing and names its own errors).
@@ -199,5 +217,15 @@ if [ -n "$engine" ] && kill -0 "$engine" 2>/dev/null; then
   done
 fi
 kind_ran=1
-bash hack/kind/e2e.sh "${KIND_SMOKE[@]}"
+kind_rc=0
+bash hack/kind/e2e.sh "${KIND_SMOKE[@]}" || kind_rc=$?
+stamp "stage kind ended (exit $kind_rc)"
+runs_done
+if [ "$runs_rc" != 0 ]; then
+  [ "$kind_rc" = 0 ] || stamp "stage kind FAILED (exit $kind_rc)"
+  full_failed
+fi
+rm -rf "$full_tmp"
+stamp "stage full passed (its temporary files removed)"
+[ "$kind_rc" = 0 ] || { stamp "stage kind FAILED (exit $kind_rc)"; exit 1; }
 stamp "stage kind passed"

@@ -51,9 +51,9 @@ VERSION=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/llmtra
 
 # The operator image into every worker, the trainer's (5.9 GB) only into the GPU pool's,
 # where jobs run. Not `kind load`, which keeps two copies in each node and a tar on the
-# host; here the save streams into the node, containerd's layer blobs are dropped once
-# unpacked ("prune references" then a synchronous GC, as the CRI's
-# discard_unpacked_layers does for pulls), and the layers a node unpacked are then linked
+# host; here one saved file (or a save streamed) is imported in each node (import_into),
+# containerd's layer blobs are dropped once unpacked ("prune references" then a synchronous
+# GC, as the CRI's discard_unpacked_layers does for pulls), and the layers a node unpacked are then linked
 # to an earlier node's copy (hack/kind/layerlinks.py): the GPU pool holds the trainer once.
 SNAPSHOTS=/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs/snapshots
 layer_dirs() {  # NODE IMAGE: the host paths of IMAGE's layer snapshots in NODE, top first
@@ -88,6 +88,42 @@ room() {  # IMAGE: fail, naming the numbers, unless a node can import IMAGE (blo
   log "$(( free / 1000000000 )) GB free on $dir's filesystem; importing $1 into a node needs $(( need / 1000000000 )) GB (its layers twice while they unpack, and 2 GB): free some, or skip the kind stage (LLMTRAIN_KIND_SMOKE=0)"
   return 1
 }
+saved_if_room() {  # IMAGE: the path of IMAGE's saved file (made here if need be), when the
+  # disk holds it beside a node's import (room below) with 2 GB to spare for the tests
+  # that run beside the kind stage; else nothing, and no such file kept (CI's disk is
+  # tight: it once ran out loading the trainer into the third node)
+  local size free need file
+  size=$(docker image inspect -f '{{.Size}}' "$1")
+  free=$(df --output=avail -B1 "$(docker info -f '{{.DockerRootDir}}')" | tail -1)
+  need=$(( 2 * size + 4000000000 ))
+  file=$(bash hack/kind/saved-image.sh --path "$1")
+  if [ -s "$file" ]; then
+    [ "$free" -lt "$need" ] || { echo "$file"; return 0; }
+    rm -f "$file"; log "$1's saved file removed: the imports need the room"; return 0
+  fi
+  [ "$free" -lt $(( need + size )) ] || bash hack/kind/saved-image.sh "$1" || log "saving $1 failed: streamed instead"
+}
+import_into() {  # NODE IMAGE: IMAGE into NODE's containerd, unpacked
+  # From its saved file (hack/kind/saved-image.sh, made once) hard-linked into the node's
+  # /var volume where the disk has room for the file, not `docker save | docker exec -i
+  # ctr import -`: that makes a save per node and streamed at 24 MB/s in a full run here
+  # (the trainer's 5.9 GB: 242-266 s a node; from the file 152-166 s, a `kind-up` alone).
+  local n=$1 vol file rc=0
+  vol=$(docker inspect -f '{{range .Mounts}}{{if eq .Destination "/var"}}{{.Source}}{{end}}{{end}}' "$n")
+  [ -n "$vol" ] || { log "$n has no /var volume"; return 1; }
+  file=$(saved_if_room "$2")
+  if [ -z "$file" ]; then
+    docker save "$2" | docker exec -i "$n" ctr --namespace=k8s.io images import --all-platforms --digests --snapshotter=overlayfs - >/dev/null
+    return
+  fi
+  rm -f "$vol/llmtrain-import.tar"
+  ln "$file" "$vol/llmtrain-import.tar" 2>/dev/null || cp "$file" "$vol/llmtrain-import.tar"
+  docker exec "$n" ctr --namespace=k8s.io images import --all-platforms --digests --snapshotter=overlayfs \
+    /var/llmtrain-import.tar >/dev/null || rc=$?
+  rm -f "$vol/llmtrain-import.tar"
+  [ "$rc" = 0 ] || log "importing $2 into $n failed (exit $rc)"
+  return "$rc"
+}
 load() {  # load IMAGE NODE...: into each node that lacks this build of it
   local image=$1 want old new n have="" need=(); shift
   want=$(docker image inspect -f '{{.Id}}' "$image")
@@ -100,7 +136,7 @@ load() {  # load IMAGE NODE...: into each node that lacks this build of it
     log "loading $image into $n"
     # the image this tag named before, removed once the tag moves (else it stays, by id)
     old=$(docker exec "$n" crictl inspecti -o go-template --template '{{.status.id}}' "$image" 2>/dev/null || true)
-    docker save "$image" | docker exec -i "$n" ctr --namespace=k8s.io images import --all-platforms --digests --snapshotter=overlayfs - >/dev/null
+    import_into "$n" "$image"
     docker exec "$n" sh -c 'ctr -n k8s.io content prune references >/dev/null
       stale=$(ctr -n k8s.io images ls -q | grep "^import-" || true)
       [ -z "$stale" ] || ctr -n k8s.io images rm --sync $stale >/dev/null'
@@ -127,6 +163,7 @@ load_project_images() {
     # shellcheck disable=SC2086
     load "localcluster.local/python-torch:1" $gpu
   fi
+  bash hack/kind/saved-image.sh rm  # the nodes have them: the room back
 }
 if [ "${1:-}" = load ]; then
   export KUBECONFIG=$STATE/kubeconfig

@@ -258,14 +258,17 @@ def test_a_node_whose_torchrun_gives_up_leaves_the_rendezvous_open_and_the_other
 
 def test_a_regrouped_survivor_admits_a_replacement_only_after_its_first_step_and_keeps_that_step(tmp_path):
     # Node 1 dies whole at world size 2. Node 0's torchrun re-forms its group alone
-    # (attempt 1), whose ranks take 6 s to start (a start-up fault, attempt 1 only), and a
-    # replacement node 1 joins meanwhile. Plain torchrun restarts the group for it at once,
+    # (attempt 1), whose ranks are held in their start-up (a fault, attempt 1 only) until
+    # a replacement node 1 is waiting to join: the test releases them once the agent says
+    # it holds the newcomer back (a fixed start-up of 6 s was not enough for the
+    # replacement to arrive on a loaded machine: CI at e5b92fc). Plain torchrun restarts the group for it at once,
     # killing ranks that had not even started (no step at world size 1, one more start-up
     # and restore). The agent holds the newcomer back until the group has finished a step;
     # the restart for it then stops at a step boundary with an emergency checkpoint, so the
     # world-size-2 group goes on from that step.
     cfg = base_config(maxSteps=40)
-    faults = "slow@step=1,seconds=0.3,steps=400;slow@step=0,seconds=6,attempt=1"
+    # The start-up pause ends at 45 s at the latest, within the agent's 60 s hold.
+    faults = "slow@step=1,seconds=0.3,steps=400;slow@step=0,seconds=45,attempt=1,until=admit"
     job = ElasticJob(tmp_path, cfg, nodes=2, min_nodes=1, max_restarts=3, env={"LLMTRAIN_FAULT_INJECT": faults}).start()
     try:
         holder = wait_for(lambda: next((n for n in job.running if (n.run_dir / "steps.jsonl").exists()
@@ -278,12 +281,15 @@ def test_a_regrouped_survivor_admits_a_replacement_only_after_its_first_step_and
         wait_for(lambda: (holder.run_dir / "exit" / "attempt-1" / "local-0.started").exists(), 60, 0.1,
                  "the survivor's re-formed group starting")
         job.replace_node(lost)
+        # Fails, naming it, when the agent restarts the group for the newcomer at once.
+        wait_for(lambda: "node(s) waiting to join; admitted once this group has finished a step" in holder.output(),
+                 40, 0.1, "the survivor's agent holding the replacement back until a step")
+        (holder.run_dir / "admit").touch()
         codes = [node.proc.wait(timeout=240) for node in job.running]
     finally:
         job.kill()
     logs = job.logs()
     assert codes == [0, 0], logs
-    assert "node(s) waiting to join; admitted once this group has finished a step" in job.running[holder.index].output(), logs
     after = [s for s in job.steps() if s["time"] > killed_at]
     alone = [s for s in after if s["world"] == 1]
     assert alone, f"no step at world size 1 before the replacement was admitted: {after[:4]}"
