@@ -95,9 +95,11 @@ stop_build() {
   if [ -n "$build_pid" ] && kill -0 "$build_pid" 2>/dev/null; then
     kill -TERM -- "-$build_pid" 2>/dev/null || true
   fi
-  if [ -n "${runs_pid:-}" ] && kill -0 "$runs_pid" 2>/dev/null; then  # its teardown runs (MinIO, torchrun)
+  if [ -n "${runs_pid:-}" ]; then  # its teardown runs (MinIO, torchrun); what it printed is shown
     kill -INT "$runs_pid" 2>/dev/null || true
     wait "$runs_pid" 2>/dev/null || true
+    echo "test-stages: the torchrun, store and tools suites, stopped:"
+    cat .cache/full-runs.log 2>/dev/null || true
   fi
   cpu_weight tools restore
   cpu_weight prepare restore
@@ -164,7 +166,7 @@ runs_pid=$!
 cluster_rc=0
 LLMTRAIN_PREBUILD_TOOLS=0 "$BIN/pytest" -m "cluster or e2e" --basetemp="$full_tmp/cluster" "${FULL[@]}" || cluster_rc=$?
 [ "$cluster_rc" != 5 ] || cluster_rc=0  # pytest's 5 is "no test selected": arguments (-k ...) that pick tests of one half only
-stamp "stage full: the cluster and end-to-end suites ended (exit $cluster_rc); the other half goes on"
+stamp "stage full: the cluster and end-to-end suites ended (exit $cluster_rc)"
 runs_done() {  # the other half's end and its output; its exit code in runs_rc
   runs_rc=0
   wait "$runs_pid" || runs_rc=$?

@@ -12,7 +12,7 @@ if [ -n "$bin" ] && [ -x "$bin/kind" ] && /usr/bin/docker version >/dev/null 2>&
   PATH=$bin:$PATH kind delete cluster --name "$CLUSTER" >&2 || true
   /usr/bin/docker network rm kind >/dev/null 2>&1 || true
 fi
-/usr/bin/docker version >/dev/null 2>&1 && bash hack/kind/saved-image.sh rm  # a load cut short leaves them
+if /usr/bin/docker version >/dev/null 2>&1; then bash hack/kind/saved-image.sh rm || true; fi  # a load cut short leaves them
 if [ -f "$STATE/host-routes" ]; then
   while read -r cidr; do ip route del "$cidr" 2>/dev/null || true; done < "$STATE/host-routes"
   rm -f "$STATE/host-routes"

@@ -19,7 +19,7 @@ name=$(printf '%s' "$1" | tr -c 'A-Za-z0-9._-' '_')
 file=$dir/$name.${id:0:16}.tar
 if [ "$only_path" = 0 ] && [ ! -s "$file" ]; then
   mkdir -p "$dir"
-  rm -f "$dir/$name".*  # an earlier build's
+  rm -f "$dir/$name".????????????????.tar "$dir/$name".????????????????.tar.partial  # an earlier build's
   /usr/bin/docker save -o "$file.partial" "$1" || { rm -f "$file.partial"; exit 1; }
   mv "$file.partial" "$file"
 fi

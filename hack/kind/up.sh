@@ -79,10 +79,13 @@ link_layers() {  # IMAGE FROM TO: TO's copy of IMAGE's layers made links to FROM
   .venv/bin/python hack/kind/layerlinks.py $(paste -d' ' <(echo "$from") <(echo "$to")) >&2
 }
 room() {  # IMAGE: fail, naming the numbers, unless a node can import IMAGE (blobs + unpacked)
-  local size free need dir
+  local size free need dir file
   size=$(docker image inspect -f '{{.Size}}' "$1")
   dir=$(docker info -f '{{.DockerRootDir}}')
   free=$(df --output=avail -B1 "$dir" | tail -1)
+  # IMAGE's saved file counts as room: saved_if_room drops it when the import needs that
+  file=$(bash hack/kind/saved-image.sh --path "$1")
+  [ ! -s "$file" ] || free=$(( free + $(stat -c %s "$file") ))
   need=$(( 2 * size + 2000000000 ))
   [ "$free" -ge "$need" ] && return 0
   log "$(( free / 1000000000 )) GB free on $dir's filesystem; importing $1 into a node needs $(( need / 1000000000 )) GB (its layers twice while they unpack, and 2 GB): free some, or skip the kind stage (LLMTRAIN_KIND_SMOKE=0)"
@@ -95,6 +98,7 @@ saved_if_room() {  # IMAGE: the path of IMAGE's saved file (made here if need be
   local size free need file
   size=$(docker image inspect -f '{{.Size}}' "$1")
   free=$(df --output=avail -B1 "$(docker info -f '{{.DockerRootDir}}')" | tail -1)
+  [[ $free =~ ^[0-9]+$ ]] || { log "the Docker root's free space unknown: $1 streamed"; free=0; }
   need=$(( 2 * size + 4000000000 ))
   file=$(bash hack/kind/saved-image.sh --path "$1")
   if [ -s "$file" ]; then
@@ -112,12 +116,12 @@ import_into() {  # NODE IMAGE: IMAGE into NODE's containerd, unpacked
   vol=$(docker inspect -f '{{range .Mounts}}{{if eq .Destination "/var"}}{{.Source}}{{end}}{{end}}' "$n")
   [ -n "$vol" ] || { log "$n has no /var volume"; return 1; }
   file=$(saved_if_room "$2")
-  if [ -z "$file" ]; then
+  rm -f "$vol/llmtrain-import.tar"
+  if [ -z "$file" ] || ! ln "$file" "$vol/llmtrain-import.tar" 2>/dev/null; then
+    [ -z "$file" ] || log "$2's saved file cannot be linked into $n's volume: streamed"
     docker save "$2" | docker exec -i "$n" ctr --namespace=k8s.io images import --all-platforms --digests --snapshotter=overlayfs - >/dev/null
     return
   fi
-  rm -f "$vol/llmtrain-import.tar"
-  ln "$file" "$vol/llmtrain-import.tar" 2>/dev/null || cp "$file" "$vol/llmtrain-import.tar"
   docker exec "$n" ctr --namespace=k8s.io images import --all-platforms --digests --snapshotter=overlayfs \
     /var/llmtrain-import.tar >/dev/null || rc=$?
   rm -f "$vol/llmtrain-import.tar"
@@ -145,6 +149,7 @@ load() {  # load IMAGE NODE...: into each node that lacks this build of it
     if [ -n "$old" ] && [ "$old" != "$new" ]; then docker exec "$n" crictl rmi "$old" >/dev/null || true; fi
     if [ -n "$have" ]; then link_layers "$image" "$have" "$n" || true; else have=$n; fi
   done
+  rm -f "$(bash hack/kind/saved-image.sh --path "$image")"  # its nodes have it: the room back
 }
 load_project_images() {
   local workers gpu
@@ -163,7 +168,7 @@ load_project_images() {
     # shellcheck disable=SC2086
     load "localcluster.local/python-torch:1" $gpu
   fi
-  bash hack/kind/saved-image.sh rm  # the nodes have them: the room back
+  bash hack/kind/saved-image.sh rm  # (any other build's, a run cut short's)
 }
 if [ "${1:-}" = load ]; then
   export KUBECONFIG=$STATE/kubeconfig

@@ -281,9 +281,10 @@ def test_a_regrouped_survivor_admits_a_replacement_only_after_its_first_step_and
         wait_for(lambda: (holder.run_dir / "exit" / "attempt-1" / "local-0.started").exists(), 60, 0.1,
                  "the survivor's re-formed group starting")
         job.replace_node(lost)
-        # Fails, naming it, when the agent restarts the group for the newcomer at once.
+        # Fails, naming it, when the agent restarts the group for the newcomer at once (or
+        # the replacement never came to wait).
         wait_for(lambda: "node(s) waiting to join; admitted once this group has finished a step" in holder.output(),
-                 40, 0.1, "the survivor's agent holding the replacement back until a step")
+                 40, 0.1, "the survivor's agent holding the waiting replacement back until a step")
         (holder.run_dir / "admit").touch()
         codes = [node.proc.wait(timeout=240) for node in job.running]
     finally:
