@@ -261,8 +261,8 @@ def test_a_regrouped_survivor_admits_a_replacement_only_after_its_first_step_and
     # (attempt 1), whose ranks are held in their start-up (a fault, attempt 1 only) until
     # a replacement node 1 is waiting to join: the test releases them once the agent says
     # it holds the newcomer back (a fixed start-up of 6 s was not enough for the
-    # replacement to arrive on a loaded machine: CI at e5b92fc). Plain torchrun restarts the group for it at once,
-    # killing ranks that had not even started (no step at world size 1, one more start-up
+    # replacement to arrive on a loaded machine: CI at e5b92fc). Plain torchrun restarts
+    # the group for the newcomer at once, killing ranks that had not even started (no step at world size 1, one more start-up
     # and restore). The agent holds the newcomer back until the group has finished a step;
     # the restart for it then stops at a step boundary with an emergency checkpoint, so the
     # world-size-2 group goes on from that step.
