@@ -111,7 +111,7 @@ import_into() {  # NODE IMAGE: IMAGE into NODE's containerd, unpacked
   # From its saved file (hack/kind/saved-image.sh, made once) hard-linked into the node's
   # /var volume where the disk has room for the file, not `docker save | docker exec -i
   # ctr import -`: that makes a save per node and streamed at 24 MB/s in a full run here
-  # (the trainer's 5.9 GB: 242-266 s a node; from the file 152-166 s, a `kind-up` alone).
+  # (the trainer's 5.9 GB: 242-266 s a node; from the file 114-166 s, `kind-up` alone).
   local n=$1 vol file rc=0
   vol=$(docker inspect -f '{{range .Mounts}}{{if eq .Destination "/var"}}{{.Source}}{{end}}{{end}}' "$n")
   [ -n "$vol" ] || { log "$n has no /var volume"; return 1; }
