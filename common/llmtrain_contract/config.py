@@ -531,6 +531,9 @@ class FaultToleranceRuntime(CamelModel):
     """Bad numerics: a non-finite loss or a spike rolls back and skips the window."""
     stragglers: StragglerRuntime = Field(default_factory=StragglerRuntime)
     """Stragglers: a rank whose local step time stays above the others'."""
+    in_process_healing: bool = False
+    """A failed peer's survivors keep their processes and state; its replacement gets the
+    state from a survivor (``llmtrain_trainer.train.heal``). DDP only."""
 
 
 class MetricsRuntime(CamelModel):

@@ -60,6 +60,14 @@ class Env:
     """The run dir whose heartbeat files the torchrun agent reads before it admits a
     waiting node (set by the launcher for the built-in trainer). ``torchrun_agent.py``
     spells it too: it imports nothing of this project's packages."""
+    HEAL_STORE = "LLMTRAIN_HEAL_STORE"
+    """``host:port/run-id``: the job's rendezvous store and run, where the ranks of a job
+    with ``faultTolerance.inProcessHealing`` form their process groups and the torchrun
+    agent counts the ranks it restarts in place. Set by the launcher only for such a job
+    (``torchrun_agent.py`` spells it too)."""
+    VICTIM_EXIT_CODES = "LLMTRAIN_VICTIM_EXIT_CODES"
+    """Set with ``HEAL_STORE``: the exit codes of a rank that ended because a peer failed,
+    which torchrun's agent restarts through a rendezvous, never in place."""
     FORKED_FOR = "LLMTRAIN_FORKED_FOR"
     """In a rank forked by the zygote: the pid torchrun started (the rank's stand-in), whose
     parent is the torchrun agent."""

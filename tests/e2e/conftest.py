@@ -23,12 +23,19 @@ STAMPED = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failed end-to-end test's report ends with the last lines of the job pods it ran
-    (the local cluster's container logs, newest first), since a CI run's cluster is gone by
+    (the local cluster's container logs, newest first; on kind, ``kindreport``: the pods,
+    the nodes' room, the Events and ``kubectl logs``), since a CI run's cluster is gone by
     the time anyone reads it."""
     outcome = yield
     report = outcome.get_result()
     if report.when == "call" and report.failed and (item.get_closest_marker("e2e") or item.get_closest_marker("kind")):
-        report.sections.append(("pod logs (newest first)", _pod_log_tails(call.start)))
+        bed = item.funcargs.get("operator")
+        if os.environ.get("LLMTRAIN_E2E_BED") == "kind" and bed is not None:
+            from .kindreport import report as kind_report
+
+            report.sections.append(("the kind bed (pods, nodes, events, logs)", kind_report(bed, call.start)))
+        else:
+            report.sections.append(("pod logs (newest first)", _pod_log_tails(call.start)))
 
 
 def _pod_log_tails(since: float) -> str:

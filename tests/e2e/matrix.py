@@ -16,6 +16,7 @@ each is tested).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -23,6 +24,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from support.waiting import wait_for
 
 from .jobs import events
 
@@ -126,6 +129,10 @@ def condition(done: dict[str, Any], kind: str) -> dict[str, Any]:
     return next((c for c in done.get("conditions") or [] if c["type"] == kind), {})
 
 
+EVENT_WAIT_SECONDS = 30
+"""How long an Event may follow the status it explains."""
+
+
 def check_outcome(bed, namespace: str, job: str, done: dict[str, Any], *, phase: str, step: int | None,
                   by_reason: dict[str, int], reasons: set[str]) -> None:
     assert done["phase"] == phase, json.dumps(done)[:3000]
@@ -134,7 +141,16 @@ def check_outcome(bed, namespace: str, job: str, done: dict[str, Any], *, phase:
     assert condition(done, phase)["status"] == "True", done.get("conditions")
     assert done.get("restartsByReason", {}) == by_reason, done.get("restartsByReason")
     assert done.get("restarts", 0) == sum(by_reason.values())
-    seen = set(events(bed, namespace, job))
+    # The operator posts a pass's Events after its status patch, on a background thread
+    # (handlers/reconcile.py): on a loaded machine `Completed` came after `Succeeded` was read.
+    seen: set[str] = set()
+
+    def arrived() -> bool:
+        seen.update(events(bed, namespace, job))
+        return reasons <= seen
+
+    with contextlib.suppress(AssertionError):  # wait_for's timeout: the assertion below says what is missing
+        wait_for(arrived, EVENT_WAIT_SECONDS, 1, "the Events")
     assert reasons <= seen, (reasons - seen, seen)
     # Kept progress is part of the productive time, never more.
     assert 0 <= done["ettr"] <= done["goodput"], (done.get("ettr"), done.get("goodput"), done.get("redoSeconds"))

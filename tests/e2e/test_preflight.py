@@ -37,7 +37,10 @@ def test_a_node_with_a_degraded_link_fails_the_pre_flight_check_and_is_quarantin
     assert len(nodes) >= 3, nodes
     try:
         create(bed, NS, job_manifest(NAME, {
-            "spec.replicas": {"min": 1, "max": 1}, "spec.trainer.builtin.maxSteps": 40,
+            # 160 paced steps (48 s): with 40, a whole-suite run on kind saw the job finish
+            # ("training finished at step 40") 18 s after the test deleted its pod to move
+            # it, so no pod ever joined on the slow node.
+            "spec.replicas": {"min": 1, "max": 1}, "spec.trainer.builtin.maxSteps": 160,
             "spec.scheduling.nodeSelector": {"llmtrain.io/pool": "gpu", LABEL: "yes"},
             "spec.env": [{"name": "LLMTRAIN_FAULT_INJECT", "value": PACE}],
         }))

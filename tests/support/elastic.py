@@ -90,6 +90,10 @@ class ElasticJob:
     ranks the rendezvous gives it)."""
     health_port: int | None = None
     """Node i's launcher serves /healthz and /metrics on this port + i (``free_port(nodes)``)."""
+    program: list[str] | None = None
+    """torchrun's program for a user's script (``script_program``), in place of the
+    built-in trainer; its tiers then come from ``env``/``node_env``, as the operator gives
+    a script job them (``LLMTRAIN_CHECKPOINT_TIERS``)."""
     running: list[Node] = field(default_factory=list)
     store: subprocess.Popen | None = None
 
@@ -131,7 +135,8 @@ class ElasticJob:
         log = self.node_dir(index) / "node.log"
         restarts = self.node_max_restarts.get(index, self.max_restarts)
         node_flags = [f"--max-restarts={restarts}" if f.startswith("--max-restarts=") else f for f in self._flags]
-        cmd = worker_command(PY, str(run_dir), node_flags, trainer_program(str(cfg_path)), str(self.node_dir(index) / "termination-log"),
+        program = self.program or trainer_program(str(cfg_path))
+        cmd = worker_command(PY, str(run_dir), node_flags, program, str(self.node_dir(index) / "termination-log"),
                              self.health_port + index if self.health_port else None)
         with log.open(log_mode) as fh:
             proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -200,6 +205,15 @@ class ElasticJob:
         for path in self.root.glob("node*/run/steps.jsonl"):
             records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         return sorted(records, key=lambda r: r["time"])
+
+    def exits(self) -> dict[int, list[dict[str, Any]]]:
+        """Per torchrun attempt, the exit record of every rank that wrote one, on any node
+        (``exitrecord.py``: its code, message and last step)."""
+        out: dict[int, list[dict[str, Any]]] = {}
+        for path in sorted(self.root.glob("node*/run/exit/attempt-*/local-*.json")):
+            attempt = int(path.parent.name.removeprefix("attempt-"))
+            out.setdefault(attempt, []).append(json.loads(path.read_text()))
+        return out
 
     def termination(self, index: int) -> dict[str, Any]:
         return json.loads((self.node_dir(index) / "termination-log").read_text())

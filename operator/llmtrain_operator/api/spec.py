@@ -429,6 +429,14 @@ class FaultToleranceSpec(Ruled):
     Default 3; 0 deletes a failed pod once it is charged. Pods lost with their node (their
     logs went with it) are not kept, nor the healthy pods a ``RestartAll`` ends."""
 
+    in_process_healing: bool = False
+    """A rank that crashes is restarted in its pod by the torchrun agent, and the other
+    pods keep their processes: they form a new process group with it and one of them sends
+    it the whole state from memory (no restore from a checkpoint, no restart of the job's
+    other ranks). What cannot heal so recovers as without it, later: a node lost about
+    5 s later, a round that does not form by the collective timeout. The built-in
+    trainer's DDP only. Default false. docs/trainer.md, "In-process healing"."""
+
     backoff: BackoffSpec = Field(default_factory=BackoffSpec)
     """Delay between successive restarts."""
 
@@ -743,6 +751,15 @@ LLMTrainJobSpec.RULES = (
                           if j.scheduling and j.scheduling.gang and j.scheduling.gang.min_available > j.replicas.max else None),
          cel=f"!has(self.scheduling) || !has(self.scheduling.gang) || self.scheduling.gang.minAvailable <= {_R_MAX}",
          example={"scheduling": {"gang": {"minAvailable": 3}}}),
+    Rule("healing-needs-builtin-ddp", "faultTolerance.inProcessHealing",
+         "faultTolerance.inProcessHealing needs the built-in trainer with strategy kind 'ddp' (a ZeRO shard lost with its "
+         "rank has no copy to heal from; your own script heals nothing in process)",
+         check=lambda j: (("trainer.command" if j.trainer.builtin is None else f"strategy '{j.trainer.builtin.strategy.kind}'")
+                          if j.fault_tolerance.in_process_healing
+                          and (j.trainer.builtin is None or j.trainer.builtin.strategy.kind != "ddp") else None),
+         cel=f"!{cel_get('self.faultTolerance.inProcessHealing', False)} || (has(self.trainer.builtin) && "
+             f"{cel_get('self.trainer.builtin.strategy.kind', 'ddp')} == 'ddp')",
+         example={"faultTolerance.inProcessHealing": True, "trainer.builtin.strategy": {"kind": "deepspeed"}}),
     Rule("global-batch-fixed-across-world-sizes", "trainer.builtin.globalBatchSize",
          "trainer.builtin.globalBatchSize must be divisible by microBatchSize x procsPerNode x nodes for every node count "
          "in replicas.min..max (it stays fixed as the world size changes)",

@@ -71,6 +71,7 @@ def trainer_config(job: LLMTrainJob, paths: dict[str, str] | None = None, run_di
         "faultTolerance": {
             "hangTimeoutSeconds": spec.fault_tolerance.hang_timeout_seconds,
             "collectiveTimeoutSeconds": spec.fault_tolerance.collective_timeout_seconds,
+            "inProcessHealing": spec.fault_tolerance.in_process_healing,
             "numerics": spec.fault_tolerance.numerics.model_dump(mode="json", by_alias=True),
             "stragglers": spec.fault_tolerance.stragglers.model_dump(mode="json", by_alias=True, exclude={"action"}),
         },

@@ -10,7 +10,7 @@ from support.planning import NOW, job, observed, running_status, summary, worker
 W1 = "tiny-elastic-worker-1"
 SAID = {"code": 87, "reason": "PreflightFailed",
         "message": "the pre-flight echo through the rendezvous store at tiny-elastic-rdzv:29401 ran at 1.2 MB/s (the best "
-                   "of 2 rounds of 4 MiB), below faultTolerance.preflightMinMbps=50: this node's network is too slow to join"}
+                   "of 5 rounds of 4 MiB), below faultTolerance.preflightMinMbps=50: this node's network is too slow to join"}
 
 
 def test_a_failed_pre_flight_quarantines_the_node_and_replaces_the_pod_uncharged():

@@ -95,3 +95,16 @@ def test_a_script_job_gets_its_tiers_for_the_checkpoint_api_as_the_builtin_train
     off = parse_job({**job({"spec.trainer": {"command": ["/app/train.py"]}, "spec.image": "example.com/me:1",
                             "spec.checkpoint.enabled": False}), "status": None})
     assert Env.CHECKPOINT_TIERS not in {e["name"] for e in worker_pod(off, 0, 0)["spec"]["containers"][0]["env"]}
+
+
+def test_in_process_healing_reaches_the_trainers_config_and_is_refused_for_a_zero_job():
+    import pytest
+    from llmtrain_operator.api.job import SpecInvalid
+    from llmtrain_operator.planner.render import trainer_config
+
+    assert trainer_config(parse_job({**job(), "status": None})).fault_tolerance.in_process_healing is False
+    healing = parse_job({**job({"spec.faultTolerance.inProcessHealing": True}), "status": None})
+    assert trainer_config(healing).fault_tolerance.in_process_healing is True
+    with pytest.raises(SpecInvalid, match=r"spec.faultTolerance.inProcessHealing: .* \(strategy 'deepspeed'\)"):
+        parse_job({**job({"spec.faultTolerance.inProcessHealing": True,
+                          "spec.trainer.builtin.strategy": {"kind": "deepspeed", "zeroStage": 2}}), "status": None})

@@ -93,12 +93,15 @@ def test_echoes_beyond_the_slots_are_told_busy_at_once_and_the_check_skipped(lea
 
 
 class SlowEcho:
-    """An echo server that sends back ``rate`` bytes a second at most: a degraded path."""
+    """An echo server that sends back ``rate`` bytes a second at most: a degraded path;
+    with ``later``, the connections after the first at that rate (a busy moment, then a
+    healthy path)."""
 
-    def __init__(self, rate: float, echo: bool = True):
+    def __init__(self, rate: float, echo: bool = True, later: float | None = None):
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.address = self.sock.getsockname()
-        self.rate, self.echo = rate, echo
+        self.rate, self.echo, self.later = rate, echo, later
+        self.connections = 0
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -107,9 +110,11 @@ class SlowEcho:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+            rate = self.rate if self.connections == 0 or self.later is None else self.later
+            self.connections += 1
+            threading.Thread(target=self._one, args=(conn, rate), daemon=True).start()
 
-    def _one(self, conn: socket.socket) -> None:
+    def _one(self, conn: socket.socket, rate: float) -> None:
         with conn:
             try:
                 line = b""
@@ -120,7 +125,7 @@ class SlowEcho:
                 conn.sendall(b"ok\n")
                 while chunk := conn.recv(4096):
                     conn.sendall(chunk)
-                    time.sleep(len(chunk) / self.rate)
+                    time.sleep(len(chunk) / rate)
             except OSError:
                 pass
 
@@ -132,13 +137,32 @@ def test_a_slow_path_is_measured_by_what_came_back_within_the_deadline_and_refus
     slow = SlowEcho(rate=400_000)
     try:
         began = time.monotonic()
-        result = preflight.measure(slow.address, rounds=2, seconds=1.0)
+        result = preflight.measure(slow.address, rounds=2, seconds=1.0, enough=50 * preflight.MB)
         assert time.monotonic() - began < 6, "each round ends at its deadline"
-        assert result.skipped is None and 0.1 < result.mbps() < 1.0, result
+        assert result.skipped is None and 0.1 < result.mbps() < 1.0 and result.rounds == 2, result
         why = preflight.verdict(result, 50)
         assert why is not None and f"{result.mbps():.1f} MB/s" in why and "preflightMinMbps=50" in why
+        assert "the best of 2 rounds" in why, why
     finally:
         slow.close()
+
+
+def test_a_round_at_the_floor_ends_the_check_and_one_slow_round_refuses_nothing():
+    # A busy moment (the first round at 0.4 MB/s), then the path at full speed: the check
+    # goes on past the slow round and passes at the first fast one, without the rest.
+    bursty = SlowEcho(rate=400_000, later=1e9)
+    try:
+        result = preflight.measure(bursty.address, seconds=1.0, enough=5 * preflight.MB)
+        assert result.skipped is None and result.mbps() >= 5 and result.rounds == 2, result
+        assert bursty.connections == 2 and preflight.verdict(result, 5) is None
+    finally:
+        bursty.close()
+    fast = SlowEcho(rate=1e9)
+    try:
+        result = preflight.measure(fast.address, enough=5 * preflight.MB)
+        assert result.rounds == 1 and fast.connections == 1 and preflight.verdict(result, 5) is None, result
+    finally:
+        fast.close()
 
 
 def test_a_store_that_does_not_answer_or_does_not_echo_skips_the_check():
@@ -190,5 +214,6 @@ def test_the_launcher_refuses_to_join_over_a_slow_path_before_torchrun_starts(tm
         message = json.loads(log.read_text())
         assert (message["code"], message["reason"]) == (87, "PreflightFailed"), message
         assert "MB/s" in message["message"] and "too slow to join" in message["message"], message
+        assert f"the best of {preflight.ROUNDS} rounds" in message["message"], "refused only after every round"
     finally:
         slow.close()

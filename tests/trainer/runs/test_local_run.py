@@ -86,13 +86,19 @@ def test_ctrl_c_stops_the_run_and_still_writes_its_events_plot_and_summary(tmp_p
     produced so far (events.jsonl, loss.png, the summary) is written before it exits; with
     no terminal, a progress line comes every 10 s between the Events."""
     workdir = tmp_path / "run"
+    # 1 s a step: 60 steps outlast the wait below for a progress line while Running (they
+    # come every 10 s, so up to 10 s after the Running Event plus start-up).
     cmd = [str(Path(sys.executable).with_name("llmtrain")), "run", str(ROOT / "examples" / "01-tiny-elastic-cpu.yaml"),
-           "--fresh", "--workdir", str(workdir), "--inject", "slow@step=1,seconds=0.3,steps=1000", "--no-progress"]
-    began = time.monotonic()
-    # Started with SIGINT ignored, as a shell starts a background job (and as this suite
-    # may itself run): the command must still answer Ctrl-C.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+           "--fresh", "--workdir", str(workdir), "--inject", "slow@step=1,seconds=1,steps=1000", "--no-progress"]
+    running_line = re.compile(r"^\d\d:\d\d:\d\d step \d+/60 Running world=", re.M)
+    # The output goes to files, read while the run goes on: the interrupt waits for what
+    # the test asserts it printed, not for a guessed time.
+    stdout_path, stderr_path = tmp_path / "stdout", tmp_path / "stderr"
+    with stdout_path.open("w") as stdout, stderr_path.open("w") as stderr:
+        # Started with SIGINT ignored, as a shell starts a background job (and as this suite
+        # may itself run): the command must still answer Ctrl-C.
+        proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True, cwd=ROOT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         def step() -> int:
             try:
@@ -101,21 +107,22 @@ def test_ctrl_c_stops_the_run_and_still_writes_its_events_plot_and_summary(tmp_p
                 return 0
 
         deadline = time.monotonic() + 180
-        while step() < 5 or time.monotonic() - began < 12:
-            assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before step 5"
+        while step() < 5 or not running_line.search(stdout_path.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                "the run ended or stalled before step 5 and a progress line while Running: " + stdout_path.read_text()[-3000:]
             time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
+    out, err = stdout_path.read_text(), stderr_path.read_text()
     assert proc.returncode == 130, out[-3000:] + err[-3000:]
     assert "interrupted at step" in err and "processes stopped, checkpoints kept" in err, err[-3000:]
     reasons = [json.loads(line)["reason"] for line in (workdir / "events.jsonl").read_text().splitlines()]
     assert "Created" in reasons and "Running" in reasons, reasons
     assert (workdir / "loss.png").stat().st_size > 10_000
     assert "restarts:" in out and "plot:" in out, out[-3000:]
-    assert re.search(r"^\d\d:\d\d:\d\d step \d+/60 Running world=", out, re.M), out[-3000:]
     left = subprocess.run(["pgrep", "-f", str(workdir)], capture_output=True, text=True)
     assert left.stdout.strip() == "", f"processes of the run still alive: {left.stdout}"
 

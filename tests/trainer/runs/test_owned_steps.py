@@ -14,8 +14,12 @@ from support.elastic import base_config, run_job
 pytestmark = pytest.mark.slow  # real torchrun runs
 
 OLD = base_config(jobUid="uid-of-the-deleted-job", maxSteps=40, checkpoint={"intervalSteps": 10})
+# Every 3 steps: no step number in common with the predecessor's (every 10) but the last
+# run's final step 20. With every 5, the new run's step 10 replaced the predecessor's
+# whenever a save in flight had deferred its step 20 and so kept step 10 (make test at
+# 0de0e6d), and the checks below assume the predecessor's steps untouched until then.
 NEW = base_config(jobUid="uid-of-the-new-job", seed=7, maxSteps=15,
-                  checkpoint={"intervalSteps": 5, "allowFreshStart": True})
+                  checkpoint={"intervalSteps": 3, "allowFreshStart": True})
 
 
 def _owners(folder: Path) -> dict[int, str]:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 import pytest
-from support.elastic import ElasticJob, base_config, losses_by_step, run_job
+from llmtrain_contract.exitcodes import ExitCode
+from support.elastic import ElasticJob, base_config, run_job
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow  # real multi-process torchrun runs
@@ -30,14 +32,58 @@ def _rescued(root, node: int) -> dict:
     return json.loads((root / f"node{node}" / "ckpt" / "step-00000016" / "manifest.json").read_text())
 
 
-def _check_resumed_at_16(job) -> None:
-    logs = job.logs()
+# Judged by the clock, so possible on a loaded machine without any fault: a step or a
+# collective over its limit (beside CI's other suites a step once took more than 8 s).
+TIMED_OUT = {int(ExitCode.HANG), int(ExitCode.COLLECTIVE_TIMEOUT)}
+
+
+def _runs(records: list[dict]) -> list[list[int]]:
+    """The steps rank 0 logged, cut wherever a step was not past the last one: a group
+    started again from an earlier step. (Not by the records' ``attempt``: that is
+    torchrun's restart count on rank 0's node, which a node restarted for another node's
+    failure does not count, so two groups can log the same attempt.)"""
+    runs: list[list[int]] = []
+    for r in records:
+        if runs and r["step"] > runs[-1][-1]:
+            runs[-1].append(r["step"])
+        else:
+            runs.append([r["step"]])
+    return runs
+
+
+def _story(job) -> str:
+    """The runs of steps, and how each rank that wrote an exit record ended."""
+    lines = [f"steps logged: {', '.join(f'{run[0]}..{run[-1]}' for run in _runs(job.steps()))}"]
+    for attempt, exits in sorted(job.exits().items()):
+        lines += [f"attempt {attempt} on its node, rank {e.get('rank')}: exit {e.get('code')} after step "
+                  f"{e.get('step')}: {e.get('message')}" for e in exits]
+    return "\n".join(lines)
+
+
+def _check_rescue_costs_no_step(job, rescued: int, last_logged: int = 16) -> None:
+    """The rescue saved step ``rescued`` (the freeze came after step ``last_logged`` was
+    logged), the next group resumed there, and from the freeze on no step was trained twice.
+
+    A group that a timeout ended before the freeze is outside the claim (only a loaded
+    machine does that here): the run restarted from its newest periodic checkpoint and
+    trained the steps after it again. That is reported as a warning with the run's story;
+    an earlier group that ended any other way fails the test."""
+    logs, story = job.logs(), _story(job)
+    assert f"rescue checkpoint of step {rescued} saved into tier 1" in logs, f"{story}\n{logs}"
     resumed = [int(m) for m in re.findall(r"resumed from step (\d+) ", logs)]
-    assert resumed and resumed[-1] == 16, f"resumed from {resumed}\n{logs}"
-    assert "rescue checkpoint of step 16 saved into tier 1" in logs, logs
-    seen = losses_by_step(job.steps())
-    assert sorted(seen) == list(range(1, 25))
-    assert not [s for s, losses in seen.items() if len(losses) > 1], "steps were trained twice"
+    assert resumed and resumed[-1] == rescued, f"resumed from {resumed}\n{story}\n{logs}"
+    *earlier, last = _runs(job.steps())
+    # The steps the frozen group trained after its last logged one were never agreed.
+    unlogged = range(last_logged + 1, rescued + 1)
+    assert last == [s for s in range(last[0], 25) if s not in unlogged], f"steps trained: {last}\n{story}"
+    assert last[0] == 1 or last[0] - 1 in resumed, story
+    ended = {(e.get("code"), e.get("step")) for exits in job.exits().values() for e in exits}
+    for run in earlier:
+        assert run[-1] < last_logged and {(code, run[-1]) for code in TIMED_OUT} & ended, \
+            f"a group ended after step {run[-1]}, not by a timeout before the freeze\n{story}\n{logs}"
+    if earlier:
+        warnings.warn(f"the run restarted {len(earlier)} time(s) on a timeout before the freeze (a loaded machine); "
+                      f"the rescue's claim is checked from the last restart on:\n{story}", stacklevel=2)
 
 
 def test_a_frozen_peer_on_another_node_costs_no_step(tmp_path):
@@ -46,7 +92,7 @@ def test_a_frozen_peer_on_another_node_costs_no_step(tmp_path):
     once rank 1 is gone, whichever comes first."""
     job, codes = run_job(tmp_path, CFG, nodes=2, max_restarts=2, env={"LLMTRAIN_FAULT_INJECT": "stop@step=17,rank=1"})
     assert codes == [0, 0], job.logs()
-    _check_resumed_at_16(job)
+    _check_rescue_costs_no_step(job, 16)
     holders = [n for n in (0, 1) if (tmp_path / f"node{n}" / "ckpt" / "step-00000016").exists()]
     assert holders, "no node holds the rescued step"
     manifest = _rescued(tmp_path, holders[0])
@@ -61,7 +107,7 @@ def test_the_supervisor_asks_the_victim_for_its_rescue_checkpoint(tmp_path):
                          env={"LLMTRAIN_FAULT_INJECT": "stop@step=17,rank=1"})
     assert codes == [0], job.logs()
     assert re.search(r"asked rank 0 \(pid \d+\) for a rescue checkpoint \(its last finished step: 16;", job.logs()), job.logs()
-    _check_resumed_at_16(job)
+    _check_rescue_costs_no_step(job, 16)
     manifest = _rescued(tmp_path, 0)
     # Rank 1 was the frozen one: only the leader's part (the state and its RNG) is in it.
     assert manifest["rescue"] is True and manifest["ranks"] == [0], manifest
@@ -80,11 +126,15 @@ def test_a_victim_whose_cause_lives_on_saves_its_rescue_checkpoint_on_request(tm
         # Whichever node and rank the rendezvous gave the victim, its tier 1 holds the
         # rescue; read it before node 1 goes (its loss is a peer failure too, rescued in
         # turn, and tier 1's retention may then drop step 16).
-        (holder,) = wait_for(lambda: _rescue_holder(tmp_path), 120, 0.2, "a node's tier 1 holds the rescued step 16")
+        # 240 s: beside CI's other suites 120 s passed without it (make test at 0de0e6d).
+        (holder,) = wait_for(lambda: _rescue_holder(tmp_path), 240, 0.2, "a node's tier 1 holds the rescued step 16")
         rescued = _rescued(tmp_path, holder)
         wait_for(lambda: re.search(r"resumed from step \d+ ", job.logs()), 120, 0.5, "the group resumed")
-    except BaseException:
+    except AssertionError as failed:
         job.kill()  # every node and the store: nothing outlives a failed test
+        raise AssertionError(f"{failed}\n{_story(job)}\n{job.logs()[-6000:]}") from None
+    except BaseException:
+        job.kill()
         raise
     job.kill_node(1)
     codes = job.wait(300)
@@ -113,11 +163,5 @@ def test_a_peer_stopped_after_its_update_leaves_the_victim_one_step_further_and_
     job, codes = run_job(tmp_path, CFG, nodes=1, procs_per_node=2, max_restarts=2,
                          env={"LLMTRAIN_FAULT_INJECT": "stop@step=17,rank=1,at=agree"})
     assert codes == [0], job.logs()
-    logs = job.logs()
-    assert "rescue checkpoint of step 17 saved into tier 1" in logs, logs
-    resumed = [int(m) for m in re.findall(r"resumed from step (\d+) ", logs)]
-    assert resumed and resumed[-1] == 17, f"resumed from {resumed}"
-    seen = losses_by_step(job.steps())
     # Step 17 was trained once; its loss was never agreed, so no rank logged it.
-    assert sorted(seen) == [s for s in range(1, 25) if s != 17], sorted(seen)
-    assert not [s for s, losses in seen.items() if len(losses) > 1], "steps were trained twice"
+    _check_rescue_costs_no_step(job, 17)

@@ -136,11 +136,13 @@ class CheckpointManager:
     def read_rng(self, step: int, name: str, first: Path | None) -> RngState | None:
         return self._rng.read(step, name, first)
 
-    def prepare(self, barrier: Callable[[], None], restored_step: int, lineage: list[str]) -> None:
+    def prepare(self, barrier: Callable[[], None], restored_step: int, lineage: list[str], sweep_shared: bool = True) -> None:
         """Adopt the restored step's ``lineage`` (every manifest written from now on
         records it; clean-up touches only its steps), sweep what a crash left behind,
         before anybody writes again, and start the slower tiers' threads (their cadence
-        counts from ``restored_step``)."""
+        counts from ``restored_step``). ``sweep_shared`` false: a rank restarted into a job
+        that goes on (in-process healing) leaves the shared tiers' staging alone, where its
+        peers may be writing."""
         owner = str(self.meta.setdefault("owner", "local"))
         scope = Scope.of(owner, lineage)
         self.meta["lineage"] = adopted(owner, lineage)
@@ -152,7 +154,7 @@ class CheckpointManager:
                 self.local.sweep_staging()
             except OSError as err:
                 self.health.failed(self.local.name, err)
-        if self.info.rank == 0:
+        if self.info.rank == 0 and sweep_shared:
             for tier in self.tiers[1:]:
                 try:
                     tier.sweep_staging()

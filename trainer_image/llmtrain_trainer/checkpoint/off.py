@@ -41,7 +41,7 @@ class NoCheckpoints:
     def read_rng(self, step: int, name: str, first: Path | None) -> RngState | None:
         return None
 
-    def prepare(self, barrier: Callable[[], None], restored_step: int, lineage: list[str]) -> None:
+    def prepare(self, barrier: Callable[[], None], restored_step: int, lineage: list[str], sweep_shared: bool = True) -> None:
         return None
 
     def busy(self) -> bool:

@@ -160,7 +160,7 @@ class Checkpoints(Protocol):
         """This rank's saved RNG state of ``step``, verified; None when no copy verifies."""
         ...
 
-    def prepare(self, barrier: Callable[[], None], restored_step: int, lineage: list[str]) -> None:
+    def prepare(self, barrier: Callable[[], None], restored_step: int, lineage: list[str], sweep_shared: bool = True) -> None:
         """Adopt the restored step's ``lineage`` (empty for a fresh start: clean-up then
         touches only this run's steps), sweep what a crash left behind and start the
         slower tiers' work."""

@@ -55,6 +55,24 @@ class Engine(Checkpointable, Protocol):
         ...
 
 
+class Healable(Engine, Protocol):
+    """An engine whose whole state any one rank holds and can send to the others: what
+    in-process healing needs (``train/heal.py``; DDP)."""
+
+    def unwrap(self) -> None:
+        """Let go of everything that holds the default process group (its peer failed)."""
+        ...
+
+    def rewrap(self) -> None:
+        """Rebuild what binds the engine to the default process group, after a new one
+        replaced it. A collective."""
+        ...
+
+    def broadcast_from(self, src: int) -> None:
+        """Rank ``src``'s whole state into every rank. A collective."""
+        ...
+
+
 class EngineClass(Protocol):
     """An engine's class: it builds the engine once the restore point is known."""
 

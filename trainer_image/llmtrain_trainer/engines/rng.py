@@ -3,6 +3,7 @@ a checkpoint holds no pickled objects, so loading one can never run code."""
 
 from __future__ import annotations
 
+import hashlib
 import random
 from typing import Any
 
@@ -55,3 +56,10 @@ def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
+
+
+def step_seed(seed: int, rank: int, step: int) -> int:
+    """A seed for ``rank``'s generators at ``step``, distinct for every pair: a rank
+    restarted in process reseeds to what its predecessor would have drawn."""
+    digest = hashlib.blake2b(f"{seed}/{rank}/{step}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # torch.manual_seed takes up to 2**63 - 1 as a signed int

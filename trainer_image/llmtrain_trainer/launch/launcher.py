@@ -163,12 +163,12 @@ def check_network(command: list[str], env: dict[str, str]) -> str | None:
     address = leases.lease_port(command) if floor > 0 else None  # the store's echo
     if address is None:
         return None
-    result = preflight.measure(address, token=env.get(Env.RDZV_TOKEN))
+    result = preflight.measure(address, token=env.get(Env.RDZV_TOKEN), enough=floor * preflight.MB)
     if result.skipped is not None:
         print(f"llmtrain launcher: pre-flight check skipped: {result.skipped}", file=sys.stderr, flush=True)
         return None
     print(f"llmtrain launcher: pre-flight: {result.mbps():.1f} MB/s through the rendezvous store at {result.endpoint} "
-          f"(floor {floor:g})", file=sys.stderr, flush=True)
+          f"(floor {floor:g}; the best of {result.rounds} rounds)", file=sys.stderr, flush=True)
     return preflight.verdict(result, floor)
 
 
@@ -182,6 +182,27 @@ def refuse(why: str, termination_log: Path) -> int:
         pass  # outside Kubernetes there may be no termination log; the exit code suffices
     print(f"llmtrain launcher: {why}; pod exit code {code}", file=sys.stderr, flush=True)
     return code
+
+
+def healing_store(command: list[str]) -> str | None:
+    """``host:port/run`` of the job's rendezvous store for a built-in trainer whose config
+    asks for in-process healing; None otherwise (or when the config cannot be read: the
+    trainer reads it again and says what is wrong)."""
+    from llmtrain_trainer.launch.prefetch import config_of  # noqa: PLC0415 - a user script's bundle has no prefetch
+
+    path = config_of(command)
+    endpoint, run = torchrun_flag(command, "--rdzv-endpoint"), torchrun_flag(command, "--rdzv-id")
+    if path is None or not endpoint or not run:
+        return None
+    try:
+        import yaml  # noqa: PLC0415
+        from llmtrain_contract.config import TrainerConfig  # noqa: PLC0415
+
+        with open(path) as fh:
+            cfg = TrainerConfig.model_validate(yaml.safe_load(fh) or {})
+    except Exception:  # noqa: BLE001 - see the docstring
+        return None
+    return f"{endpoint}/{run}" if cfg.fault_tolerance.in_process_healing else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
         # Its ranks stamp their first step into the heartbeat files: a re-formed group
         # admits a waiting node only after one step (torchrun_agent.admit_after_first_step).
         env[Env.ADMIT_AFTER_FIRST_STEP] = str(run_dir)
+        heal_store = healing_store(command)
+        if heal_store is not None:
+            # In-process healing: the ranks form their groups in the job's store, and
+            # torchrun's agent restarts a rank that failed on its own in place
+            # (torchrun_agent.restart_in_place); a victim's exit restarts as before.
+            env[Env.HEAL_STORE] = heal_store
+            env[Env.VICTIM_EXIT_CODES] = str(int(ExitCode.COLLECTIVE_TIMEOUT))
     if server is not None:
         env[Env.ZYGOTE] = server.socket
     # torchrun_agent.stop_on_permanent_exit: a permanent exit is never restarted in place.

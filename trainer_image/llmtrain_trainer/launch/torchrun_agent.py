@@ -366,6 +366,79 @@ def read_through_forgeries(wait: float = REFUSED_STATE_WAIT_SECONDS, poll: float
     return True
 
 
+HEAL_STORE = "LLMTRAIN_HEAL_STORE"
+"""Set by the launcher for a job with in-process healing: ``host:port/run``, the job's
+rendezvous store and run (``Env.HEAL_STORE``; spelled here, since this file imports
+nothing of the project's packages)."""
+VICTIM_EXIT_CODES = "LLMTRAIN_VICTIM_EXIT_CODES"
+"""Set with it: the exit codes of a rank that ended because a peer failed."""
+
+
+def restart_in_place(heal_store: str, victim_codes: frozenset[int]) -> bool:
+    """Patch torch so that a worker group whose ranks failed on their own (a crash, not
+    as the victims of a peer) is restarted *in place*: the same ranks and world size, no
+    rendezvous, so that the job's other nodes keep their processes, which heal in process
+    (``train/heal.py``) and wait for exactly these ranks. Each restarted rank is counted
+    in the store first (``healround.RESTARTING``): a survivor waits only for a rank that
+    some agent restarts. Anything else (victims, a waiting node, a store that cannot be
+    reached) restarts as torch does: stop, rendezvous, start. False when this torch lacks
+    what is patched or ``heal_store`` is not ``host:port/run``."""
+    try:
+        import datetime  # noqa: PLC0415
+
+        from torch.distributed import TCPStore  # noqa: PLC0415 - a torch without it runs unpatched
+        from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, WorkerState  # noqa: PLC0415
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent  # noqa: PLC0415
+    except ImportError:
+        return False
+    monitor, restart = getattr(LocalElasticAgent, "_monitor_workers", None), getattr(SimpleElasticAgent, "_restart_workers", None)
+    endpoint, _, run = heal_store.partition("/")
+    host, _, port = endpoint.rpartition(":")
+    if monitor is None or restart is None or not host or not port.isdigit() or not run:
+        return False
+    last: dict[str, object] = {}
+    stores: list[object] = []
+
+    def monitor_noting(self, worker_group):
+        last["result"] = result = monitor(self, worker_group)
+        return result
+
+    def count_restarts(worker_group) -> None:
+        if not stores:
+            stores.append(TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=10), use_libuv=True))
+        store = stores[0]
+        for worker in worker_group.workers:
+            prefix = f"llmtrain/heal/{run}/{worker_group.master_addr}:{worker_group.master_port}/{worker.world_size}/"
+            store.add(f"{prefix}restarting/{worker.global_rank}", 1)  # type: ignore[attr-defined]
+
+    def restart_failed_in_place(self, worker_group):
+        result = last.pop("result", None)
+        failures = getattr(result, "failures", None) or {}
+        own = (getattr(result, "state", None) == WorkerState.FAILED and failures
+               and not any(getattr(f, "exitcode", None) in victim_codes for f in failures.values()))
+        if not own:
+            return restart(self, worker_group)
+        try:
+            count_restarts(worker_group)
+        except Exception as err:  # noqa: BLE001 - then the peers cannot wait for these ranks: restart as torch does
+            print(f"llmtrain torchrun agent: cannot count the restart in the store ({err}); restarting through a "
+                  "rendezvous", file=sys.stderr, flush=True)
+            return restart(self, worker_group)
+        ranks = sorted(w.global_rank for w in worker_group.workers)
+        codes = sorted({getattr(f, "exitcode", None) for f in failures.values()}, key=str)
+        print(f"llmtrain torchrun agent: rank(s) {ranks} failed (exit {codes}); restarting them in place, their peers "
+              "heal in process", file=sys.stderr, flush=True)
+        self._stop_workers(worker_group)
+        worker_group.state = WorkerState.STOPPED
+        for local_rank, worker_id in self._start_workers(worker_group).items():
+            worker_group.workers[local_rank].id = worker_id
+        worker_group.state = WorkerState.HEALTHY
+
+    LocalElasticAgent._monitor_workers = monitor_noting  # type: ignore[method-assign]  # patching torch's class is the point
+    SimpleElasticAgent._restart_workers = restart_failed_in_place  # type: ignore[method-assign]  # patching torch's class is the point
+    return True
+
+
 def main() -> None:
     read_state_safely()
     read_through_forgeries()
@@ -374,6 +447,8 @@ def main() -> None:
     poll_faster(join_poll_seconds(sys.argv[1:]))
     if os.environ.get(ADMIT_AFTER_FIRST_STEP):
         admit_after_first_step(os.environ[ADMIT_AFTER_FIRST_STEP])
+    if os.environ.get(HEAL_STORE):
+        restart_in_place(os.environ[HEAL_STORE], permanent_codes(os.environ.get(VICTIM_EXIT_CODES)))
     from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: PLC0415
     from torch.distributed.run import main as torchrun  # noqa: PLC0415 - after the patch
 

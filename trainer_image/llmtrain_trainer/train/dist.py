@@ -44,19 +44,28 @@ def init(collective_timeout_seconds: float) -> DistInfo:
         )
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    _set_error_handling_env()
-    # NCCL wants one GPU per rank; gloo (LLMTRAIN_DIST_BACKEND=gloo) lets several ranks
-    # share one GPU, for tests of the multi-rank paths on a single device.
-    backend = os.environ.get(Env.DIST_BACKEND) or ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend not in ("nccl", "gloo"):
-        raise ValueError(f"{Env.DIST_BACKEND}={backend!r}: the trainer runs on 'nccl' or 'gloo'")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
+    backend = backend_name()
+    prepare_backend(backend)
     timeout = datetime.timedelta(seconds=collective_timeout_seconds)
     if not dist.is_initialized():
         dist.init_process_group(backend=backend_spec(backend), timeout=timeout)
     return DistInfo.of(dist.get_rank(), dist.get_world_size(), backend, os.environ)
+
+
+def backend_name() -> str:
+    """``LLMTRAIN_DIST_BACKEND``, else NCCL on a GPU and gloo on CPU. NCCL wants one GPU
+    per rank; gloo lets several ranks share one GPU, for tests of the multi-rank paths on
+    a single device."""
+    return os.environ.get(Env.DIST_BACKEND) or ("nccl" if torch.cuda.is_available() else "gloo")
+
+
+def prepare_backend(backend: str) -> None:
+    """What must be set before a process group of ``backend`` exists."""
+    if backend not in ("nccl", "gloo"):
+        raise ValueError(f"{Env.DIST_BACKEND}={backend!r}: the trainer runs on 'nccl' or 'gloo'")
+    _set_error_handling_env()
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def backend_spec(backend: str) -> str:

@@ -6,6 +6,8 @@
             stop, checkpoint flags, stragglers) -> numerics (roll back?) -> beat, metrics,
             step log -> checkpoint if due (cadence)
     end:    the final checkpoint, synchronous; or, after SIGTERM, the emergency one
+    heal:   (inProcessHealing) a collective failed: a new group with the failed peer's
+            replacement, the state from the round's donor (heal.py), the loop goes on
 
 Each concern is a small unit called from here; the loop holds only the step and the
 data position.
@@ -13,15 +15,17 @@ data position.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import torch
 from llmtrain_contract import flops, params
@@ -37,8 +41,9 @@ from llmtrain_trainer.checkpoint.manager import CheckpointManager
 from llmtrain_trainer.checkpoint.off import NoCheckpoints
 from llmtrain_trainer.checkpoint.protocol import Checkpoints
 from llmtrain_trainer.engines import rng
-from llmtrain_trainer.engines.base import Engine, EngineClass, device
+from llmtrain_trainer.engines.base import Engine, EngineClass, Healable, device
 from llmtrain_trainer.engines.data import build_source, micro_batch_indices
+from llmtrain_trainer.engines.ddp import broadcast_json
 from llmtrain_trainer.engines.select import engine_class
 from llmtrain_trainer.engines.init_weights import check_deferred
 from llmtrain_trainer.pod import exitrecord
@@ -46,6 +51,7 @@ from llmtrain_trainer.pod.heartbeat import WAITING_STATES, Heartbeat, State
 from llmtrain_trainer.train import agreement
 from llmtrain_trainer.train.agreement import Agreed, Proposal
 from llmtrain_trainer.train.faults import FaultInjector
+from llmtrain_trainer.train.healround import HealError, Round
 from llmtrain_trainer.train.numerics import DataPosition, LossGuard
 from llmtrain_trainer.train.peers import is_collective_failure
 from llmtrain_trainer.train.rescue import Rescuer
@@ -79,8 +85,19 @@ def build_checkpoints(cfg: TrainerConfig, info: DistInfo, naming: EngineClass, m
 
 
 class Trainer:
-    def __init__(self, cfg: TrainerConfig, info: DistInfo, metrics: Any, run_dir: Path, config_dir: Path | None = None):
+    def __init__(self, cfg: TrainerConfig, info: DistInfo, metrics: Any, run_dir: Path, config_dir: Path | None = None,
+                 healing: Any = None, first_round: Round | None = None):
         self.cfg = cfg
+        self.healing = healing
+        """``heal.Healing`` with ``inProcessHealing`` under the launcher: the process groups
+        come from its rounds, and a failed collective heals (``_heal``)."""
+        self.first_round = first_round
+        """The round this process started in: one that heals makes it a replacement,
+        which gets the state from a survivor instead of storage."""
+        self._boundary_updates = 0
+        """The engine's optimizer updates at the last step boundary: one more means this
+        rank's state is a step past the last agreed one (the agreement failed)."""
+        self._lineage: list[str] = []
         self.info = info
         self.metrics = metrics
         self.run_dir = run_dir
@@ -130,8 +147,12 @@ class Trainer:
         self.start()
         try:
             while self.step < self.cfg.max_steps:
-                if self.step_once():
-                    return self._preempted()
+                try:
+                    if self.step_once():
+                        return self._preempted()
+                except Exception as err:
+                    if not (is_collective_failure(err) and self._heal(err)):
+                        raise
             return self._final_save()
         except BadNumerics as err:
             self.exit_message = str(err)
@@ -153,15 +174,27 @@ class Trainer:
     def start(self) -> None:
         """Restore (or start fresh), then arm the rescue and the watchdog and open the step log."""
         began = time.perf_counter()
-        point = self.resume.agree()
-        self.engine = self.strategy.create(self.cfg, self.info, point is not None and point.choice.mode == "universal")
-        self.ckpt.bind(self.engine)
-        self._load(point)
-        if point is not None:
-            self.position = DataPosition.from_wire(point.choice.data)
-        self._publish_position()
-        self.cadence.start(self.step)
-        self.ckpt.prepare(self._barrier, self.step, point.choice.lineage if point is not None else [])
+        if self.first_round is not None and self.first_round.heals:
+            # Restarted in place into a job that goes on: a survivor sends the state.
+            self.engine = self.strategy.create(self.cfg, self.info, False)
+            self.ckpt.bind(self.engine)
+            self._transfer(self.first_round)
+            self.cadence.start(self.step)
+            self.ckpt.prepare(lambda: None, self.step, self._lineage, sweep_shared=False)
+            if self.info.rank == 0:
+                log.info("restarted in process: step %d from rank %d's memory", self.step, self.first_round.donor)
+        else:
+            point = self.resume.agree()
+            self.engine = self.strategy.create(self.cfg, self.info, point is not None and point.choice.mode == "universal")
+            self.ckpt.bind(self.engine)
+            self._load(point)
+            if point is not None:
+                self.position = DataPosition.from_wire(point.choice.data)
+            self._publish_position()
+            self.cadence.start(self.step)
+            self._lineage = list(point.choice.lineage) if point is not None else []
+            self.ckpt.prepare(self._barrier, self.step, self._lineage)
+        self._boundary_updates = self._engine().updates()
         self.startup["setup"] = time.perf_counter() - began
         self._first_step = True
         self.rescuer.arm(self.engine, self.step)
@@ -175,6 +208,10 @@ class Trainer:
         engine = self._engine()
         began = time.perf_counter()
         self.faults.at_step(self.step + 1)
+        if self.cfg.fault_tolerance.in_process_healing:
+            # Each rank's generators from (seed, rank, step): a rank restarted in process
+            # draws what its predecessor would have (no peer holds another's RNG state).
+            rng.seed_all(rng.step_seed(self.cfg.seed, self.info.rank, self.step + 1))
         if self.faults.poison:
             self.faults.poison = False
             with torch.no_grad():
@@ -193,6 +230,7 @@ class Trainer:
             self._roll_back(self.step + 1, bad)
             return False
         self.step += 1
+        self._boundary_updates = engine.updates()
         self.rescuer.at_boundary(self.step)
         seconds = time.perf_counter() - began
         self.watchdog.beat(self.step)
@@ -288,6 +326,77 @@ class Trainer:
         node = set(self.info.ranks_on_node())
         if self.info.local_rank == 0 and (new or cleared or self.stragglers.flagged):
             self.metrics.stragglers({r: v for r, v in self.stragglers.flagged.items() if r in node}, cleared & node)
+
+    # ------------------------------------------------------------------ in-process healing
+
+    HEAL_ATTEMPTS = 3
+    """Rounds a survivor tries before it recovers as without healing (a peer of the new
+    round failing too, while it forms or while the state is sent)."""
+
+    def _heal(self, err: BaseException) -> bool:
+        """A collective failed: form a new group with the failed peer's replacement and go
+        on from the state held here (the donor's, if another survivor holds a newer one).
+        False when that cannot be done: the caller recovers as without healing."""
+        if self.healing is None:
+            return False
+        engine = cast(Healable, self._engine())  # inProcessHealing runs DDP only (main.py)
+        first_line = (str(err).splitlines() or [""])[0][:200]
+        log.warning("step %d: a collective failed (%s: %s); healing in process", self.step + 1, type(err).__name__, first_line)
+        # The failed step's frames hold the DDP wrapper, and with it the failed group.
+        traceback.clear_frames(err.__traceback__)
+        intact = True  # False once a transfer into this rank failed half way
+        for _ in range(self.HEAL_ATTEMPTS):
+            held = self.step + (engine.updates() - self._boundary_updates) if intact else None
+            # Nothing may hold the failed group once it is dropped (heal._abandon): its
+            # connections close only with it, and a peer still blocked on this rank in a
+            # collective fails only then.
+            engine.unwrap()
+            gc.collect()
+            try:
+                with self.watchdog.section(State.COLLECTIVE):
+                    self.ckpt.wait_free()  # the state may be received in place: no snapshot of it in flight
+                    formed = self.healing.reform(held)
+                    if not formed.heals:
+                        raise HealError(f"round {formed.index}: no member holds an intact state")
+                    self.rescuer.forget()  # from here the state may be half received until it is all in
+                    intact = False
+                    engine.rewrap()
+                    self._transfer(formed)
+                    intact = True
+            except HealError as heal_err:
+                log.error("healing in process failed: %s; the rank ends, and the job recovers by restarting", heal_err)
+                return False
+            except Exception as again:
+                if not is_collective_failure(again):
+                    raise
+                traceback.clear_frames(again.__traceback__)
+                log.warning("healing in process: the new group failed too (%s); another round", type(again).__name__)
+                continue
+            self.rescuer.arm(engine, self.step)
+            self.watchdog.beat(self.step)
+            return True
+        log.error("healing in process: %d rounds failed; the rank ends, and the job recovers by restarting", self.HEAL_ATTEMPTS)
+        return False
+
+    def _transfer(self, formed: Round) -> None:
+        """Every member of a healing round: the donor's state into every rank (the engine's
+        by its broadcast, the loop's as JSON), so that all go on from the same step."""
+        donor = formed.donor
+        engine = cast(Healable, self._engine())
+        engine.broadcast_from(donor)
+        mine = None
+        if self.info.rank == donor:
+            mine = {"step": formed.step, "position": self.position.to_wire(), "window": list(self.guard.window),
+                    "lineage": self._lineage, "loss": self.last_loss}
+        state = broadcast_json(mine, donor)
+        self.step = int(state["step"])
+        self.position = DataPosition.from_wire(state["position"])
+        self.guard.window.clear()
+        self.guard.window.extend(float(x) for x in state["window"])
+        self._lineage = [str(x) for x in state["lineage"]]
+        self.last_loss = state["loss"]
+        self._publish_position()
+        self._boundary_updates = engine.updates()
 
     # ------------------------------------------------------------------ restore and roll back
 

@@ -96,6 +96,28 @@ def _gpu_oom_message(cfg: TrainerConfig, err: BaseException) -> str:
     return gpumem.message(_rank(), err, gpu, plan)
 
 
+class HealingUnsupported(ValueError):
+    """``inProcessHealing`` with an engine that cannot heal in process."""
+
+
+def _healing(cfg: TrainerConfig):
+    """The rank's in-process healing (``train/heal.py``), or None: not asked for, or not
+    under the launcher (then nobody restarts a rank in place, and failures restart
+    processes as without it)."""
+    if not cfg.fault_tolerance.in_process_healing:
+        return None
+    if cfg.strategy.kind != "ddp":
+        raise HealingUnsupported(f"faultTolerance.inProcessHealing needs strategy 'ddp' (this job's is "
+                                 f"'{cfg.strategy.kind}': a ZeRO shard lost with its rank has no replica to heal from)")
+    from llmtrain_trainer.train.heal import Healing  # noqa: PLC0415 - imported by run() before its warm-up thread starts
+
+    healing = Healing.from_env(cfg.fault_tolerance.collective_timeout_seconds)
+    if healing is None and _rank() == 0:
+        logging.getLogger("llmtrain").warning("faultTolerance.inProcessHealing: no %s (not started by the launcher); "
+                                              "a failure restarts processes", Env.HEAL_STORE)
+    return healing
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llmtrain_trainer")
     parser.add_argument("--config", required=True, help="trainer config (YAML/JSON) rendered by the operator")
@@ -133,6 +155,7 @@ def run(cfg: TrainerConfig, config_dir: Path | None = None) -> int:
     from llmtrain_trainer.engines.safeload import UnsafeCheckpoint  # noqa: PLC0415
     from llmtrain_trainer.train.metrics import NullMetrics, TrainerMetrics  # noqa: PLC0415
     from llmtrain_trainer.train.loop import Trainer  # noqa: PLC0415
+    from llmtrain_trainer.train import heal  # noqa: F401, PLC0415 - here, not beside the warm-up's imports (below)
 
     # Building the optimizer imports torch._dynamo (~1.5 s of a restart's critical path);
     # that import runs in a thread of its own while the process group starts, which mostly
@@ -149,7 +172,9 @@ def run(cfg: TrainerConfig, config_dir: Path | None = None) -> int:
         # Test faults for step 0: start-up, before the process group (faults.py).
         FaultInjector.from_env(_rank(), _attempt(), run_dir).at_step(0)
         began = time.perf_counter()
-        info = distmod.init(cfg.fault_tolerance.collective_timeout_seconds)
+        healing = _healing(cfg)
+        first_round = healing.start() if healing is not None else None
+        info = healing.info() if healing is not None else distmod.init(cfg.fault_tolerance.collective_timeout_seconds)
         STARTUP["dist_init"] = time.perf_counter() - began
         warming.join()
         metrics = (
@@ -163,7 +188,7 @@ def run(cfg: TrainerConfig, config_dir: Path | None = None) -> int:
         metrics.started(info.world_size, info.restart_count,
                         exitrecord.failed_attempts(run_dir, info.restart_count, info.local_world_size))
         try:
-            trainer = Trainer(cfg, info, metrics, run_dir, config_dir)
+            trainer = Trainer(cfg, info, metrics, run_dir, config_dir, healing, first_round)
         except WorldSizeInvalid as err:
             return _fail(run_dir, ExitCode.WORLD_SIZE_INVALID, str(err))
         trainer.startup = STARTUP
@@ -174,6 +199,8 @@ def run(cfg: TrainerConfig, config_dir: Path | None = None) -> int:
         if code == ExitCode.SUCCESS:
             distmod.shutdown()
         return int(code)
+    except HealingUnsupported as err:
+        return _fail(run_dir, ExitCode.CONFIG_ERROR, str(err))
     except DataError as err:
         return _fail(run_dir, ExitCode.DATA_ERROR, str(err))
     except (NoLoadableCheckpoint, UnsafeCheckpoint) as err:

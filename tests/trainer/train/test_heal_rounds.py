@@ -1,0 +1,111 @@
+"""In-process healing's membership rounds (``train/healround.py``) against a real c10d
+TCPStore: a round forms once every rank announced itself; a restarted rank breaks the
+round its predecessor was in; a survivor waits only for a rank that an agent restarts;
+the donor is the lowest rank holding the newest step; a forged announcement is an error
+naming its key."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+
+import pytest
+import torch.distributed as dist
+from llmtrain_trainer.train.healround import RESTARTING, HealError, HealImpossible, Member, Round, Rounds
+
+
+@pytest.fixture
+def store():
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=10))
+    return dist.PrefixStore("llmtrain/heal/test/", server)
+
+
+def _join_all(rounds: list[Rounds], members: list[Member], timeout: float = 10) -> list[Round]:
+    out: list[Round | BaseException] = [RuntimeError("did not return")] * len(members)
+
+    def one(i: int) -> None:
+        try:
+            out[i] = rounds[i].join(members[i], rounds[i].clock() + timeout)
+        except BaseException as err:  # noqa: BLE001 - the test reads it
+            out[i] = err
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(members))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 5)
+    for value in out:
+        if isinstance(value, BaseException):
+            raise value
+    return out  # type: ignore[return-value]
+
+
+def test_a_round_forms_with_every_rank_and_all_agree_on_it(store):
+    rounds = [Rounds(store, 3) for _ in range(3)]
+    formed = _join_all(rounds, [Member(r, f"p{r}", fresh=True) for r in range(3)])
+    assert {f.index for f in formed} == {0}
+    assert all(f.members == formed[0].members for f in formed)
+    assert not formed[0].heals  # every member fresh: the usual restore from checkpoints
+
+
+def test_a_restarted_rank_breaks_its_predecessors_round_and_survivors_wait_for_it(store):
+    first = _join_all([Rounds(store, 2) for _ in range(2)], [Member(0, "a", fresh=True), Member(1, "b", fresh=True)])
+    assert first[0].index == 0
+    survivor = Rounds(store, 2)
+    survivor.restarts = {0: 0, 1: 0}
+    store.add(f"{RESTARTING}1", 1)  # rank 1's agent restarts it in place
+    replacement = Rounds(store, 2)
+    # The survivor breaks the round whose collective failed (as Healing.reform does); the
+    # replacement, whichever comes first, finds "b" in round 0 and breaks it too. Both
+    # join round 1, the survivor with its state.
+    survivor.break_round(0)
+    formed = _join_all([replacement, survivor], [Member(1, "b2", fresh=True), Member(0, "a", fresh=False, step=6)])
+    assert [f.index for f in formed] == [1, 1]
+    assert formed[0].heals and formed[0].donor == 0 and formed[0].step == 6
+
+
+def test_the_donor_is_the_lowest_rank_holding_the_newest_step():
+    members = (Member(0, "a", fresh=False, step=6), Member(1, "b", fresh=True), Member(2, "c", fresh=False, step=7),
+               Member(3, "d", fresh=False, step=7))
+    assert Round(4, members).donor == 2 and Round(4, members).step == 7
+    with pytest.raises(HealError, match="no member holds a state"):
+        Round(5, (Member(0, "a", fresh=True),)).donor  # noqa: B018 - the property raises
+
+
+def test_a_survivor_gives_up_on_a_rank_no_agent_restarts(store):
+    clock = [0.0]
+    survivor = Rounds(store, 2, clock=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s),
+                      announce_seconds=3.0)
+    survivor.restarts = {0: 0, 1: 0}
+    with pytest.raises(HealImpossible, match=r"rank\(s\) \[1\] are restarted by no agent"):
+        survivor.join(Member(0, "a", fresh=False, step=4), deadline=60.0)
+    assert 3.0 <= clock[0] < 3.5  # after the announcement's wait, well before the deadline
+
+
+def test_a_forged_announcement_is_an_error_naming_its_key(store):
+    store.set("r0/rank1", '{"rank": 1, "incarnation": "x", "fresh": "yes", "step": 0}')
+    with pytest.raises(HealError, match=r"'r0/rank1' is not a rank's announcement \(a field of the wrong type\)"):
+        Rounds(store, 2).join(Member(1, "y", fresh=True), deadline=1e12)
+    store.set("r1/rank0", "x" * 5000)
+    store.compare_set("round", "0", "1")
+    with pytest.raises(HealError, match="more than 4096"):
+        Rounds(store, 2).join(Member(0, "z", fresh=True), deadline=1e12)
+
+
+def test_a_replacement_that_comes_before_its_survivor_noticed_breaks_the_round_itself(store):
+    _join_all([Rounds(store, 2) for _ in range(2)], [Member(0, "a", fresh=True), Member(1, "b", fresh=True)])
+    replacement = Rounds(store, 2)
+    result: list[Round] = []
+    thread = threading.Thread(target=lambda: result.append(replacement.join(Member(1, "b2", fresh=True), 1e12)))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while replacement.current() != 1:  # the replacement moved on by itself
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    survivor = Rounds(store, 2)
+    survivor.restarts = {0: 0, 1: 0}
+    survivor.break_round(0)  # a no-op now: round 0 is already broken
+    formed = survivor.join(Member(0, "a", fresh=False, step=3), time.monotonic() + 10)
+    thread.join(10)
+    assert formed.index == 1 and result and result[0].index == 1 and formed.donor == 0

@@ -1,0 +1,185 @@
+"""In-process healing's membership rounds, kept in the job's rendezvous store.
+
+A *round* is one process group of the job's ranks (a fixed world size: the ranks that a
+torchrun rendezvous assigned). Each rank announces itself under the round's keys; the
+round forms once every rank has. A survivor whose collective failed *breaks* its round
+and joins the next one; a restarted rank that finds its predecessor's announcement in
+the current round breaks it too (the survivors may not have noticed yet). Every member
+reads every member's announcement, so all of them agree, with no further exchange, on
+whether the round *heals* (some member holds a trained state: a survivor) or *starts*
+(every member fresh: the usual restore from checkpoints), and on which member sends the
+state (``Round.donor``).
+
+A survivor waits for a missing rank only once that rank's torchrun agent has announced
+that it restarts it in place (``RESTARTING``, counted by ``launch/torchrun_agent.py``
+after the round formed): a rank whose whole node is gone is announced by nobody, and the survivor gives up after
+``announce_seconds`` (``HealImpossible``), to recover as before (exit, re-rendezvous).
+
+Pure logic over a store with c10d's ``Store`` methods (``add``, ``set``, ``get``,
+``check``, ``compare_set``); tests give it a real ``TCPStore``. What is read from the
+store is checked: a pod that reaches the store can write any bytes there, and a bad
+announcement is an error naming its key, never executed (JSON, bounded).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+ROUND = "round"
+RESTARTING = "restarting/"
+"""``restarting/<rank>``: how many times that rank's agent restarted it in place (counted
+before it starts the new process)."""
+ANNOUNCE_SECONDS = 5.0
+"""How long a survivor waits for a missing rank's restart to be counted: a node's agent
+sees its rank's exit within its 0.25 s monitor interval, so this is for a loaded machine;
+it is also what a node lost costs more than without healing."""
+ANNOUNCE_LIMIT = 4096
+"""Bytes: an announcement is a few numbers and a host name."""
+
+
+class HealError(RuntimeError):
+    """The rounds cannot form a group: a bad announcement, or a rank that stayed away."""
+
+
+class HealImpossible(HealError):
+    """A missing rank is restarted by nobody (its node is gone, or its agent restarts the
+    whole group): healing in process cannot bring it back."""
+
+
+class Store(Protocol):
+    def add(self, key: str, value: int) -> int: ...
+    def set(self, key: str, value: str) -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def check(self, keys: list[str]) -> bool: ...
+    def compare_set(self, key: str, expected_value: str, desired_value: str) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class Member:
+    rank: int
+    incarnation: str
+    """host/pid of the process: a restarted rank's differs from its predecessor's."""
+    fresh: bool
+    """No trained state in memory (a new process)."""
+    step: int = 0
+    """The step its state holds (a survivor's: possibly one update past the last agreed step)."""
+
+    def encode(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def decode(cls, raw: bytes, key: str) -> Member:
+        try:
+            if len(raw) > ANNOUNCE_LIMIT:
+                raise ValueError(f"{len(raw)} bytes, more than {ANNOUNCE_LIMIT}")
+            data = json.loads(raw)
+            member = cls(rank=data["rank"], incarnation=data["incarnation"], fresh=data["fresh"], step=data["step"])
+            types_ok = (type(member.rank) is int and isinstance(member.incarnation, str) and type(member.fresh) is bool
+                        and type(member.step) is int and member.step >= 0)
+            if not types_ok:
+                raise ValueError("a field of the wrong type")
+        except (ValueError, KeyError, TypeError) as err:
+            raise HealError(f"the rendezvous store's {key!r} is not a rank's announcement ({err}): "
+                            f"{raw[:120]!r}") from None
+        return member
+
+
+@dataclass(frozen=True)
+class Round:
+    index: int
+    members: tuple[Member, ...]
+    """By rank."""
+
+    @property
+    def heals(self) -> bool:
+        """Some member holds a trained state: the others get it from it, not from storage."""
+        return any(not m.fresh for m in self.members)
+
+    @property
+    def donor(self) -> int:
+        """The rank that sends the state: of the survivors holding the newest step, the
+        lowest rank (every member computes the same)."""
+        holders = [m for m in self.members if not m.fresh]
+        if not holders:
+            raise HealError(f"round {self.index}: no member holds a state")
+        newest = max(m.step for m in holders)
+        return min(m.rank for m in holders if m.step == newest)
+
+    @property
+    def step(self) -> int:
+        return next(m.step for m in self.members if m.rank == self.donor)
+
+
+class Rounds:
+    """One rank's view of the rounds of one torchrun rendezvous (the store keys are
+    already prefixed with it)."""
+
+    def __init__(self, store: Store, world_size: int, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep, poll: float = 0.01, announce_seconds: float = ANNOUNCE_SECONDS):
+        self.store, self.world_size = store, world_size
+        self.clock, self.sleep, self.poll, self.announce_seconds = clock, sleep, poll, announce_seconds
+        self.restarts: dict[int, int] = {}
+        """Each rank's in-place restarts as this rank joined the last round that formed:
+        one counted since was announced for a failure in it (read before the round formed,
+        so that a rank that dies while it forms is not taken for one nobody restarts)."""
+
+    def current(self) -> int:
+        return int(self.store.add(ROUND, 0))
+
+    def break_round(self, index: int) -> None:
+        """Round ``index`` lost a member: its waiting members move on, and so does the count."""
+        self.store.set(f"r{index}/broken", "1")
+        self.store.compare_set(ROUND, str(index), str(index + 1))
+
+    def join(self, me: Member, deadline: float) -> Round:
+        """Announce ``me`` in the current round and wait for it to form; a round found
+        broken is left for the next. ``deadline`` (``clock``) bounds the whole wait."""
+        while True:
+            index = self.current()
+            key = f"r{index}/rank{me.rank}"
+            if self.store.check([key]):
+                earlier = Member.decode(self.store.get(key), key)
+                if earlier.incarnation != me.incarnation:
+                    # This rank's predecessor is in the round: it died there.
+                    self.break_round(index)
+                    continue
+            joined_with = {rank: self._restarts(rank) for rank in range(self.world_size)}
+            self.store.set(key, me.encode())
+            formed = self._wait(index, me, deadline)
+            if formed is not None:
+                self.restarts = joined_with
+                return formed
+
+    def _wait(self, index: int, me: Member, deadline: float) -> Round | None:
+        keys = {rank: f"r{index}/rank{rank}" for rank in range(self.world_size)}
+        began = self.clock()
+        while True:
+            if self.store.check([f"r{index}/broken"]):
+                return None
+            if self.store.check(list(keys.values())):  # one request a poll, whatever the world size
+                members = tuple(Member.decode(self.store.get(keys[rank]), keys[rank]) for rank in range(self.world_size))
+                for rank, member in enumerate(members):
+                    if member.rank != rank:
+                        raise HealError(f"the rendezvous store's {keys[rank]!r} announces rank {member.rank}")
+                return Round(index, members)
+            now = self.clock()
+            late = not me.fresh and now - began >= self.announce_seconds
+            if not late and now < deadline:
+                self.sleep(self.poll)
+                continue
+            missing = [rank for rank, key in keys.items() if not self.store.check([key])]
+            if late:
+                unannounced = [rank for rank in missing if self._restarts(rank) <= self.restarts.get(rank, 0)]
+                if unannounced:
+                    raise HealImpossible(f"round {index}: rank(s) {unannounced} are restarted by no agent "
+                                         f"{now - began:.1f}s after the failure (a node lost, or a whole group restarted)")
+            if now >= deadline:
+                raise HealError(f"round {index}: rank(s) {missing} did not join in time")
+            self.sleep(self.poll)
+
+    def _restarts(self, rank: int) -> int:
+        return int(self.store.add(f"{RESTARTING}{rank}", 0))
