@@ -137,8 +137,6 @@ def measure(address: tuple[str, int], rounds: int = ROUNDS, size: int = ROUND_BY
         seconds = min(seconds, max(1.0, 4 * size / enough))
     rates: list[float] = []
     for index in range(rounds):
-        if rates and enough is not None and max(rates) >= enough:
-            break
         conn = _connect(address, connect_window if index == 0 else 5.0)
         if isinstance(conn, str):
             return Result(endpoint, skipped=conn)
@@ -147,6 +145,8 @@ def measure(address: tuple[str, int], rounds: int = ROUNDS, size: int = ROUND_BY
         if isinstance(outcome, str):
             return Result(endpoint, skipped=outcome)
         rates.append(outcome)
+        if enough is not None and outcome >= enough:
+            break
     return Result(endpoint, rate=max(rates), rounds=len(rates))
 
 
