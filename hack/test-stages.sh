@@ -163,8 +163,13 @@ cpu_weight tools 1024  # the cluster half waits for them
 (trap - INT; LLMTRAIN_PREBUILD_TOOLS=0 exec "$BIN/pytest" -m "(slow or tools) and not cluster and not e2e" \
   -o tmp_path_retention_policy=failed --basetemp="$full_tmp/runs" "${FULL[@]}") > .cache/full-runs.log 2>&1 &
 runs_pid=$!
-cluster_rc=0
-LLMTRAIN_PREBUILD_TOOLS=0 "$BIN/pytest" -m "cluster or e2e" --basetemp="$full_tmp/cluster" "${FULL[@]}" || cluster_rc=$?
+# Its output is shown as it runs and kept: CI keeps only the end of what a run printed,
+# so a red stage names the failed tests of both halves once more as its last lines.
+set +e
+LLMTRAIN_PREBUILD_TOOLS=0 "$BIN/pytest" -m "cluster or e2e" --basetemp="$full_tmp/cluster" "${FULL[@]}" 2>&1 \
+  | tee .cache/full-cluster.log
+cluster_rc=${PIPESTATUS[0]}
+set -e
 [ "$cluster_rc" != 5 ] || cluster_rc=0  # pytest's 5 is "no test selected": arguments (-k ...) that pick tests of one half only
 stamp "stage full: the cluster and end-to-end suites ended (exit $cluster_rc)"
 runs_done() {  # the other half's end and its output; its exit code in runs_rc
@@ -175,7 +180,12 @@ runs_done() {  # the other half's end and its output; its exit code in runs_rc
   [ "$runs_rc" != 5 ] || runs_rc=0
   stamp "stage full: the torchrun, store and tools suites ended (exit $runs_rc)"
 }
+failed_tests() {  # failed_tests HALF LOG: pytest's summary lines of its failed and erroring tests
+  grep -E '^(FAILED|ERROR) ' "$2" 2>/dev/null | cut -c1-400 | sed "s/^/test-stages: $1: /" || true
+}
 full_failed() {
+  failed_tests "cluster and end-to-end" .cache/full-cluster.log
+  failed_tests "torchrun, store and tools" .cache/full-runs.log
   stamp "stage full FAILED (cluster and end-to-end: exit $cluster_rc; torchrun, store and tools: exit $runs_rc; their files kept in $full_tmp)"
   exit 1
 }
@@ -219,15 +229,21 @@ if [ -n "$engine" ] && kill -0 "$engine" 2>/dev/null; then
   done
 fi
 kind_ran=1
-kind_rc=0
-bash hack/kind/e2e.sh "${KIND_SMOKE[@]}" || kind_rc=$?
+set +e
+bash hack/kind/e2e.sh "${KIND_SMOKE[@]}" 2>&1 | tee .cache/kind-smoke.log
+kind_rc=${PIPESTATUS[0]}
+set -e
 stamp "stage kind ended (exit $kind_rc)"
 runs_done
+kind_failed() {
+  failed_tests "kind" .cache/kind-smoke.log
+  stamp "stage kind FAILED (exit $kind_rc)"
+}
 if [ "$runs_rc" != 0 ]; then
-  [ "$kind_rc" = 0 ] || stamp "stage kind FAILED (exit $kind_rc)"
+  [ "$kind_rc" = 0 ] || kind_failed
   full_failed
 fi
 rm -rf "$full_tmp"
 stamp "stage full passed (its temporary files removed)"
-[ "$kind_rc" = 0 ] || { stamp "stage kind FAILED (exit $kind_rc)"; exit 1; }
+[ "$kind_rc" = 0 ] || { kind_failed; exit 1; }
 stamp "stage kind passed"
