@@ -167,7 +167,7 @@ runs_pid=$!
 # so a red stage names the failed tests of both halves once more as its last lines.
 set +e
 LLMTRAIN_PREBUILD_TOOLS=0 "$BIN/pytest" -m "cluster or e2e" --basetemp="$full_tmp/cluster" "${FULL[@]}" 2>&1 \
-  | tee .cache/full-cluster.log
+  | tee -i .cache/full-cluster.log  # -i: a Ctrl-C ends pytest through its teardown, which still prints
 cluster_rc=${PIPESTATUS[0]}
 set -e
 [ "$cluster_rc" != 5 ] || cluster_rc=0  # pytest's 5 is "no test selected": arguments (-k ...) that pick tests of one half only
@@ -230,7 +230,7 @@ if [ -n "$engine" ] && kill -0 "$engine" 2>/dev/null; then
 fi
 kind_ran=1
 set +e
-bash hack/kind/e2e.sh "${KIND_SMOKE[@]}" 2>&1 | tee .cache/kind-smoke.log
+bash hack/kind/e2e.sh "${KIND_SMOKE[@]}" 2>&1 | tee -i .cache/kind-smoke.log
 kind_rc=${PIPESTATUS[0]}
 set -e
 stamp "stage kind ended (exit $kind_rc)"

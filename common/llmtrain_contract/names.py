@@ -152,6 +152,16 @@ class Metric:
     STRAGGLER = f"{PREFIX}_straggler"
     """Gauge per straggling rank of the pod's node, label ``rank``: its local step time over
     the other ranks' median (exported by the node's local rank 0)."""
+    HEALS = f"{PREFIX}_heals"
+    """Counter, label ``role``: in-process heals (``inProcessHealing``) this process took
+    part in. ``survivor``: a round it formed after a collective failed, the state then in
+    every rank; ``replacement``: the round a rank restarted in place started in, its state
+    received from a survivor (a process starts at 0: a replacement counts 1 at most)."""
+    HEAL_SECONDS = f"{PREFIX}_heal_seconds"
+    """Histogram, label ``role``: a survivor's seconds from the failed collective reaching
+    the loop to the state in every rank (rounds that failed first included); a
+    replacement's from the loop's start (its process imported, its round formed) to the
+    state received."""
     INFO = f"{PREFIX}_info"
 
     @staticmethod

@@ -7,11 +7,16 @@ bucket layout, which a new wrapper must not change (``DDPEngine._wrap``)."""
 
 from __future__ import annotations
 
+import json
 import re
+import urllib.request
 
 import pytest
+from llmtrain_contract.names import Metric
 from llmtrain_trainer.pod import heartbeat
+from prometheus_client.parser import text_string_to_metric_families
 from support.elastic import ElasticJob, base_config, losses_by_step
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow  # real torchrun runs
 
@@ -26,9 +31,17 @@ def test_a_crashed_rank_is_restarted_in_place_and_its_peers_keep_their_processes
     assert reference.wait(300) == [0, 0, 0], reference.logs()
     # Rank 1 crashes at the start of step 7, then rank 0 (rank 0 writes the step log, and
     # the donor is then rank 1) at the start of step 12.
+    # Every rank then waits at the start of step 16 (50 s, under the hang timeout, or until
+    # the test writes ``go``), while the test reads their metrics.
     job = ElasticJob(tmp_path / "healed", _config(), nodes=3, max_restarts=3,
-                     env={"LLMTRAIN_FAULT_INJECT": "crash@step=7,rank=1;crash@step=12,rank=0"}).start()
+                     env={"LLMTRAIN_FAULT_INJECT": "crash@step=7,rank=1;crash@step=12,rank=0;slow@step=16,seconds=50,until=go"}).start()
+    try:
+        heals = wait_for(lambda: (found := _heals(job)) == _HEALS and found, 120, 0.5, "the heals in the ranks' metrics")
+    finally:
+        for node in job.running:
+            (node.run_dir / "go").touch()
     assert job.wait(300) == [0, 0, 0], job.logs()
+    assert heals == _HEALS
     logs = job.logs()
     # Each crash: the dead rank's agent restarted it in place, its peers healed in their
     # own processes, with the state of the step before the crash sent by a survivor.
@@ -53,6 +66,28 @@ def test_a_crashed_rank_is_restarted_in_place_and_its_peers_keep_their_processes
         assert [(b.pid, b.step) for b in beats] == [(pid, 16)], (rank, beats, healed)
     # Every step's loss, bit for bit, as in the run that never failed.
     assert losses_by_step(job.steps()) == {step: [loss] for step, [loss] in losses_by_step(reference.steps()).items()}
+
+
+_HEALS = {0: {"replacement": 1}, 1: {"replacement": 1, "survivor": 1}, 2: {"survivor": 2}}
+"""What each rank's process counts (``Metric.HEALS``, and as many ``HEAL_SECONDS``): rank 1
+restarted in place, ranks 0 and 2 healing around it; then rank 0 restarted (its new process
+counts only that), ranks 1 and 2 healing around it."""
+
+
+def _heals(job: ElasticJob) -> dict[int, dict[str, int]]:
+    """Rank -> role -> heals, from each node's trainer (one rank per node); the heals
+    counted must each have a duration counted."""
+    found: dict[int, dict[str, int]] = {}
+    for node in job.running:
+        port = json.loads((node.run_dir / "metrics-local-rank-0.json").read_text())["port"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            samples = [s for family in text_string_to_metric_families(resp.read().decode()) for s in family.samples]
+        rank = next(int(s.labels["rank"]) for s in samples if s.name == Metric.INFO)
+        counted = {s.labels["role"]: int(s.value) for s in samples if s.name == Metric.total(Metric.HEALS)}
+        timed = {s.labels["role"]: int(s.value) for s in samples if s.name == f"{Metric.HEAL_SECONDS}_count"}
+        assert counted == timed, (rank, counted, timed)
+        found[rank] = counted
+    return found
 
 
 def test_a_node_lost_with_its_rank_falls_back_to_restarting_and_the_job_finishes_without_it(tmp_path):

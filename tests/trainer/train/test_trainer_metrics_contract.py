@@ -79,3 +79,15 @@ def test_stragglers_of_the_node_reach_the_probe_and_leave_when_cleared():
     assert parse(generate_latest(m.registry).decode()).stragglers == {1: 5.23}
     m.stragglers({}, {1})
     assert parse(generate_latest(m.registry).decode()).stragglers == {}
+
+
+def test_heals_are_counted_and_timed_by_role():
+    m = TrainerMetrics(rank=0, strategy="ddp", config_hash="abc", job="j")
+    m.healed("survivor", 0.4)
+    m.healed("survivor", 2.0)
+    m.healed("replacement", 3.5)
+    text = generate_latest(m.registry).decode()
+    assert 'llmtrain_trainer_heals_total{role="survivor"} 2.0' in text
+    assert 'llmtrain_trainer_heals_total{role="replacement"} 1.0' in text
+    assert 'llmtrain_trainer_heal_seconds_sum{role="survivor"} 2.4' in text
+    assert 'llmtrain_trainer_heal_seconds_bucket{le="0.5",role="survivor"} 1.0' in text

@@ -181,6 +181,7 @@ class Trainer:
             self._transfer(self.first_round)
             self.cadence.start(self.step)
             self.ckpt.prepare(lambda: None, self.step, self._lineage, sweep_shared=False)
+            self.metrics.healed("replacement", time.perf_counter() - began)
             if self.info.rank == 0:
                 log.info("restarted in process: step %d from rank %d's memory", self.step, self.first_round.donor)
         else:
@@ -339,6 +340,7 @@ class Trainer:
         False when that cannot be done: the caller recovers as without healing."""
         if self.healing is None:
             return False
+        began = time.perf_counter()
         engine = cast(Healable, self._engine())  # inProcessHealing runs DDP only (main.py)
         first_line = (str(err).splitlines() or [""])[0][:200]
         log.warning("step %d: a collective failed (%s: %s); healing in process", self.step + 1, type(err).__name__, first_line)
@@ -374,6 +376,7 @@ class Trainer:
                 continue
             self.rescuer.arm(engine, self.step)
             self.watchdog.beat(self.step)
+            self.metrics.healed("survivor", time.perf_counter() - began)
             return True
         log.error("healing in process: %d rounds failed; the rank ends, and the job recovers by restarting", self.HEAL_ATTEMPTS)
         return False

@@ -75,6 +75,12 @@ class TrainerMetrics:
         self._mtbf = Gauge(Metric.CHECKPOINT_MTBF_SECONDS, "The job's mean time between failures (adaptive cadence input)", registry=r)
         self._cadence_step = Gauge(Metric.CHECKPOINT_CADENCE_STEP_SECONDS,
                                    "The typical step time converting seconds into steps (adaptive cadence input)", registry=r)
+        self._heals = Counter(Metric.HEALS, "In-process heals this process took part in, by role: survivor (a round formed "
+                              "after a collective failed) or replacement (restarted in place, the state from a survivor)",
+                              ["role"], registry=r)
+        self._heal_seconds = Histogram(Metric.HEAL_SECONDS, "Seconds of one in-process heal, by role: a survivor's from the "
+                                       "failed collective to the state in every rank, a replacement's from its start to the "
+                                       "state received", ["role"], buckets=CKPT_BUCKETS, registry=r)
         info = Gauge(Metric.INFO, "Static facts about this trainer", [MetricLabel.JOB, "strategy", "config_hash", "rank"], registry=r)
         info.labels(job, strategy, config_hash, labels["rank"]).set(1)
 
@@ -163,6 +169,11 @@ class TrainerMetrics:
                 self._straggler.remove(str(rank))
             except KeyError:
                 pass  # never exported here
+
+    def healed(self, role: str, seconds: float) -> None:
+        """One in-process heal done: ``role`` survivor or replacement (``Metric.HEALS``)."""
+        self._heals.labels(role=role).inc()
+        self._heal_seconds.labels(role=role).observe(seconds)
 
     def data_position(self, position: Any) -> None:
         """The job's rollbacks and skipped windows (a ``numerics.DataPosition``), as the
