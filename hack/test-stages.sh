@@ -180,8 +180,9 @@ runs_done() {  # the other half's end and its output; its exit code in runs_rc
   [ "$runs_rc" != 5 ] || runs_rc=0
   stamp "stage full: the torchrun, store and tools suites ended (exit $runs_rc)"
 }
-failed_tests() {  # failed_tests HALF LOG: pytest's summary lines of its failed and erroring tests
-  grep -E '^(FAILED|ERROR) ' "$2" 2>/dev/null | cut -c1-400 | sed "s/^/test-stages: $1: /" || true
+failed_tests() {  # failed_tests HALF LOG: pytest's summary lines of its failed and erroring tests (not a captured
+  # log's ERROR lines, whose level name is padded: a summary line names a test)
+  grep -E '^(FAILED|ERROR) tests/' "$2" 2>/dev/null | cut -c1-400 | sed "s/^/test-stages: $1: /" || true
 }
 full_failed() {
   failed_tests "cluster and end-to-end" .cache/full-cluster.log

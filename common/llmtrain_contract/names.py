@@ -160,8 +160,8 @@ class Metric:
     HEAL_SECONDS = f"{PREFIX}_heal_seconds"
     """Histogram, label ``role``: a survivor's seconds from the failed collective reaching
     the loop to the state in every rank (rounds that failed first included); a
-    replacement's from the loop's start (its process imported, its round formed) to the
-    state received."""
+    replacement's from the loop's start to the state received: its engine built and the
+    state sent, not its process's start or its round's forming, which come before."""
     INFO = f"{PREFIX}_info"
 
     @staticmethod

@@ -34,6 +34,10 @@ TRIALS = 3
 CASES = {
     # DDP across two torchrun agents (nodes), one rank each.
     "ddp": dict(config=base_config(maxSteps=STEPS), nodes=2, procs_per_node=1),
+    # Three nodes: from three ranks on, the order of an all-reduce's additions depends on
+    # DDP's bucket layout, which the restarted processes' new wrappers must give as the
+    # first did (``DDPEngine._wrap``; the in-process heal's test runs three nodes too).
+    "ddp-3-nodes": dict(config=base_config(maxSteps=STEPS, globalBatchSize=12), nodes=3, procs_per_node=1),
     # A fine-tune (docs/trainer.md "Fine-tuning"): the frozen base weights are restored from
     # the checkpoint's arena (or the rescue's), where they come first. (``freeze`` alone lays
     # them out the same way; tests/trainer/engines/test_finetune.py resumes it in process.)

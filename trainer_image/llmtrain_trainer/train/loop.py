@@ -179,9 +179,9 @@ class Trainer:
             self.engine = self.strategy.create(self.cfg, self.info, False)
             self.ckpt.bind(self.engine)
             self._transfer(self.first_round)
+            self.metrics.healed("replacement", time.perf_counter() - began)
             self.cadence.start(self.step)
             self.ckpt.prepare(lambda: None, self.step, self._lineage, sweep_shared=False)
-            self.metrics.healed("replacement", time.perf_counter() - began)
             if self.info.rank == 0:
                 log.info("restarted in process: step %d from rank %d's memory", self.step, self.first_round.donor)
         else:
