@@ -1,7 +1,7 @@
 """SIGKILL one rank mid-run; torchrun restarts it; the run reaches the end with the
 same loss at every step as an uninterrupted run.
 
-Tolerance: 1e-6 absolute. The runs are deterministic (same world size, same reduction
+Tolerance: 1e-6 absolute (none at all for three nodes, below). The runs are deterministic (same world size, same reduction
 order, data addressed by global sample index), and nearly always the losses are bitwise
 equal. Nearly: once in about a hundred runs on this machine, two *uninterrupted* runs of
 the same job part by one float32 ulp at some step (seen from step 4 on, before any
@@ -37,7 +37,8 @@ CASES = {
     # Three nodes: from three ranks on, the order of an all-reduce's additions depends on
     # DDP's bucket layout, which the restarted processes' new wrappers must give as the
     # first did (``DDPEngine._wrap``; the in-process heal's test runs three nodes too).
-    "ddp-3-nodes": dict(config=base_config(maxSteps=STEPS, globalBatchSize=12), nodes=3, procs_per_node=1),
+    # Bit for bit: a wrapper that sums otherwise parts by about 1e-7, under the tolerance.
+    "ddp-3-nodes": dict(config=base_config(maxSteps=STEPS, globalBatchSize=12), nodes=3, procs_per_node=1, tolerance=0.0),
     # A fine-tune (docs/trainer.md "Fine-tuning"): the frozen base weights are restored from
     # the checkpoint's arena (or the rescue's), where they come first. (``freeze`` alone lays
     # them out the same way; tests/trainer/engines/test_finetune.py resumes it in process.)
@@ -119,7 +120,7 @@ def _trial(root: Path, name: str, case: dict[str, Any]) -> str | None:
         # crashed rank's shard is lost, so DeepSpeed resumes from the periodic one.)
         assert resumed[-1] == CRASH_STEP - 1 and f"rescue checkpoint of step {CRASH_STEP - 1} saved" in job.logs(), resumed
     assert replayed == list(range(resumed[-1] + 1, CRASH_STEP)), f"resumed from {resumed}, replayed steps {replayed}"
-    differs = _differences(reference, [(r["step"], r["loss"]) for r in records])
+    differs = _differences(reference, [(r["step"], r["loss"]) for r in records], case.get("tolerance", TOLERANCE))
     if not differs:
         return None
     return _judge(root, case, reference, job, records, differs, crashed_at)
