@@ -79,8 +79,8 @@ class TrainerMetrics:
                               "after a collective failed) or replacement (restarted in place, the state from a survivor)",
                               ["role"], registry=r)
         self._heal_seconds = Histogram(Metric.HEAL_SECONDS, "Seconds of one in-process heal, by role: a survivor's from the "
-                                       "failed collective to the state in every rank, a replacement's from its start to the "
-                                       "state received", ["role"], buckets=CKPT_BUCKETS, registry=r)
+                                       "failed collective to the state in every rank, a replacement's from the loop's start to "
+                                       "the state received", ["role"], buckets=CKPT_BUCKETS, registry=r)
         info = Gauge(Metric.INFO, "Static facts about this trainer", [MetricLabel.JOB, "strategy", "config_hash", "rank"], registry=r)
         info.labels(job, strategy, config_hash, labels["rank"]).set(1)
 
