@@ -6,12 +6,13 @@ world size, same reduction order, data addressed by global sample index), and ne
 always the losses are bitwise equal. Nearly: once in about a hundred runs on this
 machine, two *uninterrupted* runs of the same job part by one float32 ulp at some step
 (seen from step 4 on, before any checkpoint; CI at ``62a6fbd``), and this small model's
-loss spike at step 16 magnifies that to 1e-3 by the end. Such a pair says nothing about resuming, so a mismatch is judged
-before it fails the test (``_judge``): the crashed run must have matched the reference bit
-for bit up to the crash, and a second uninterrupted run must reproduce the first bit for
-bit; otherwise the trial is void, said so in a warning, and run again (at most ``TRIALS``
-times). A resume that restores anything wrong (the optimizer's step count, the Adam
-moments, the RNG, the data position) differs in every trial and fails.
+loss spike at step 16 magnifies that to 1e-3 by the end. Such a pair says nothing about
+resuming, so a mismatch is judged before it fails the test (``_judge``): the crashed run
+must have matched the reference bit for bit up to the crash, and a second uninterrupted
+run must reproduce the first bit for bit; otherwise the trial is void, said so in a
+warning, and run again (at most ``TRIALS`` times). A resume that restores anything wrong
+(the optimizer's step count, the Adam moments, the RNG, the data position) differs in
+every trial and fails.
 """
 
 from __future__ import annotations
