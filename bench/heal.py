@@ -14,7 +14,13 @@ every 20 ms:
   one needs the rank's successor. The group redoes the step in flight at the kill, so the
   figure includes one step time;
 - survivors: with healing, every other rank's pid (from its heartbeat) must be the same
-  after the round as before.
+  after the round as before;
+- the step time the targets add: by the same clock and poll, from a step's line to 8
+  more before the first round and to 4 more after each round, the median of these.
+
+Each rank runs ``OMP_NUM_THREADS`` = the cores over the ranks (``ElasticJob``), as the
+operator gives ranks that share a node: with torch's default the ranks here spun against
+each other and a step took anything from 0.8 to 3.2 s.
 
 Medians and worst cases over the rounds, never a best-of; every round counts, a round
 whose job failed or did not recover in 120 s included (as 120 s).
@@ -71,6 +77,25 @@ def wait_for_steps(job: ElasticJob, count: int, timeout: float) -> None:
         time.sleep(0.2)
 
 
+def pace(job: ElasticJob, steps: int, timeout: float = 120) -> float:
+    """Seconds a step, by this clock: from a step's line appearing to ``steps`` more
+    (polled every 20 ms, like the rounds)."""
+    deadline = time.monotonic() + timeout
+
+    def logged_past(count: int) -> int:
+        while (now := len(steps_logged(job))) <= count:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the job stopped training:\n" + job.logs(tail=3000))
+            time.sleep(0.02)
+        return now
+
+    first = count = logged_past(len(steps_logged(job)))
+    began = time.monotonic()
+    while count < first + steps:
+        count = logged_past(count)
+    return (time.monotonic() - began) / (count - first)
+
+
 def one_round(job: ElasticJob, victim: int) -> tuple[float, bool]:
     """Kill ``victim``'s process; seconds until the job's next step, and whether every
     other rank kept its process."""
@@ -104,9 +129,7 @@ def run_mode(root: Path, heal: bool, nodes: int, rounds: int, step_seconds: floa
     times, kept = [], []
     try:
         wait_for_steps(job, 5, 300)
-        n0 = len(steps_logged(job))
-        time.sleep(5)
-        step_s = 5 / max(1, len(steps_logged(job)) - n0)
+        paces = [pace(job, 8)]
         for r in range(rounds):
             victim = 1 + r % (nodes - 1)
             seconds, same = one_round(job, victim)
@@ -114,10 +137,13 @@ def run_mode(root: Path, heal: bool, nodes: int, rounds: int, step_seconds: floa
             kept.append(same)
             print(f"{'heal' if heal else 'restart'} round {r + 1}: rank {victim} killed, next step after {seconds:.2f}s, "
                   f"other ranks' processes {'kept' if same else 'replaced'}", flush=True)
-            time.sleep(2 + 4 * step_s)  # a few steps between rounds: the next kill hits a running job
+            time.sleep(1)
+            paces.append(pace(job, 4))  # a few steps between rounds: the next kill hits a running job
     finally:
         job.kill()
-    return {"times": times, "kept": kept, "step_s": step_s}
+    print(f"{'heal' if heal else 'restart'}: a step took {statistics.median(paces):.3f}s (median of {len(paces)} paces of "
+          f"4-8 steps; slowest {max(paces):.3f}s), {job.threads_per_rank()} thread(s) a rank", flush=True)
+    return {"times": times, "kept": kept, "step_s": statistics.median(paces)}
 
 
 def main() -> None:

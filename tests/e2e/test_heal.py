@@ -14,7 +14,7 @@ import re
 import pytest
 from support.waiting import wait_for
 
-from .jobs import GANG, create, rank_holder, wait_status
+from .jobs import GANG, create, get, rank_holder, wait_event, wait_status
 from .matrix import Churn, check_outcome, restores
 from .test_fault_matrix import STEPS, finished, paced
 
@@ -33,6 +33,10 @@ def test_a_crashed_rank_heals_in_place_charged_once_and_its_peer_keeps_its_proce
     check_outcome(bed, ns, name, done, phase="Succeeded", step=STEPS, by_reason={"RestartedInPlace": 1},
                   reasons={"RestartedInPlace", "Completed"})
     assert len(churn.uids) == 2, "the rank was restarted in its pod; no pod was replaced"
+    # What the user reads says that only that pod's group restarted, for its peer to heal.
+    healing_words = "restarted that pod's worker group in place, for the other pods' ranks to heal in process"
+    wait_event(bed, ns, name, "RestartedInPlace", healing_words)
+    assert healing_words in get(bed, ns, name)["status"]["lastFailure"]["message"]
     # Nothing restored from storage, ever: a gang starts fresh, and the restarted rank took
     # the state from rank 0's memory.
     assert restores(bed, ns, name) == [], restores(bed, ns, name)

@@ -439,6 +439,20 @@ def test_an_in_place_crash_is_charged_once_and_its_victims_never():
     assert again.status["restarts"] == 1  # seen again: not charged again
 
 
+def test_an_in_place_crash_says_which_groups_torchrun_restarted_with_and_without_healing():
+    # Without healing every node's group restarts; with it only the crashed pod's, in
+    # place, and the other pods' ranks heal in process: the Event and lastFailure say so.
+    probes = {W0: TrainerProbe(step=20, restarts=1, failed_attempts={"crash": 1}),
+              W1: TrainerProbe(step=20, restarts=0)}
+    for healing, words in ((False, "torchrun restarted the worker groups in place"),
+                           (True, "torchrun restarted that pod's worker group in place, for the other pods' ranks to heal in process")):
+        raw = job({"spec.faultTolerance.inProcessHealing": healing}, status=running_status())
+        result = plan(raw, observed(raw, [worker(0), worker(1)], probes=probes), NOW)
+        [event] = [e for e in result.events if e.reason == "RestartedInPlace"]
+        assert event.message == f"a rank in pod {W0} on node node-0 failed (RestartedInPlace); {words}", healing
+        assert result.status["lastFailure"]["message"].endswith(f"failed and {words}"), healing
+
+
 def test_in_place_counts_written_by_an_earlier_version_are_not_charged_again():
     # Earlier versions kept a key a pod and cause; the counts it saw must still count.
     earlier = running_status(restarts=3, internal={"attemptsSeen": {"pod:uid-0/crash": 2, "pod:uid-0/hang": 1, "pod:uid-0/oom": 1}})

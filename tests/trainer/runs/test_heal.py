@@ -52,10 +52,14 @@ def test_a_crashed_rank_is_restarted_in_place_and_its_peers_keep_their_processes
     healed.sort(key=lambda found: (int(found[4]), found[0]))
     assert [(rank, dead, donor, step) for rank, _, dead, donor, step in healed] == [
         ("0", "1", "0", "6"), ("2", "1", "0", "6"), ("1", "0", "1", "11"), ("2", "0", "1", "11")], logs
-    # Nothing restored from storage; the new rank 0 (only rank 0 says so) took step 11 from rank 1.
+    # Nothing restored from storage: the new rank 1 took step 6 from rank 0, the new rank 0
+    # step 11 from rank 1.
     assert "resumed from step" not in logs, logs
-    assert re.findall(r"restarted in process: step \d+ from rank \d's memory", logs) == [
-        "restarted in process: step 11 from rank 1's memory"], logs
+    replaced = re.findall(r"\[rank (\d)\] .* restarted in process: step (\d+) from rank (\d)'s memory, [\d.]+s after the round "
+                          r"formed \(the group and set-up [\d.]+s, the engine and its DDP wrapper [\d.]+s, the state [\d.]+s\)", logs)
+    assert sorted(replaced, key=lambda found: int(found[1])) == [("1", "6", "0"), ("0", "11", "1")], logs
+    assert len(re.findall(r"healed in [\d.]+s: the round formed after [\d.]+s, the group and the DDP wrapper took [\d.]+s, "
+                          r"the state [\d.]+s", logs)) == 4, logs
     # Rank 2 healed both times in one process; it and rank 1, the survivors of the second
     # crash, finished in the processes they healed in: a rank's heartbeat (written by the
     # process that ran the last step) carries that pid.

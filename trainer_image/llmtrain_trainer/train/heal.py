@@ -59,6 +59,8 @@ class Healing:
         self.store = dist.PrefixStore(f"{KEY_PREFIX}{run}/{master}/", client)
         self.rounds = Rounds(self.store, self.world_size)
         self.round: Round | None = None
+        self.formed_at = 0.0
+        """``time.perf_counter()`` when the last round formed, before its group started."""
         self.sockets: dict[int, str] = {}
         # This process, as its announcements name it (a restarted rank's differs): taken
         # here, not at import, which a fork server may have done for every rank it forks.
@@ -98,6 +100,7 @@ class Healing:
 
     def _form(self, me: Member) -> Round:
         formed = self.rounds.join(me, time.monotonic() + self.timeout_seconds)
+        self.formed_at = time.perf_counter()
         store = dist.PrefixStore(f"r{formed.index}/pg/", self.store)
         before = _sockets()
         dist.init_process_group(backend=distmod.backend_spec(self.backend), store=store, rank=self.rank,

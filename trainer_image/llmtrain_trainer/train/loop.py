@@ -178,12 +178,16 @@ class Trainer:
             # Restarted in place into a job that goes on: a survivor sends the state.
             self.engine = self.strategy.create(self.cfg, self.info, False)
             self.ckpt.bind(self.engine)
+            built = time.perf_counter()
             self._transfer(self.first_round)
-            self.metrics.healed("replacement", time.perf_counter() - began)
+            received = time.perf_counter()
+            self.metrics.healed("replacement", received - began)
             self.cadence.start(self.step)
             self.ckpt.prepare(lambda: None, self.step, self._lineage, sweep_shared=False)
-            if self.info.rank == 0:
-                log.info("restarted in process: step %d from rank %d's memory", self.step, self.first_round.donor)
+            formed = self.healing.formed_at if self.healing is not None else began
+            log.info("restarted in process: step %d from rank %d's memory, %.2fs after the round formed (the group and "
+                     "set-up %.2fs, the engine and its DDP wrapper %.2fs, the state %.2fs)", self.step, self.first_round.donor,
+                     received - formed, began - formed, built - began, received - built)
         else:
             point = self.resume.agree()
             self.engine = self.strategy.create(self.cfg, self.info, point is not None and point.choice.mode == "universal")
@@ -363,6 +367,7 @@ class Trainer:
                     self.rescuer.forget()  # from here the state may be half received until it is all in
                     intact = False
                     engine.rewrap()
+                    wrapped = time.perf_counter()
                     self._transfer(formed)
                     intact = True
             except HealError as heal_err:
@@ -376,7 +381,10 @@ class Trainer:
                 continue
             self.rescuer.arm(engine, self.step)
             self.watchdog.beat(self.step)
-            self.metrics.healed("survivor", time.perf_counter() - began)
+            done = time.perf_counter()
+            self.metrics.healed("survivor", done - began)
+            log.info("healed in %.2fs: the round formed after %.2fs, the group and the DDP wrapper took %.2fs, the state "
+                     "%.2fs", done - began, self.healing.formed_at - began, wrapped - self.healing.formed_at, done - wrapped)
             return True
         log.error("healing in process: %d rounds failed; the rank ends, and the job recovers by restarting", self.HEAL_ATTEMPTS)
         return False

@@ -67,10 +67,11 @@ def handle(ctx: Pass) -> Verdict:
     oom_kills = _new_oom_kills(ctx, live, seen)
     named: list[tuple[str, PodView, str, str, str]] = []
     plans: dict[str, str] = {}  # pod key -> its GPU OOM message: a plan per pod, not per claimed charge
+    restarted = restart_words(ctx)
     for cause, pod in charges:
         reason, _ = CHARGED_CAUSES[cause]
         where = f"pod {pod.name}" + (f" on node {pod.node}" if pod.node else "")
-        message = f"a rank in {where} {'hung' if cause == 'hang' else 'failed'} and torchrun restarted the worker group in place"
+        message = f"a rank in {where} {'hung' if cause == 'hang' else 'failed'} and {restarted}"
         if cause == oom.GPU_CAUSE:
             if pod_key(pod) not in plans:
                 plans[pod_key(pod)] = gpu_oom_message(ctx, pod, where)
@@ -87,17 +88,27 @@ def handle(ctx: Pass) -> Verdict:
                 message += f"; the kernel's OOM killer also ended a rank of the pod: {kernel}"
             else:
                 reason = oom.REASON
-                message = f"the kernel's OOM killer ended a rank in {where} (torchrun restarted the worker group in place): {kernel}"
+                message = f"the kernel's OOM killer ended a rank in {where} ({restarted}): {kernel}"
         named.append((cause, pod, where, reason, message))
     book.attempts_seen = {key: text for key, counts in seen.items() if (text := attempts_text(counts))}
     for cause, pod, where, reason, message in named:
         kind = CHARGED_CAUSES[cause][1]
         record_failure(ctx, kind, reason, pod, message=message)
-        ctx.event(Reason.RESTARTED_IN_PLACE, f"a rank in {where} failed ({reason}); torchrun restarted the worker groups in place",
-                  warning=True)
+        ctx.event(Reason.RESTARTED_IN_PLACE, f"a rank in {where} failed ({reason}); {restarted}", warning=True)
         if not charge_budget(ctx, reason, enforce=pod.phase != PodPhase.SUCCEEDED):
             return Verdict.FINISHED
     return Verdict.CONTINUE
+
+
+def restart_words(ctx: Pass) -> str:
+    """What torchrun did about a rank's own failure. Without in-process healing every
+    node's agent restarts its worker group through a new rendezvous; with it, only the
+    failed rank's agent restarts its group, in place, and the other pods' ranks heal in
+    process (``launch/torchrun_agent.restart_in_place``), unless that cannot form, which
+    then restarts them as victims (never charged)."""
+    if ctx.spec.fault_tolerance.in_process_healing:
+        return "torchrun restarted that pod's worker group in place, for the other pods' ranks to heal in process"
+    return "torchrun restarted the worker groups in place"
 
 
 OOM = "oom"
@@ -109,7 +120,7 @@ def gpu_oom_message(ctx: Pass, pod: PodView, where: str) -> str:
     record and log (a page gives counts only); a built-in job's memory plan at the job's
     world size, against the node's GPU when NVIDIA's labels give its size."""
     text = (f"a rank in {where} ran out of GPU memory (CUDA's allocator refused an allocation; the rank's log and "
-            f"exit record give the allocator's figures) and torchrun restarted the worker group in place")
+            f"exit record give the allocator's figures) and {restart_words(ctx)}")
     if ctx.spec.trainer.builtin is None:
         return f"{text}; {oom.GPU_ADVICE}"
     node = ctx.observed.nodes.get(pod.node) if pod.node else None
