@@ -1,0 +1,50 @@
+"""Whether a rank heals in process (``train/main._healing``): asked for, under the
+launcher, with DDP, and one rank per node. Several ranks per node fall back to restarting
+processes: when one of a node's ranks fails, torchrun stops the node's others too, and
+their peers would wait in vain (measured: every survivor waited 5 s, then restarted)."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+
+import pytest
+import torch.distributed as dist
+from llmtrain_contract.names import Env
+from llmtrain_trainer.train import main
+from llmtrain_trainer.train.heal import Healing
+from llmtrain_trainer.train.main import HealingUnsupported, _healing
+from support.elastic import base_config
+
+
+def _cfg(**overrides):
+    return main.TrainerConfig.model_validate(base_config(faultTolerance={"inProcessHealing": True}, **overrides))
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """The environment the launcher and torchrun give a rank, with a real store."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
+    for key, value in {Env.HEAL_STORE: f"127.0.0.1:{server.port}/run", "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                       "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(key, value)
+    return server
+
+
+def test_one_rank_per_node_heals_in_process(launched):
+    assert isinstance(_healing(_cfg()), Healing)
+
+
+def test_several_ranks_per_node_restart_processes_and_say_why(launched, monkeypatch, caplog):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with caplog.at_level(logging.WARNING, logger="llmtrain"):
+        assert _healing(_cfg()) is None
+    assert "needs one rank per node (LOCAL_WORLD_SIZE is 2" in caplog.text and "a failure restarts processes" in caplog.text
+
+
+def test_not_asked_or_not_under_the_launcher_or_not_ddp(launched, monkeypatch):
+    assert _healing(main.TrainerConfig.model_validate(base_config())) is None
+    with pytest.raises(HealingUnsupported, match="needs strategy 'ddp'"):
+        _healing(_cfg(strategy={"kind": "deepspeed", "zeroStage": 2}))
+    monkeypatch.delenv(Env.HEAL_STORE)
+    assert _healing(_cfg()) is None
