@@ -435,8 +435,9 @@ class FaultToleranceSpec(Ruled):
     it the whole state from memory (no restore from a checkpoint, no restart of the job's
     other ranks). What cannot heal so recovers as without it, later: a node lost about
     5 s later, a round that does not form by the collective timeout. The built-in
-    trainer's DDP only, with ``procsPerNode`` 1 (with more, torchrun stops a pod's other
-    ranks when one fails). Default false. docs/trainer.md, "In-process healing"."""
+    trainer's DDP only. With several ranks a pod, torchrun stops a failed rank's pod's
+    other ranks too and restarts them all in place; they get the state from the other
+    pods' ranks. Default false. docs/trainer.md, "In-process healing"."""
 
     backoff: BackoffSpec = Field(default_factory=BackoffSpec)
     """Delay between successive restarts."""
@@ -761,12 +762,6 @@ LLMTrainJobSpec.RULES = (
          cel=f"!{cel_get('self.faultTolerance.inProcessHealing', False)} || (has(self.trainer.builtin) && "
              f"{cel_get('self.trainer.builtin.strategy.kind', 'ddp')} == 'ddp')",
          example={"faultTolerance.inProcessHealing": True, "trainer.builtin.strategy": {"kind": "deepspeed"}}),
-    Rule("healing-needs-one-rank-per-pod", "faultTolerance.inProcessHealing",
-         "faultTolerance.inProcessHealing needs procsPerNode 1: when one of a pod's ranks fails, torchrun stops the "
-         "pod's other ranks too, and their peers would wait in vain before restarting anyway",
-         check=lambda j: f"procsPerNode {j.procs_per_node}" if j.fault_tolerance.in_process_healing and j.procs_per_node > 1 else None,
-         cel=f"!{cel_get('self.faultTolerance.inProcessHealing', False)} || {_PPN} == 1",
-         example={"faultTolerance.inProcessHealing": True, "procsPerNode": 2}),
     Rule("global-batch-fixed-across-world-sizes", "trainer.builtin.globalBatchSize",
          "trainer.builtin.globalBatchSize must be divisible by microBatchSize x procsPerNode x nodes for every node count "
          "in replicas.min..max (it stays fixed as the world size changes)",

@@ -1,8 +1,9 @@
 """In-process healing (``faultTolerance.inProcessHealing``) under the real launcher,
 torchrun and rendezvous store: a rank that crashes is restarted in place by its node's
 torchrun agent, its peers keep their processes and their step, the replacement gets the
-state from a peer (not from storage), and the losses are those of a run that never failed.
-Three nodes: from three ranks on, the order of an all-reduce's additions depends on DDP's
+state from a peer (not from storage), and the losses are those of a run that never failed;
+on nodes of two ranks, the failed rank's node restarts both, which heal from the other
+node. Three nodes: from three ranks on, the order of an all-reduce's additions depends on DDP's
 bucket layout, which a new wrapper must not change (``DDPEngine._wrap``)."""
 
 from __future__ import annotations
@@ -69,6 +70,33 @@ def test_a_crashed_rank_is_restarted_in_place_and_its_peers_keep_their_processes
         beats = [b for node in job.running for b in heartbeat.read_all(node.run_dir) if b.rank == int(rank)]
         assert [(b.pid, b.step) for b in beats] == [(pid, 16)], (rank, beats, healed)
     # Every step's loss, bit for bit, as in the run that never failed.
+    assert losses_by_step(job.steps()) == {step: [loss] for step, [loss] in losses_by_step(reference.steps()).items()}
+
+
+def test_a_crash_on_a_node_of_two_ranks_restarts_that_node_s_ranks_which_heal_from_the_other_node(tmp_path):
+    """torch stops a node's other ranks when one fails and restarts them together: the
+    agent counts both restarts first, the stopped rank gives up its round and ends without
+    a rescue checkpoint, and both get the state from the other node, whose ranks keep their
+    processes (before: every survivor waited 5 s for a restart nobody had counted)."""
+    cfg = base_config(maxSteps=12, globalBatchSize=16, faultTolerance={"inProcessHealing": True})
+    reference = ElasticJob(tmp_path / "reference", cfg, nodes=2, procs_per_node=2).start()
+    assert reference.wait(300) == [0, 0], reference.logs()
+    job = ElasticJob(tmp_path / "healed", cfg, nodes=2, procs_per_node=2, max_restarts=3,
+                     env={"LLMTRAIN_FAULT_INJECT": "crash@step=7,rank=3"}).start()
+    assert job.wait(300) == [0, 0], job.logs()
+    logs = job.logs()
+    assert re.findall(r"rank\(s\) \[2, 3\] failed \(exit \[[-\d, ]+\]\); restarting them in place", logs), logs
+    assert re.findall(r"\[rank 2\] .* round \d+: this rank was asked to stop \(SIGTERM\) before the round formed", logs), logs
+    healed = re.findall(r"\[rank (\d)\] .* healed in process \(pid (\d+) kept\): round \d+ formed in [\d.]+s, restarted "
+                        r"rank\(s\) \[2, 3\], the state from rank 0 at step 6", logs)
+    assert sorted(rank for rank, _ in healed) == ["0", "1"], logs
+    replaced = re.findall(r"\[rank (\d)\] .* restarted in process: step 6 from rank 0's memory", logs)
+    assert sorted(replaced) == ["2", "3"], logs
+    # Nothing restored from storage, and the stopped rank saved no rescue checkpoint.
+    assert "resumed from step" not in logs and "rescue checkpoint of step" not in logs, logs
+    for rank, pid in healed:  # the survivors finished in the processes they healed in
+        beats = [b for node in job.running for b in heartbeat.read_all(node.run_dir) if b.rank == int(rank)]
+        assert [(b.pid, b.step) for b in beats] == [(int(pid), 12)], (rank, beats)
     assert losses_by_step(job.steps()) == {step: [loss] for step, [loss] in losses_by_step(reference.steps()).items()}
 
 

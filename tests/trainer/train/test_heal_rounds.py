@@ -1,7 +1,8 @@
 """In-process healing's membership rounds (``train/healround.py``) against a real c10d
 TCPStore: a round forms once every rank announced itself; a restarted rank breaks the
 round its predecessor was in; a survivor waits only for a rank that an agent restarts;
-the donor is the lowest rank holding the newest step; a forged announcement is an error
+the donor is the lowest rank holding the newest step; a rank asked to stop while it
+waits breaks its round, so that none forms with it; a forged announcement is an error
 naming its key."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 
 import pytest
 import torch.distributed as dist
-from llmtrain_trainer.train.healround import RESTARTING, HealError, HealImpossible, Member, Round, Rounds
+from llmtrain_trainer.train.healround import RESTARTING, HealError, HealImpossible, HealStopped, Member, Round, Rounds
 
 
 @pytest.fixture
@@ -109,3 +110,41 @@ def test_a_replacement_that_comes_before_its_survivor_noticed_breaks_the_round_i
     formed = survivor.join(Member(0, "a", fresh=False, step=3), time.monotonic() + 10)
     thread.join(10)
     assert formed.index == 1 and result and result[0].index == 1 and formed.donor == 0
+
+
+def test_a_rank_asked_to_stop_breaks_its_round_and_the_others_form_the_next_without_it(store):
+    # Two nodes of two ranks: rank 3 died, its agent counted ranks 2 and 3 as restarting
+    # and stopped rank 2 (SIGTERM), which was already waiting in round 1 with its state.
+    _join_all([Rounds(store, 4) for _ in range(4)], [Member(r, f"p{r}", fresh=True) for r in range(4)])
+    store.add(f"{RESTARTING}2", 1)
+    store.add(f"{RESTARTING}3", 1)
+    stop = threading.Event()
+    stopped: list[BaseException] = []
+
+    def rank2() -> None:
+        try:
+            Rounds(store, 4).join(Member(2, "p2", fresh=False, step=6), time.monotonic() + 10, stopping=stop.is_set)
+        except BaseException as err:  # noqa: BLE001 - the test reads it
+            stopped.append(err)
+
+    survivors = [Rounds(store, 4) for _ in range(2)]
+    for survivor in survivors:
+        survivor.restarts = {0: 0, 1: 0, 2: 0, 3: 0}
+    survivors[0].break_round(0)
+    waiting = threading.Thread(target=rank2)
+    waiting.start()
+    deadline = time.monotonic() + 10
+    while not store.check(["r1/rank2"]):  # rank 2 announced itself in round 1
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    stop.set()
+    waiting.join(10)
+    assert len(stopped) == 1 and isinstance(stopped[0], HealStopped), stopped
+    assert "round 1: this rank was asked to stop (SIGTERM)" in str(stopped[0])
+    # Round 1 cannot form with the stopped rank: the survivors and the restarted ranks
+    # meet in round 2, where the survivors' state is sent.
+    members = [Member(0, "p0", fresh=False, step=6), Member(1, "p1", fresh=False, step=6),
+               Member(2, "p2-new", fresh=True), Member(3, "p3-new", fresh=True)]
+    formed = _join_all([*survivors, Rounds(store, 4), Rounds(store, 4)], members)
+    assert {f.index for f in formed} == {2} and formed[0].donor == 0
+    assert [m.incarnation for m in formed[0].members] == ["p0", "p1", "p2-new", "p3-new"]

@@ -380,28 +380,53 @@ def restart_in_place(heal_store: str, victim_codes: frozenset[int]) -> bool:
     rendezvous, so that the job's other nodes keep their processes, which heal in process
     (``train/heal.py``) and wait for exactly these ranks. Each restarted rank is counted
     in the store first (``healround.RESTARTING``): a survivor waits only for a rank that
-    some agent restarts. Anything else (victims, a waiting node, a store that cannot be
-    reached) restarts as torch does: stop, rendezvous, start. False when this torch lacks
-    what is patched or ``heal_store`` is not ``host:port/run``."""
+    some agent restarts. With several ranks a node, torch's poll stops the others as soon
+    as one failed and waits for them to end; the count is made before that, for all of
+    them, and a stopped rank gives up its round (``healround.HealStopped``), so that its
+    exit as a victim still leaves the group's failure its own. Anything else (victims
+    first, a waiting node, a store that cannot be reached) restarts as torch does: stop,
+    rendezvous, start. False when this torch lacks what is patched or ``heal_store`` is
+    not ``host:port/run``."""
     try:
         import datetime  # noqa: PLC0415
 
         from torch.distributed import TCPStore  # noqa: PLC0415 - a torch without it runs unpatched
         from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, WorkerState  # noqa: PLC0415
         from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent  # noqa: PLC0415
+        from torch.distributed.elastic.multiprocessing.api import SubprocessContext  # noqa: PLC0415
     except ImportError:
         return False
     monitor, restart = getattr(LocalElasticAgent, "_monitor_workers", None), getattr(SimpleElasticAgent, "_restart_workers", None)
+    poll = getattr(SubprocessContext, "_poll", None)
     endpoint, _, run = heal_store.partition("/")
     host, _, port = endpoint.rpartition(":")
-    if monitor is None or restart is None or not host or not port.isdigit() or not run:
+    if monitor is None or restart is None or poll is None or not host or not port.isdigit() or not run:
         return False
     last: dict[str, object] = {}
     stores: list[object] = []
 
     def monitor_noting(self, worker_group):
+        last["group"] = worker_group
         last["result"] = result = monitor(self, worker_group)
         return result
+
+    def poll_announcing(self):
+        # torch's poll stops the group's other ranks as soon as one has failed (SIGTERM,
+        # then up to 30 s for them to exit) before the agent can restart anything. Those
+        # are restarted too; their peers on other nodes must know it before, or they give
+        # up on the round after ANNOUNCE_SECONDS: so a rank's own failure (not a victim's
+        # exit) is counted here, for every rank of the group, before torch's poll.
+        group = last.get("group")
+        if group is not None and "announced" not in last:
+            codes = [h.proc.poll() for lr, h in self.subprocess_handlers.items() if lr in self._running_local_ranks]
+            failed = [code for code in codes if code not in (None, 0)]
+            if failed and not any(code in victim_codes for code in failed):
+                try:
+                    count_restarts(group)
+                    last["announced"] = group
+                except Exception as err:  # noqa: BLE001 - counted later, or restarted through a rendezvous
+                    print(f"llmtrain torchrun agent: cannot count the restart in the store ({err})", file=sys.stderr, flush=True)
+        return poll(self)
 
     def count_restarts(worker_group) -> None:
         if not stores:
@@ -413,13 +438,18 @@ def restart_in_place(heal_store: str, victim_codes: frozenset[int]) -> bool:
 
     def restart_failed_in_place(self, worker_group):
         result = last.pop("result", None)
+        announced = last.pop("announced", None) is worker_group
         failures = getattr(result, "failures", None) or {}
+        # Own: a rank failed on its own. The others of the group that torch stopped then
+        # may have ended as victims (their round given up, exit 83): with the restart
+        # announced first, that is still this group's own failure.
         own = (getattr(result, "state", None) == WorkerState.FAILED and failures
-               and not any(getattr(f, "exitcode", None) in victim_codes for f in failures.values()))
+               and (announced or not any(getattr(f, "exitcode", None) in victim_codes for f in failures.values())))
         if not own:
             return restart(self, worker_group)
         try:
-            count_restarts(worker_group)
+            if not announced:
+                count_restarts(worker_group)
         except Exception as err:  # noqa: BLE001 - then the peers cannot wait for these ranks: restart as torch does
             print(f"llmtrain torchrun agent: cannot count the restart in the store ({err}); restarting through a "
                   "rendezvous", file=sys.stderr, flush=True)
@@ -435,6 +465,7 @@ def restart_in_place(heal_store: str, victim_codes: frozenset[int]) -> bool:
         worker_group.state = WorkerState.HEALTHY
 
     LocalElasticAgent._monitor_workers = monitor_noting  # type: ignore[method-assign]  # patching torch's class is the point
+    SubprocessContext._poll = poll_announcing  # type: ignore[method-assign]  # patching torch's class is the point
     SimpleElasticAgent._restart_workers = restart_failed_in_place  # type: ignore[method-assign]  # patching torch's class is the point
     return True
 

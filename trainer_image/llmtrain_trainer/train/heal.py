@@ -25,6 +25,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import torch.distributed as dist
 from llmtrain_contract.names import Env
@@ -59,6 +60,9 @@ class Healing:
         self.store = dist.PrefixStore(f"{KEY_PREFIX}{run}/{master}/", client)
         self.rounds = Rounds(self.store, self.world_size)
         self.round: Round | None = None
+        self.stopping: Callable[[], bool] = lambda: False
+        """True once this rank was asked to stop (the trainer's SIGTERM): a round it waits
+        for is then given up (``Rounds.join``)."""
         self.formed_at = 0.0
         """``time.perf_counter()`` when the last round formed, before its group started."""
         self.sockets: dict[int, str] = {}
@@ -99,7 +103,7 @@ class Healing:
         return formed
 
     def _form(self, me: Member) -> Round:
-        formed = self.rounds.join(me, time.monotonic() + self.timeout_seconds)
+        formed = self.rounds.join(me, time.monotonic() + self.timeout_seconds, self.stopping)
         self.formed_at = time.perf_counter()
         store = dist.PrefixStore(f"r{formed.index}/pg/", self.store)
         before = _sockets()

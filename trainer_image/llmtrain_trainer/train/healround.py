@@ -14,6 +14,9 @@ A survivor waits for a missing rank only once that rank's torchrun agent has ann
 that it restarts it in place (``RESTARTING``, counted by ``launch/torchrun_agent.py``
 after the round formed): a rank whose whole node is gone is announced by nobody, and the survivor gives up after
 ``announce_seconds`` (``HealImpossible``), to recover as before (exit, re-rendezvous).
+A rank asked to stop while it waits (torchrun stops a node's other ranks when one of them
+fails, then restarts them all) breaks its round (``HealStopped``): no round may form with
+a member about to end.
 
 Pure logic over a store with c10d's ``Store`` methods (``add``, ``set``, ``get``,
 ``check``, ``compare_set``); tests give it a real ``TCPStore``. What is read from the
@@ -43,6 +46,11 @@ ANNOUNCE_LIMIT = 4096
 
 class HealError(RuntimeError):
     """The rounds cannot form a group: a bad announcement, or a rank that stayed away."""
+
+
+class HealStopped(HealError):
+    """This rank was asked to stop (SIGTERM) while it waited for a round: torchrun stops a
+    node's other ranks when one of them fails, and restarts them all in place."""
 
 
 class HealImpossible(HealError):
@@ -135,9 +143,11 @@ class Rounds:
         self.store.set(f"r{index}/broken", "1")
         self.store.compare_set(ROUND, str(index), str(index + 1))
 
-    def join(self, me: Member, deadline: float) -> Round:
+    def join(self, me: Member, deadline: float, stopping: Callable[[], bool] = lambda: False) -> Round:
         """Announce ``me`` in the current round and wait for it to form; a round found
-        broken is left for the next. ``deadline`` (``clock``) bounds the whole wait."""
+        broken is left for the next. ``deadline`` (``clock``) bounds the whole wait. Once
+        ``stopping()`` says so, the rank breaks the round it waits in (it will not take
+        part: a round must not form with it) and raises ``HealStopped``."""
         while True:
             index = self.current()
             key = f"r{index}/rank{me.rank}"
@@ -149,17 +159,20 @@ class Rounds:
                     continue
             joined_with = {rank: self._restarts(rank) for rank in range(self.world_size)}
             self.store.set(key, me.encode())
-            formed = self._wait(index, me, deadline)
+            formed = self._wait(index, me, deadline, stopping)
             if formed is not None:
                 self.restarts = joined_with
                 return formed
 
-    def _wait(self, index: int, me: Member, deadline: float) -> Round | None:
+    def _wait(self, index: int, me: Member, deadline: float, stopping: Callable[[], bool]) -> Round | None:
         keys = {rank: f"r{index}/rank{rank}" for rank in range(self.world_size)}
         began = self.clock()
         while True:
             if self.store.check([f"r{index}/broken"]):
                 return None
+            if stopping():
+                self.break_round(index)
+                raise HealStopped(f"round {index}: this rank was asked to stop (SIGTERM) before the round formed")
             if self.store.check(list(keys.values())):  # one request a poll, whatever the world size
                 members = tuple(Member.decode(self.store.get(keys[rank]), keys[rank]) for rank in range(self.world_size))
                 for rank, member in enumerate(members):

@@ -109,15 +109,6 @@ def _healing(cfg: TrainerConfig):
     if cfg.strategy.kind != "ddp":
         raise HealingUnsupported(f"faultTolerance.inProcessHealing needs strategy 'ddp' (this job's is "
                                  f"'{cfg.strategy.kind}': a ZeRO shard lost with its rank has no replica to heal from)")
-    local = os.environ.get("LOCAL_WORLD_SIZE", "1")
-    if local != "1":
-        # The API server refuses this (rule healing-needs-one-rank-per-pod); a config
-        # written by hand gets the recovery without healing, not one 5 s slower.
-        if _local_rank() == 0:
-            logging.getLogger("llmtrain").warning(
-                "faultTolerance.inProcessHealing needs one rank per node (LOCAL_WORLD_SIZE is %s: torchrun stops a "
-                "node's other ranks when one fails); a failure restarts processes", local[:20])
-        return None
     from llmtrain_trainer.train.heal import Healing  # noqa: PLC0415 - imported by run() before its warm-up thread starts
 
     healing = Healing.from_env(cfg.fault_tolerance.collective_timeout_seconds)
