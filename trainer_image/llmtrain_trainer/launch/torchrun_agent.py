@@ -374,7 +374,7 @@ VICTIM_EXIT_CODES = "LLMTRAIN_VICTIM_EXIT_CODES"
 """Set with it: the exit codes of a rank that ended because a peer failed."""
 
 
-def restart_in_place(heal_store: str, victim_codes: frozenset[int]) -> bool:
+def restart_in_place(heal_store: str, victim_codes: frozenset[int], permanent: frozenset[int] = frozenset()) -> bool:
     """Patch torch so that a worker group whose ranks failed on their own (a crash, not
     as the victims of a peer) is restarted *in place*: the same ranks and world size, no
     rendezvous, so that the job's other nodes keep their processes, which heal in process
@@ -406,7 +406,7 @@ def restart_in_place(heal_store: str, victim_codes: frozenset[int]) -> bool:
     stores: list[object] = []
 
     def monitor_noting(self, worker_group):
-        last["group"] = worker_group
+        last["group"], last["agent"] = worker_group, self
         last["result"] = result = monitor(self, worker_group)
         return result
 
@@ -416,11 +416,15 @@ def restart_in_place(heal_store: str, victim_codes: frozenset[int]) -> bool:
         # are restarted too; their peers on other nodes must know it before, or they give
         # up on the round after ANNOUNCE_SECONDS: so a rank's own failure (not a victim's
         # exit) is counted here, for every rank of the group, before torch's poll.
+        # Only a restart the agent will make: none once its budget is spent or for a
+        # permanent exit (``stop_on_permanent_exit``), or the peers would wait for it until
+        # their collective timeout instead of giving up after ANNOUNCE_SECONDS.
         group = last.get("group")
-        if group is not None and "announced" not in last:
+        budget = getattr(last.get("agent"), "_remaining_restarts", 0)
+        if group is not None and "announced" not in last and budget > 0:
             codes = [h.proc.poll() for lr, h in self.subprocess_handlers.items() if lr in self._running_local_ranks]
             failed = [code for code in codes if code not in (None, 0)]
-            if failed and not any(code in victim_codes for code in failed):
+            if failed and not any(code in victim_codes or code in permanent for code in failed):
                 try:
                     count_restarts(group)
                     last["announced"] = group
@@ -479,7 +483,8 @@ def main() -> None:
     if os.environ.get(ADMIT_AFTER_FIRST_STEP):
         admit_after_first_step(os.environ[ADMIT_AFTER_FIRST_STEP])
     if os.environ.get(HEAL_STORE):
-        restart_in_place(os.environ[HEAL_STORE], permanent_codes(os.environ.get(VICTIM_EXIT_CODES)))
+        restart_in_place(os.environ[HEAL_STORE], permanent_codes(os.environ.get(VICTIM_EXIT_CODES)),
+                         permanent_codes(os.environ.get(PERMANENT_EXIT_CODES)))
     from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: PLC0415
     from torch.distributed.run import main as torchrun  # noqa: PLC0415 - after the patch
 
