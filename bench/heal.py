@@ -138,7 +138,14 @@ def run_mode(root: Path, heal: bool, nodes: int, rounds: int, step_seconds: floa
             print(f"{'heal' if heal else 'restart'} round {r + 1}: rank {victim} killed, next step after {seconds:.2f}s, "
                   f"other ranks' processes {'kept' if same else 'replaced'}", flush=True)
             time.sleep(1)
-            paces.append(pace(job, 4))  # a few steps between rounds: the next kill hits a running job
+            try:
+                paces.append(pace(job, 4))  # a few steps between rounds: the next kill hits a running job
+            except RuntimeError as err:  # the job stopped training: the rounds left count as failed
+                print(f"the job stopped training after round {r + 1}; the {rounds - r - 1} rounds left count as "
+                      f"{LIMIT:.0f}s each:\n{str(err)[-2000:]}", flush=True)
+                times += [LIMIT] * (rounds - r - 1)
+                kept += [False] * (rounds - r - 1)
+                break
     finally:
         job.kill()
     print(f"{'heal' if heal else 'restart'}: a step took {statistics.median(paces):.3f}s (median of {len(paces)} paces of "

@@ -34,7 +34,7 @@ def test_a_crashed_rank_heals_in_place_charged_once_and_its_peer_keeps_its_proce
                   reasons={"RestartedInPlace", "Completed"})
     assert len(churn.uids) == 2, "the rank was restarted in its pod; no pod was replaced"
     # What the user reads says that only that pod's group restarted, for its peer to heal.
-    healing_words = "restarted that pod's worker group in place, for the other pods' ranks to heal in process"
+    healing_words = "restarted that pod's worker group in place, for the other pods' ranks, if any, to heal in process"
     wait_event(bed, ns, name, "RestartedInPlace", healing_words)
     assert healing_words in get(bed, ns, name)["status"]["lastFailure"]["message"]
     # Nothing restored from storage, ever: a gang starts fresh, and the restarted rank took

@@ -437,7 +437,8 @@ class FaultToleranceSpec(Ruled):
     5 s later, a round that does not form by the collective timeout. The built-in
     trainer's DDP only. With several ranks a pod, torchrun stops a failed rank's pod's
     other ranks too and restarts them all in place; they get the state from the other
-    pods' ranks. Default false. docs/trainer.md, "In-process healing"."""
+    pods' ranks (a job of one pod restores from its checkpoints). Default false.
+    docs/trainer.md, "In-process healing"."""
 
     backoff: BackoffSpec = Field(default_factory=BackoffSpec)
     """Delay between successive restarts."""

@@ -445,7 +445,8 @@ def test_an_in_place_crash_says_which_groups_torchrun_restarted_with_and_without
     probes = {W0: TrainerProbe(step=20, restarts=1, failed_attempts={"crash": 1}),
               W1: TrainerProbe(step=20, restarts=0)}
     for healing, words in ((False, "torchrun restarted the worker groups in place"),
-                           (True, "torchrun restarted that pod's worker group in place, for the other pods' ranks to heal in process")):
+                           (True, "torchrun restarted that pod's worker group in place, for the other pods' ranks, if any, "
+                                  "to heal in process")):
         raw = job({"spec.faultTolerance.inProcessHealing": healing}, status=running_status())
         result = plan(raw, observed(raw, [worker(0), worker(1)], probes=probes), NOW)
         [event] = [e for e in result.events if e.reason == "RestartedInPlace"]

@@ -140,7 +140,8 @@ def test_a_rank_asked_to_stop_breaks_its_round_and_the_others_form_the_next_with
     stop.set()
     waiting.join(10)
     assert len(stopped) == 1 and isinstance(stopped[0], HealStopped), stopped
-    assert "round 1: this rank was asked to stop (SIGTERM)" in str(stopped[0])
+    assert "round 1: this rank's agent restarts it and stopped it (SIGTERM) first" in str(stopped[0])
+    assert store.check(["r1/broken"]) and Rounds(store, 4).current() == 2  # broken by the stopped rank itself
     # Round 1 cannot form with the stopped rank: the survivors and the restarted ranks
     # meet in round 2, where the survivors' state is sent.
     members = [Member(0, "p0", fresh=False, step=6), Member(1, "p1", fresh=False, step=6),
@@ -148,3 +149,20 @@ def test_a_rank_asked_to_stop_breaks_its_round_and_the_others_form_the_next_with
     formed = _join_all([*survivors, Rounds(store, 4), Rounds(store, 4)], members)
     assert {f.index for f in formed} == {2} and formed[0].donor == 0
     assert [m.incarnation for m in formed[0].members] == ["p0", "p1", "p2-new", "p3-new"]
+
+
+def test_a_rank_stopped_with_its_restart_counted_announces_nothing(store):
+    store.add(f"{RESTARTING}1", 1)
+    with pytest.raises(HealStopped):
+        Rounds(store, 2).join(Member(1, "b", fresh=False, step=3), time.monotonic() + 10, stopping=lambda: True)
+    assert not store.check(["r0/rank1"]) and Rounds(store, 2).current() == 0
+
+
+def test_a_sigterm_without_its_restart_counted_leaves_the_rank_in_its_round(store):
+    # The pod shutting down, not its agent restarting it: the rank stays in the round,
+    # which forms as without the SIGTERM (the ranks then stop together at a step).
+    peer = threading.Thread(target=lambda: time.sleep(0.2) or store.set("r0/rank1", Member(1, "b", fresh=False, step=3).encode()))
+    peer.start()
+    formed = Rounds(store, 2).join(Member(0, "a", fresh=False, step=3), time.monotonic() + 10, stopping=lambda: True)
+    peer.join(10)
+    assert formed.index == 0 and [m.incarnation for m in formed.members] == ["a", "b"]

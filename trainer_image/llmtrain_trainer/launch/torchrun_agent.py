@@ -422,7 +422,10 @@ def restart_in_place(heal_store: str, victim_codes: frozenset[int], permanent: f
         group = last.get("group")
         budget = getattr(last.get("agent"), "_remaining_restarts", 0)
         if group is not None and "announced" not in last and budget > 0:
-            codes = [h.proc.poll() for lr, h in self.subprocess_handlers.items() if lr in self._running_local_ranks]
+            try:
+                codes = [h.proc.poll() for lr, h in self.subprocess_handlers.items() if lr in self._running_local_ranks]
+            except (AttributeError, TypeError):  # another torch's insides: counted later, as before
+                codes = []
             failed = [code for code in codes if code not in (None, 0)]
             if failed and not any(code in victim_codes or code in permanent for code in failed):
                 try:

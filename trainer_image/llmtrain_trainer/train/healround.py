@@ -12,11 +12,13 @@ state (``Round.donor``).
 
 A survivor waits for a missing rank only once that rank's torchrun agent has announced
 that it restarts it in place (``RESTARTING``, counted by ``launch/torchrun_agent.py``
-after the round formed): a rank whose whole node is gone is announced by nobody, and the survivor gives up after
+as soon as it sees a rank of its node fail on its own, before it restarts them; a count
+since the last round formed is one for this failure): a rank whose whole node is gone is
+announced by nobody, and the survivor gives up after
 ``announce_seconds`` (``HealImpossible``), to recover as before (exit, re-rendezvous).
-A rank asked to stop while it waits (torchrun stops a node's other ranks when one of them
-fails, then restarts them all) breaks its round (``HealStopped``): no round may form with
-a member about to end.
+A rank stopped by its own agent while it waits (torchrun stops a node's other ranks when
+one of them fails, then restarts them all; the agent counts their restarts first) breaks
+its round (``HealStopped``): no round may form with a member about to end.
 
 Pure logic over a store with c10d's ``Store`` methods (``add``, ``set``, ``get``,
 ``check``, ``compare_set``); tests give it a real ``TCPStore``. What is read from the
@@ -145,9 +147,14 @@ class Rounds:
 
     def join(self, me: Member, deadline: float, stopping: Callable[[], bool] = lambda: False) -> Round:
         """Announce ``me`` in the current round and wait for it to form; a round found
-        broken is left for the next. ``deadline`` (``clock``) bounds the whole wait. Once
-        ``stopping()`` says so, the rank breaks the round it waits in (it will not take
-        part: a round must not form with it) and raises ``HealStopped``."""
+        broken is left for the next. ``deadline`` (``clock``) bounds the whole wait.
+
+        Once ``stopping()`` says so (a SIGTERM) and this rank's own restart is counted
+        (its agent stopped it to restart it with a failed rank of its node), it raises
+        ``HealStopped``: before it announces itself, or breaking the round it waits in,
+        which must not form with it. A SIGTERM without that count (the pod shutting down)
+        leaves it in the round: the ranks then stop together at the next step, with the
+        emergency checkpoint."""
         while True:
             index = self.current()
             key = f"r{index}/rank{me.rank}"
@@ -158,6 +165,8 @@ class Rounds:
                     self.break_round(index)
                     continue
             joined_with = {rank: self._restarts(rank) for rank in range(self.world_size)}
+            if stopping() and joined_with[me.rank] > self.restarts.get(me.rank, 0):
+                raise HealStopped(f"round {index}: this rank's agent restarts it and stopped it (SIGTERM) first")
             self.store.set(key, me.encode())
             formed = self._wait(index, me, deadline, stopping)
             if formed is not None:
@@ -170,15 +179,15 @@ class Rounds:
         while True:
             if self.store.check([f"r{index}/broken"]):
                 return None
-            if stopping():
-                self.break_round(index)
-                raise HealStopped(f"round {index}: this rank was asked to stop (SIGTERM) before the round formed")
             if self.store.check(list(keys.values())):  # one request a poll, whatever the world size
                 members = tuple(Member.decode(self.store.get(keys[rank]), keys[rank]) for rank in range(self.world_size))
                 for rank, member in enumerate(members):
                     if member.rank != rank:
                         raise HealError(f"the rendezvous store's {keys[rank]!r} announces rank {member.rank}")
                 return Round(index, members)
+            if stopping() and self._restarts(me.rank) > self.restarts.get(me.rank, 0):
+                self.break_round(index)
+                raise HealStopped(f"round {index}: this rank's agent restarts it and stopped it (SIGTERM) first")
             now = self.clock()
             late = not me.fresh and now - began >= self.announce_seconds
             if not late and now < deadline:

@@ -107,7 +107,7 @@ def restart_words(ctx: Pass) -> str:
     process (``launch/torchrun_agent.restart_in_place``), unless that cannot form, which
     then restarts them as victims (never charged)."""
     if ctx.spec.fault_tolerance.in_process_healing:
-        return "torchrun restarted that pod's worker group in place, for the other pods' ranks to heal in process"
+        return "torchrun restarted that pod's worker group in place, for the other pods' ranks, if any, to heal in process"
     return "torchrun restarted the worker groups in place"
 
 
