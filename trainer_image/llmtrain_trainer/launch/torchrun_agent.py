@@ -418,7 +418,9 @@ def restart_in_place(heal_store: str, victim_codes: frozenset[int], permanent: f
         # exit) is counted here, for every rank of the group, before torch's poll.
         # Only a restart the agent will make: none once its budget is spent or for a
         # permanent exit (``stop_on_permanent_exit``), or the peers would wait for it until
-        # their collective timeout instead of giving up after ANNOUNCE_SECONDS.
+        # their collective timeout instead of giving up after ANNOUNCE_SECONDS. (Judged on
+        # the ranks ended by now: a stopped rank that then exits with a permanent code
+        # still leaves them waiting that long.)
         group = last.get("group")
         budget = getattr(last.get("agent"), "_remaining_restarts", 0)
         if group is not None and "announced" not in last and budget > 0:
