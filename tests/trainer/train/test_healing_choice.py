@@ -1,5 +1,7 @@
 """Whether a rank heals in process (``train/main._healing``): when asked for, under the
-launcher (which names the store), with DDP; a rank of several on a node too."""
+launcher (which names the store), with DDP; a rank of several on a node too. And the
+restart count an agent writes is the one the ranks read (a "//" in the ranks' keys once
+hid every count from them)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import datetime
 import pytest
 import torch.distributed as dist
 from llmtrain_contract.names import Env
+from llmtrain_trainer.launch.torchrun_agent import restart_key
 from llmtrain_trainer.train import main
 from llmtrain_trainer.train.heal import Healing
 from llmtrain_trainer.train.main import HealingUnsupported, _healing
@@ -45,3 +48,10 @@ def test_not_asked_or_not_under_the_launcher_or_not_ddp(launched, monkeypatch):
         _healing(_cfg(strategy={"kind": "deepspeed", "zeroStage": 2}))
     monkeypatch.delenv(Env.HEAL_STORE)
     assert _healing(_cfg()) is None
+
+
+def test_the_restart_count_an_agent_writes_is_the_one_the_ranks_read(launched):
+    healing = _healing(_cfg())
+    assert isinstance(healing, Healing)
+    launched.add(restart_key("run", "127.0.0.1", 29500, 2, 1), 1)  # the agent of rank 1 restarts it
+    assert [healing.rounds._restarts(rank) for rank in (0, 1)] == [0, 1]

@@ -53,6 +53,25 @@ ERROR_FILE = "torchrun-error.json"
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*): (.+)$")
 
 
+
+WAIT_SLICE_SECONDS = 1.0
+
+
+def wait_for(child: subprocess.Popen[bytes]) -> int:
+    """The child's exit code, waited for in slices (``Popen.wait`` with a timeout polls
+    every 50 ms or less), never in one blocking ``waitpid``. The kernel may hand a
+    process-directed signal to any of the launcher's threads (the supervisor's, the
+    servers'), and Python runs its handler, the forward to torchrun, only in the main
+    thread once it runs Python again: a main thread blocked in ``waitpid`` would run it
+    when torchrun has ended. Seen once on the local cluster, and what this explains: a
+    deleted pod's launcher passed its SIGTERM on 12 s late, after its job had trained to
+    the end (``tests/trainer/launch/test_launcher_wait.py`` makes that delivery happen)."""
+    while True:
+        try:
+            return child.wait(timeout=WAIT_SLICE_SECONDS)
+        except subprocess.TimeoutExpired:
+            continue
+
 def agent_command(command: list[str]) -> list[str]:
     """``command`` with ``python -m torch.distributed.run`` replaced by ``python
     torchrun_agent.py`` (same arguments); any other command as it is."""
@@ -296,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     # While this pod lives, the store knows its agent: a pod that dies leaves the
     # rendezvous at once, not when the agent's keep-alive lapses (leases.py).
     lease = leases.hold(command, child.pid, env.get(Env.RDZV_TOKEN))
-    returncode = child.wait()
+    returncode = wait_for(child)
     if lease is not None:
         lease.close()
     supervisor.stop()

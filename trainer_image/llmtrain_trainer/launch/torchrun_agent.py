@@ -374,6 +374,12 @@ VICTIM_EXIT_CODES = "LLMTRAIN_VICTIM_EXIT_CODES"
 """Set with it: the exit codes of a rank that ended because a peer failed."""
 
 
+def restart_key(run: str, master_addr: str, master_port: int, world_size: int, rank: int) -> str:
+    """The store key counting ``rank``'s in-place restarts: what the ranks read as
+    ``healround.RESTARTING`` under ``train/heal.py``'s prefix."""
+    return f"llmtrain/heal/{run}/{master_addr}:{master_port}/{world_size}/restarting/{rank}"
+
+
 def restart_in_place(heal_store: str, victim_codes: frozenset[int], permanent: frozenset[int] = frozenset()) -> bool:
     """Patch torch so that a worker group whose ranks failed on their own (a crash, not
     as the victims of a peer) is restarted *in place*: the same ranks and world size, no
@@ -442,8 +448,8 @@ def restart_in_place(heal_store: str, victim_codes: frozenset[int], permanent: f
             stores.append(TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=10), use_libuv=True))
         store = stores[0]
         for worker in worker_group.workers:
-            prefix = f"llmtrain/heal/{run}/{worker_group.master_addr}:{worker_group.master_port}/{worker.world_size}/"
-            store.add(f"{prefix}restarting/{worker.global_rank}", 1)  # type: ignore[attr-defined]
+            key = restart_key(run, worker_group.master_addr, worker_group.master_port, worker.world_size, worker.global_rank)
+            store.add(key, 1)  # type: ignore[attr-defined]
 
     def restart_failed_in_place(self, worker_group):
         result = last.pop("result", None)

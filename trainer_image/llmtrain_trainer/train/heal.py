@@ -57,7 +57,12 @@ class Healing:
         # own master address (worker rank 0's, a fresh port), which an in-place restart
         # keeps. A job re-formed by torchrun starts its rounds over.
         master = f"{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}/{self.world_size}"
-        self.store = dist.PrefixStore(f"{KEY_PREFIX}{run}/{master}/", client)
+        # No trailing "/": PrefixStore puts one between its prefix and each key, and the
+        # agents count restarts under ``{KEY_PREFIX}{run}/{master}/restarting/<rank>``
+        # (``torchrun_agent.restart_key``). With one here the keys had "//" and no rank
+        # ever saw a count: a survivor waited 5 s and gave up whenever a replacement
+        # took longer (test_healing_choice.py holds the two spellings together).
+        self.store = dist.PrefixStore(f"{KEY_PREFIX}{run}/{master}", client)
         self.rounds = Rounds(self.store, self.world_size)
         self.round: Round | None = None
         self.stopping: Callable[[], bool] = lambda: False
