@@ -67,7 +67,7 @@ class Healing:
         self.round: Round | None = None
         self.stopping: Callable[[], bool] = lambda: False
         """True once this rank was asked to stop (the trainer's SIGTERM): a round it waits
-        for is then given up (``Rounds.join``)."""
+        for is then given up if its agent counted its restart (``Rounds.join``)."""
         self.formed_at = 0.0
         """``time.perf_counter()`` when the last round formed, before its group started."""
         self.sockets: dict[int, str] = {}

@@ -51,8 +51,9 @@ class HealError(RuntimeError):
 
 
 class HealStopped(HealError):
-    """This rank was asked to stop (SIGTERM) while it waited for a round: torchrun stops a
-    node's other ranks when one of them fails, and restarts them all in place."""
+    """This rank's own agent stopped it (SIGTERM, with its restart counted) while it waited
+    for a round: torchrun stops a node's other ranks when one of them fails, and restarts
+    them all in place."""
 
 
 class HealImpossible(HealError):

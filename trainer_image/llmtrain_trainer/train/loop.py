@@ -115,7 +115,7 @@ class Trainer:
         self.stragglers = StragglerWatch(cfg.fault_tolerance.stragglers)
         self._stop = threading.Event()
         if healing is not None:
-            healing.stopping = self._stop.is_set  # a SIGTERM gives up a round this rank waits in
+            healing.stopping = self._stop.is_set  # a SIGTERM from its own agent gives up a round (Rounds.join)
         hang_timeout = cfg.fault_tolerance.hang_timeout_seconds
         self.watchdog = Watchdog(
             hang_timeout, self._on_hang,
