@@ -122,9 +122,57 @@ def _heals(job: ElasticJob) -> dict[int, dict[str, int]]:
     return found
 
 
+@pytest.mark.parametrize("procs", [1, 2], ids=["1-rank-nodes", "2-rank-nodes"])
+def test_a_node_lost_whole_is_replaced_by_a_node_that_takes_its_seat_and_heals_from_the_survivors(tmp_path, procs):
+    """A job that cannot go on without the node (``--nnodes`` 2:2): its survivors keep their
+    processes and offer the lost node's seat; the node that replaces it (started 6 s later,
+    after the survivors have taken the node for lost) takes the seat instead of joining
+    torchrun's rendezvous, and its ranks get the step from a survivor's memory. Nothing
+    restored, the survivors' processes finish the run, every loss as in a run that never
+    failed."""
+    import time
+
+    cfg = base_config(maxSteps=16, globalBatchSize=8, faultTolerance={"inProcessHealing": True})
+    reference = ElasticJob(tmp_path / "reference", cfg, nodes=2, procs_per_node=procs).start()
+    assert reference.wait(300) == [0, 0], reference.logs()
+    job = ElasticJob(tmp_path / "healed", cfg, nodes=2, procs_per_node=procs, max_restarts=3,
+                     env={"LLMTRAIN_FAULT_INJECT": "slow@step=1,seconds=0.3,steps=1000"}).start()
+    try:
+        wait_for(lambda: len(job.steps()) >= 6 or any(n.proc.poll() is not None for n in job.running), 240, 0.2,
+                 "six steps")
+        job.kill_node(1)
+        time.sleep(6)
+        job.replace_node(1)
+        assert job.wait(300) == [0, 0], job.logs()
+    finally:
+        job.kill()
+    logs = job.logs()
+    lost = list(range(procs, 2 * procs))  # node 1's ranks, whichever group rank torchrun gave it
+    taken = re.findall(r"took the seat of a lost node \(group rank (\d) of 2, ranks \[([\d, ]+)\]", logs)
+    assert len(taken) == 1, logs
+    seat_ranks = [int(r) for r in taken[0][1].split(", ")]
+    assert re.search(rf"rank\(s\) \[{', '.join(map(str, seat_ranks))}\] are restarted by no agent [\d.]+s after the failure: "
+                     rf"their node \(group rank {taken[0][0]}, agent [^)]+\) is taken for lost; its seat is offered", logs), logs
+    survivors = sorted(set(range(2 * procs)) - set(seat_ranks))
+    assert len(survivors) == procs and len(lost) == procs
+    healed = re.findall(r"\[rank (\d)\] .* healed in process \(pid (\d+) kept\): round \d+ formed in [\d.]+s, restarted "
+                        rf"rank\(s\) \[{', '.join(map(str, seat_ranks))}\], the state from rank (\d) at step (\d+)", logs)
+    assert sorted(int(rank) for rank, *_ in healed) == survivors, logs
+    donor, step = healed[0][2], healed[0][3]
+    replaced = re.findall(rf"\[rank (\d)\] .* restarted in process: step {step} from rank {donor}'s memory", logs)
+    assert sorted(int(r) for r in replaced) == seat_ranks, logs
+    assert "resumed from step" not in logs, logs  # nothing restored from storage
+    # Nothing re-formed by torchrun: the survivors finished in the processes they healed in.
+    for rank, pid, *_ in healed:
+        beats = [b for node in job.running for b in heartbeat.read_all(node.run_dir) if b.rank == int(rank)]
+        assert [(b.pid, b.step) for b in beats] == [(int(pid), 16)], (rank, beats)
+    assert losses_by_step(job.steps()) == {step: [loss] for step, [loss] in losses_by_step(reference.steps()).items()}
+
+
 def test_a_node_lost_with_its_rank_falls_back_to_restarting_and_the_job_finishes_without_it(tmp_path):
-    """No agent restarts a rank whose whole node is gone: the survivor gives up on healing
-    after ``ANNOUNCE_SECONDS`` and recovers as without healing, at world size 1."""
+    """No agent restarts a rank whose whole node is gone, and the job may go on without it
+    (``--nnodes`` 1:2): the survivor gives up on healing after ``ANNOUNCE_SECONDS`` and
+    recovers as without healing, at world size 1, sooner than a replacement would come."""
     import json
     import time
 

@@ -6,11 +6,12 @@ hid every count from them)."""
 from __future__ import annotations
 
 import datetime
+import json
 
 import pytest
 import torch.distributed as dist
 from llmtrain_contract.names import Env
-from llmtrain_trainer.launch.torchrun_agent import restart_key
+from llmtrain_trainer.launch.torchrun_agent import restart_key, seat_prefix
 from llmtrain_trainer.train import main
 from llmtrain_trainer.train.heal import Healing
 from llmtrain_trainer.train.main import HealingUnsupported, _healing
@@ -55,3 +56,11 @@ def test_the_restart_count_an_agent_writes_is_the_one_the_ranks_read(launched):
     assert isinstance(healing, Healing)
     launched.add(restart_key("run", "127.0.0.1", 29500, 2, 1), 1)  # the agent of rank 1 restarts it
     assert [healing.rounds._restarts(rank) for rank in (0, 1)] == [0, 1]
+
+
+def test_the_seat_an_agent_records_is_the_one_the_ranks_read(launched):
+    healing = _healing(_cfg())
+    assert isinstance(healing, Healing)
+    seat = {"group": 1, "holder": "node-b/7/1", "ranks": [1], "groups": 2, "min_groups": 2}
+    launched.set(f"{seat_prefix('run', '127.0.0.1', 29500, 2)}/seat/1", json.dumps(seat))
+    assert healing.store.check(["seat/1"]) and json.loads(healing.store.get("seat/1")) == seat

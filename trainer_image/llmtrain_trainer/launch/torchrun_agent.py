@@ -52,10 +52,13 @@ torch lack what is patched here, torchrun runs unpatched.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import pickle
 import signal
+import socket
 import sys
+import time
 from types import ModuleType
 from collections.abc import Callable, Iterable
 
@@ -380,6 +383,193 @@ def restart_key(run: str, master_addr: str, master_port: int, world_size: int, r
     return f"llmtrain/heal/{run}/{master_addr}:{master_port}/{world_size}/restarting/{rank}"
 
 
+def seat_prefix(run: str, master_addr: str, master_port: int, world_size: int) -> str:
+    """The store keys of one torchrun rendezvous's heal rounds (``train/heal.py``'s prefix)."""
+    return f"llmtrain/heal/{run}/{master_addr}:{master_port}/{world_size}"
+
+
+def current_key(run: str) -> str:
+    """Which rendezvous the job's heal rounds are in now: a new agent looks there for an
+    offered seat."""
+    return f"llmtrain/heal/{run}/current"
+
+
+OFFER_WAIT_SECONDS = 6.0
+"""How long a new agent waits for the survivors' offer while torchrun's rendezvous shows a
+node missing (its lease dropped it): the survivors offer a seat ``healround.ANNOUNCE_SECONDS``
+(5 s) after the failure, and a replacement may be quicker than that."""
+TAKEN = "taken "
+"""``healround.TAKEN``: the prefix of a claim that an agent won (spelled here, see above)."""
+
+
+def _parse_endpoint(heal_store: str) -> tuple[str, int, str] | None:
+    endpoint, _, run = heal_store.partition("/")
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit() or not run:
+        return None
+    return host, int(port), run
+
+
+def _client(host: str, port: int, clients: dict[tuple[str, int], object]) -> object:
+    import datetime  # noqa: PLC0415
+
+    from torch.distributed import TCPStore  # noqa: PLC0415
+
+    if (host, port) not in clients:
+        clients[(host, port)] = TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=10), use_libuv=True)
+    return clients[(host, port)]
+
+
+def _seat_record(raw: bytes) -> dict | None:
+    """An agent's seat record (``healround.SEAT``), or None when it is not one: what the
+    store holds may come from any pod that reaches it, and is checked before use."""
+    try:
+        if len(raw) > 1 << 16:
+            return None
+        seat = json.loads(raw)
+        ints = [seat["group"], seat["groups"], seat["min_groups"], seat["round"], seat["master_port"]]
+        workers = seat["workers"]
+        ok = (all(type(x) is int and x >= 0 for x in ints) and isinstance(seat["holder"], str)
+              and isinstance(seat["master_addr"], str) and isinstance(workers, list) and workers
+              and all(isinstance(w, list) and len(w) == 5 and all(type(x) is int and x >= 0 for x in w) for w in workers)
+              and [w[0] for w in workers] == list(range(len(workers))) and seat["ranks"] == [w[1] for w in workers]
+              and (seat.get("node") is None or (isinstance(seat["node"], list) and len(seat["node"]) == 3
+                                                and isinstance(seat["node"][0], str)
+                                                and all(type(x) is int for x in seat["node"][1:]))))
+        return seat if ok else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def take_offered_seats(heal_store: str, clients: dict[tuple[str, int], object] | None = None) -> bool:
+    """Patch torch so that, with in-process healing, each agent records its *seat* after a
+    rendezvous (its group rank, its ranks and torchrun's fields for them, ``healround.SEAT``)
+    and a new agent takes a seat that the survivors offer (a node lost whole, in a job that
+    cannot go on without it) instead of joining the rendezvous: torchrun would re-form
+    every node's group for a node that joins. It takes the lost agent's group rank, master
+    address and store, counts its ranks' restarts (so the survivors wait for them, as for a
+    crashed rank's) and starts them with the lost ranks' numbers; they get the state from a
+    survivor. Only an agent's first rendezvous looks for an offer; none offered, it joins
+    the rendezvous as torch does. False when this torch lacks what is relied on or
+    ``heal_store`` is not ``host:port/run``."""
+    try:
+        import torch.distributed as dist  # noqa: PLC0415 - a torch without it runs unpatched
+        from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, Worker  # noqa: PLC0415
+    except ImportError:
+        return False
+    rendezvous = getattr(SimpleElasticAgent, "_rendezvous", None)
+    parsed = _parse_endpoint(heal_store)
+    if rendezvous is None or parsed is None:
+        return False
+    host, port, run = parsed
+    clients = {} if clients is None else clients
+    me = f"{socket.gethostname()}/{os.getpid()}/{time.time_ns()}"
+    first = [True]
+
+    def rendezvous_or_take_seat(self, worker_group):
+        handler = worker_group.spec.rdzv_handler
+        if first[0]:
+            first[0] = False
+            try:
+                if take_seat(self, worker_group, handler):
+                    return None
+            except Exception as err:  # noqa: BLE001 - then the rendezvous, as torch does
+                print(f"llmtrain torchrun agent: cannot look for an offered seat ({type(err).__name__}: {err}); joining "
+                      "the rendezvous", file=sys.stderr, flush=True)
+        result = rendezvous(self, worker_group)
+        try:
+            record_seat(worker_group, handler)
+        except Exception as err:  # noqa: BLE001 - then a lost node of this rendezvous is not healed in process
+            print(f"llmtrain torchrun agent: cannot record this node's seat in the store ({type(err).__name__}: {err})",
+                  file=sys.stderr, flush=True)
+        return result
+
+    def record_seat(worker_group, handler) -> None:
+        state = getattr(getattr(handler, "_state_holder", None), "state", None)
+        settings = getattr(handler, "_settings", None)
+        if state is None or settings is None:
+            return
+        workers = [[w.local_rank, w.global_rank, w.role_rank, w.world_size, w.role_world_size] for w in worker_group.workers]
+        world = worker_group.workers[0].world_size
+        prefix = seat_prefix(run, worker_group.master_addr, worker_group.master_port, world)
+        node = getattr(handler, "_this_node", None)
+        seat = {"group": worker_group.group_rank, "holder": me, "ranks": [w[1] for w in workers],
+                "node": [str(node.addr), int(node.pid), int(node.local_id)] if node is not None else None,
+                "groups": worker_group.group_world_size, "min_groups": settings.min_nodes, "round": state.round,
+                "master_addr": worker_group.master_addr, "master_port": worker_group.master_port, "workers": workers}
+        store = _client(host, port, clients)
+        store.set(f"{prefix}/seat/{worker_group.group_rank}", json.dumps(seat))  # type: ignore[attr-defined]
+        store.set(current_key(run), json.dumps({"prefix": prefix, "groups": worker_group.group_world_size}))  # type: ignore[attr-defined]
+
+    def take_seat(self, worker_group, handler) -> bool:
+        store = _client(host, port, clients)
+        if not store.check([current_key(run)]):  # type: ignore[attr-defined]
+            return False  # the job's first rendezvous
+        current = json.loads(store.get(current_key(run)))  # type: ignore[attr-defined]
+        prefix, groups = str(current["prefix"]), int(current["groups"])
+        if not prefix.startswith(f"llmtrain/heal/{run}/") or not 0 < groups <= 1 << 16:
+            return False
+        base_store, run_id = getattr(handler, "_store", None), getattr(getattr(handler, "_settings", None), "run_id", None)
+        if base_store is None or run_id is None:
+            return False
+        deadline = time.monotonic() + OFFER_WAIT_SECONDS
+        while not take_offered(self, worker_group, handler, store, prefix, groups, base_store, run_id):
+            if time.monotonic() >= deadline or not dropped_agents(handler, groups):
+                return False
+            time.sleep(0.1)
+        return True
+
+    def dropped_agents(handler, groups: int) -> set[tuple[str, int, int]] | None:
+        """The agents of torchrun's finished round, when it has fewer than the heal rounds'
+        seats (one was dropped: its lease ended, or its keep-alive lapsed); else None."""
+        holder = getattr(handler, "_state_holder", None)
+        if holder is None:
+            return None
+        holder.sync()
+        state = holder.state
+        if not state.complete or state.closed or len(state.participants) >= groups:
+            return None
+        return {(str(n.addr), int(n.pid), int(n.local_id)) for n in state.participants}
+
+    def take_offered(self, worker_group, handler, store, prefix: str, groups: int, base_store, run_id: str) -> bool:
+        present = dropped_agents(handler, groups)
+        if present is None:
+            return False  # every seat's agent is in torchrun's round: an offer is for a restart still being counted
+        for group in range(groups):
+            key = f"{prefix}/seat/{group}"
+            if not store.check([key]):
+                continue
+            seat = _seat_record(store.get(key))
+            if seat is None or seat["group"] != group or len(seat["workers"]) != worker_group.spec.local_world_size:
+                continue
+            if tuple(seat.get("node") or ()) in present:
+                continue  # its agent is alive: the seat is offered for a rank it is restarting
+            claim = f"{prefix}/claim/{group}/{seat['holder']}"
+            if not store.check([claim]) or store.get(claim) != b"open":
+                continue
+            mine = TAKEN + me
+            if store.compare_set(claim, "open", mine) != mine.encode():
+                continue  # another replacement, or a survivor's withdrawal, came first
+            store.set(key, json.dumps({**seat, "holder": me}))
+            for rank in seat["ranks"]:
+                store.add(restart_key(run, seat["master_addr"], seat["master_port"], seat["workers"][0][3], rank), 1)
+            agent_store = dist.PrefixStore(f"torch.rendezvous.{run_id}.{seat['round']}", base_store)
+            self._store = agent_store  # what torch's exit barrier counts the job's agents in
+            worker_group.workers = [Worker(local_rank=lr, global_rank=g, role_rank=r, world_size=w, role_world_size=rw)
+                                    for lr, g, r, w, rw in seat["workers"]]
+            worker_group.store = agent_store
+            worker_group.group_rank, worker_group.group_world_size = group, seat["groups"]
+            worker_group.master_addr, worker_group.master_port = seat["master_addr"], seat["master_port"]
+            print(f"llmtrain torchrun agent: took the seat of a lost node (group rank {group} of {seat['groups']}, ranks "
+                  f"{seat['ranks']}, rendezvous round {seat['round']}) that its peers offered; its ranks heal from them "
+                  "in process", file=sys.stderr, flush=True)
+            return True
+        return False
+
+    SimpleElasticAgent._rendezvous = rendezvous_or_take_seat  # type: ignore[method-assign]  # patching torch's class is the point
+    return True
+
+
 def restart_in_place(heal_store: str, victim_codes: frozenset[int], permanent: frozenset[int] = frozenset()) -> bool:
     """Patch torch so that a worker group whose ranks failed on their own (a crash, not
     as the victims of a peer) is restarted *in place*: the same ranks and world size, no
@@ -494,6 +684,7 @@ def main() -> None:
     if os.environ.get(ADMIT_AFTER_FIRST_STEP):
         admit_after_first_step(os.environ[ADMIT_AFTER_FIRST_STEP])
     if os.environ.get(HEAL_STORE):
+        take_offered_seats(os.environ[HEAL_STORE])
         restart_in_place(os.environ[HEAL_STORE], permanent_codes(os.environ.get(VICTIM_EXIT_CODES)),
                          permanent_codes(os.environ.get(PERMANENT_EXIT_CODES)))
     from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: PLC0415

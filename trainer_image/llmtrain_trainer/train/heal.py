@@ -11,10 +11,14 @@ store keys and explicit timeouts, and the round's donor sends the state to every
 from storage.
 
 The job's ranks and world size are torchrun's (the rendezvous that started them): a
-failure healed here changes neither. Whatever cannot heal falls back to the recovery
-without it: a missing rank that no agent restarts in place (its node is gone), a round
-that does not form in time, a rank whose own process failed. Then the survivor ends as a
-victim, as it would have, and torchrun re-forms the job.
+failure healed here changes neither. A node lost whole is healed too when the job cannot
+go on without it: the survivors offer its seat, and the agent of the pod that replaces it
+takes the seat (its ranks get the lost ranks' numbers) instead of joining torchrun's
+rendezvous (``healround.py``, ``torchrun_agent.take_offered_seats``). Whatever cannot
+heal falls back to the recovery without it: a lost node that a smaller world can do
+without, a replacement that does not come before the round's deadline, a round that does
+not form in time, a rank whose own process failed. Then the survivor ends as a victim, as
+it would have, and torchrun re-forms the job.
 """
 
 from __future__ import annotations
@@ -63,7 +67,8 @@ class Healing:
         # ever saw a count: a survivor waited 5 s and gave up whenever a replacement
         # took longer (test_healing_choice.py holds the two spellings together).
         self.store = dist.PrefixStore(f"{KEY_PREFIX}{run}/{master}", client)
-        self.rounds = Rounds(self.store, self.world_size)
+        self.rounds = Rounds(self.store, self.world_size, local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1") or 1),
+                             note=log.warning)
         self.round: Round | None = None
         self.stopping: Callable[[], bool] = lambda: False
         """True once this rank was asked to stop (the trainer's SIGTERM): a round it waits
