@@ -84,6 +84,8 @@ def test_a_lost_node_s_replacement_takes_its_seat_and_heals_from_the_survivor(op
     check_outcome(bed, ns, name, done, phase="Succeeded", step=STEPS, by_reason={"NodeFailure": 1},
                   reasons={"NodeFailure", "Completed"})
     assert victim["metadata"]["uid"] in churn.uids and len(churn.uids) == 3, "the lost pod replaced once, the survivor kept"
+    wait_event(bed, ns, name, "NodeFailure", "the other pods' ranks keep their processes and wait up to "
+               "collectiveTimeoutSeconds (90s) for the replacement to heal from them")
     assert restores(bed, ns, name, since=began) == [], restores(bed, ns, name, since=began)
     log = bed.pod_log(ns, survivor["metadata"]["name"])
     healed = re.findall(rf"healed in process \(pid (\d+) kept\): round \d+ formed in [\d.]+s, restarted rank\(s\) \[{lost}\], "

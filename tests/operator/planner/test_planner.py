@@ -245,6 +245,21 @@ def test_a_pod_whose_node_object_vanished_is_treated_as_on_a_failed_node():
         [f"node gone is gone (its Node object was deleted): force-deleting {W1} and keeping this job off the node"]
 
 
+def test_a_lost_node_s_event_says_the_survivors_wait_to_heal_only_where_they_do():
+    # In-process healing in a job of fixed size: the survivors wait for the replacement.
+    # An elastic job re-forms without the node, healing or not.
+    base = f"node gone is gone (its Node object was deleted): force-deleting {W1} and keeping this job off the node"
+    waits = "; the other pods' ranks keep their processes and wait up to collectiveTimeoutSeconds (90s) for the replacement " \
+            "to heal from them"
+    for changes, words in (({"spec.faultTolerance.inProcessHealing": True, "spec.faultTolerance.collectiveTimeoutSeconds": 90,
+                             "spec.replicas": {"min": 2, "max": 2}}, waits),
+                           ({"spec.faultTolerance.inProcessHealing": True, "spec.replicas": {"min": 1, "max": 2}}, ""),
+                           ({"spec.replicas": {"min": 2, "max": 2}}, "")):
+        raw = job(changes, status=running_status())
+        result = plan(raw, observed(raw, [worker(0), worker(1, node="gone")], nodes=[node("node-0")]), NOW)
+        assert [e.message for e in result.events if e.reason == "NodeFailure"] == [base + words], changes
+
+
 def test_a_young_pod_on_a_node_not_seen_yet_waits_for_the_grace():
     """The node watch can deliver a brand-new node after the pod bound to it: a pod younger
     than the grace is not failed for a missing Node until the grace has passed."""
