@@ -157,6 +157,10 @@ class Metric:
     part in. ``survivor``: a round it formed after a collective failed, the state then in
     every rank; ``replacement``: the round a rank restarted in place started in, its state
     received from a survivor (a process starts at 0: a replacement counts 1 at most)."""
+    HEAL_ROUNDS = f"{PREFIX}_heal_rounds"
+    """Gauge: in-process heals over the job (the rounds that passed a survivor's state to
+    restarted or replacement ranks), the same on every rank: it travels with the state and
+    the checkpoints (``numerics.DataPosition``), so a process that restarted still says it."""
     HEAL_SECONDS = f"{PREFIX}_heal_seconds"
     """Histogram, label ``role``: a survivor's seconds from the failed collective reaching
     the loop to the state in every rank (rounds that failed first included); a

@@ -31,7 +31,7 @@ LAUNCHER_FAILED_ATTEMPTS = Metric.total(LauncherMetric.FAILED_ATTEMPTS)
 LAUNCHER_OOM_KILLS = Metric.total(LauncherMetric.OOM_KILLS)
 READ = (Metric.STEP, Metric.WORLD_SIZE, RESTARTS, Metric.LAST_STEP_TIMESTAMP, Metric.CHECKPOINT_INTERVAL_STEPS,
         Metric.CHECKPOINT_COST_SECONDS, Metric.CHECKPOINT_LATENCY_SECONDS, Metric.CHECKPOINT_MTBF_SECONDS,
-        Metric.CHECKPOINT_CADENCE_STEP_SECONDS, Metric.NUMERICS_ROLLBACKS, Metric.TOKENS_PER_SECOND)
+        Metric.CHECKPOINT_CADENCE_STEP_SECONDS, Metric.NUMERICS_ROLLBACKS, Metric.TOKENS_PER_SECOND, Metric.HEAL_ROUNDS)
 
 WANTED = (*READ, Metric.LOSS, Metric.INFO, Metric.CHECKPOINT_LAST_STEP, Metric.CHECKPOINT_TIER_DEGRADED, FAILED_ATTEMPTS, Metric.STRAGGLER,
           Metric.SKIPPED_SAMPLES)
@@ -129,6 +129,7 @@ def parse(text: str) -> TrainerProbe:
         rank=own_rank,
         tokens_per_second=values.get(Metric.TOKENS_PER_SECOND) or None,
         rollbacks=as_int(Metric.NUMERICS_ROLLBACKS),
+        heals=as_int(Metric.HEAL_ROUNDS),
         skipped=tuple(sorted(sorted(set(skipped), key=lambda w: (w[2], w[0]))[-MAX_PAGE_WINDOWS:])),
         stragglers=stragglers,
         rejected=tuple(rejected),

@@ -370,6 +370,8 @@ class TrainerProbe:
     0 on the pod that holds global rank 0, whose log is the job's step log."""
     rollbacks: int | None = None
     """Rollbacks for bad numerics over the job."""
+    heals: int | None = None
+    """In-process heals over the job."""
     skipped: tuple[tuple[int, int, int, int], ...] = ()
     """Skipped windows: (first step, last step, first sample, end sample)."""
     stragglers: dict[int, float] = field(default_factory=dict)

@@ -293,6 +293,12 @@ class LLMTrainJobStatus(CamelModel):
     """Restarts counted against ``faultTolerance.maxRestarts``. Never reset."""
     disruptions: int = 0
     """Evictions and preemptions; they do not count against the budget."""
+    heals: int = 0
+    """In-process heals over the job (``faultTolerance.inProcessHealing``): failures after
+    which the ranks that kept their processes passed their state to the restarted or
+    replacement ranks, instead of every rank restarting and restoring. Each failure is
+    still charged in ``restarts``. From the trainers' pages (the count travels with the
+    state and the checkpoints); never decreases."""
     restarts_by_reason: dict[str, int] = Field(default_factory=dict)
     """Restart counts per reason (``Signal9``, ``Hang``, ``NodeFailure`` ...)."""
     restart_generation: int = 0

@@ -28,7 +28,7 @@ failed is read, and charged, in the pass that first sees the group restart. Whil
 worker is known to hold rank 0 (its pod was replaced) a built-in job's passes read all.
 
 Each pod not read this pass is represented by what lasts of its newest answers
-(``lasting_*``): its counts (failed attempts, OOM kills, rollbacks, which only grow and are
+(``lasting_*``): its counts (failed attempts, OOM kills, rollbacks, heals, which only grow and are
 charged once), its rank, its tiers' commits and health, its stragglers and skipped
 windows. What only its current page can say (its step and time, loss, throughput, world
 size, the cadence's inputs, peer waits, whether its workers run, values it sent that were
@@ -80,7 +80,7 @@ class Answers:
 def lasting_trainer(probe: TrainerProbe) -> TrainerProbe:
     """What a trainer's page said that still holds while nobody reads it again."""
     return TrainerProbe(failed_attempts=probe.failed_attempts, last_checkpoint=probe.last_checkpoint,
-                        tier_degraded=probe.tier_degraded, rank=probe.rank, rollbacks=probe.rollbacks,
+                        tier_degraded=probe.tier_degraded, rank=probe.rank, rollbacks=probe.rollbacks, heals=probe.heals,
                         skipped=probe.skipped, stragglers=probe.stragglers)
 
 

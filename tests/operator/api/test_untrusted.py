@@ -205,7 +205,8 @@ METRICS = st.sampled_from(["llmtrain_trainer_step", "llmtrain_trainer_world_size
                            "llmtrain_trainer_straggler", "llmtrain_trainer_skipped_samples",
                            "llmtrain_trainer_last_step_timestamp_seconds", "llmtrain_trainer_checkpoint_interval_steps",
                            "llmtrain_trainer_checkpoint_cost_seconds", "llmtrain_trainer_numerics_rollbacks",
-                           "llmtrain_trainer_worker_group_restarts_total", "llmtrain_launcher_oom_kills_total",
+                           "llmtrain_trainer_heal_rounds", "llmtrain_trainer_worker_group_restarts_total",
+                           "llmtrain_launcher_oom_kills_total",
                            "llmtrain_launcher_memory_peak_bytes", "llmtrain_launcher_memory_limit_bytes",
                            "llmtrain_launcher_failed_attempts_total", "llmtrain_launcher_peer_wait_seconds"])
 LABEL_KEYS = st.sampled_from(["tier", "reason", "cause", "rank", "first_step", "last_step", "first_sample", "end_sample"])

@@ -196,10 +196,10 @@ def test_what_lasts_of_an_answer_keeps_counts_and_facts_never_progress():
     page = TrainerProbe(step=90, world_size=8, restarts=2, failed_attempts={"crash": 1}, last_step_time=5.0,
                         last_checkpoint={"local": 80}, tier_degraded={"local": "NoSpace"}, interval_steps=10, cost_seconds=1.0,
                         latency_seconds=1.0, mtbf_seconds=60.0, step_seconds=0.5, loss=2.0, tokens_per_second=9.0, rank=8,
-                        rollbacks=1, skipped=((1, 2, 3, 4),), stragglers={9: 2.5}, rejected=("metric x value (y)",))
+                        rollbacks=1, heals=3, skipped=((1, 2, 3, 4),), stragglers={9: 2.5}, rejected=("metric x value (y)",))
     kept = lasting_trainer(page)
     assert kept == TrainerProbe(failed_attempts={"crash": 1}, last_checkpoint={"local": 80}, tier_degraded={"local": "NoSpace"},
-                                rank=8, rollbacks=1, skipped=((1, 2, 3, 4),), stragglers={9: 2.5})
+                                rank=8, rollbacks=1, heals=3, skipped=((1, 2, 3, 4),), stragglers={9: 2.5})
     report = LauncherReport({"crash": 2}, workers_running=True, step=5, last_step_time=3.0, memory=ContainerMemory(1, 5, 9),
                             peer_wait=40.0, rejected=("z",))
     assert lasting_launcher(report) == LauncherReport({"crash": 2}, memory=ContainerMemory(1, 5, 9))

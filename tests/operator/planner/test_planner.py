@@ -469,6 +469,17 @@ def test_an_in_place_crash_says_which_groups_torchrun_restarted_with_and_without
         assert result.status["lastFailure"]["message"].endswith(f"failed and {words}"), healing
 
 
+def test_the_job_s_heals_come_from_the_pages_and_never_go_back():
+    raw = job({"spec.faultTolerance.inProcessHealing": True}, status=running_status())
+    probes = {W0: TrainerProbe(step=20, heals=2), W1: TrainerProbe(step=20, heals=3)}  # W0's page from before the last heal
+    _, status, _, _ = run(raw, observed(raw, [worker(0), worker(1)], probes=probes))
+    assert status["heals"] == 3
+    # A trainer restored from an older checkpoint says fewer; a page without the gauge says nothing.
+    probes = {W0: TrainerProbe(step=21, heals=1), W1: TrainerProbe(step=21)}
+    _, status, _, _ = run(job(status=status), observed(raw, [worker(0), worker(1)], probes=probes))
+    assert status["heals"] == 3
+
+
 def test_in_place_counts_written_by_an_earlier_version_are_not_charged_again():
     # Earlier versions kept a key a pod and cause; the counts it saw must still count.
     earlier = running_status(restarts=3, internal={"attemptsSeen": {"pod:uid-0/crash": 2, "pod:uid-0/hang": 1, "pod:uid-0/oom": 1}})

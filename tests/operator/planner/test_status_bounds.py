@@ -66,7 +66,7 @@ def worst_status() -> LLMTrainJobStatus:
                               message=(POD_TEXT if t == ConditionType.FAILED else "m") * MAX_MESSAGE,
                               last_transition_time=STAMP, observed_generation=MAX_COUNT) for t in ConditionType],
         ranks=[RankHolder(pod=POD, first=LARGEST_RANK, last=LARGEST_RANK) for _ in range(MAX_NODES)],
-        restarts_by_reason={r: MAX_COUNT for r in REASONS},
+        restarts_by_reason={r: MAX_COUNT for r in REASONS}, heals=MAX_COUNT,
         kept_pods=[POD] * KEEP_FAILED_PODS_MAX,
         checkpoint_tiers=[TierHealth(name=t, healthy=False, reason="PermissionDenied", message="m" * MAX_MESSAGE,
                                      pods=[POD] * MAX_LISTED, since=STAMP, last_step=MAX_COUNT) for t in ("local", "shared", "s3")],

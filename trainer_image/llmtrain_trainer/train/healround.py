@@ -53,8 +53,9 @@ RESTARTING = "restarting/"
 before it starts the new process)."""
 ANNOUNCE_SECONDS = 5.0
 """How long a survivor waits for a missing rank's restart to be counted: a node's agent
-sees its rank's exit within its 0.25 s monitor interval, so this is for a loaded machine;
-it is also what a node lost costs more than without healing."""
+sees its rank's exit at once (its monitor's sleep ends when a worker exits), so this is
+for a loaded machine. It is also what an elastic job's lost node costs more than without
+healing; a job of fixed size waits for the node's replacement instead (``SEAT``)."""
 ANNOUNCE_LIMIT = 4096
 """Bytes: an announcement is a few numbers and a host name."""
 SEAT = "seat/"

@@ -413,6 +413,7 @@ class Trainer:
         state = broadcast_json(mine, donor)
         self.step = int(state["step"])
         self.position = DataPosition.from_wire(state["position"])
+        self.position.heals += 1  # this round, counted alike by every member from the donor's count
         self.guard.window.clear()
         self.guard.window.extend(float(x) for x in state["window"])
         self._lineage = [str(x) for x in state["lineage"]]

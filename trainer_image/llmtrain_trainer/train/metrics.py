@@ -45,6 +45,7 @@ class TrainerMetrics:
         self._failed = Counter(Metric.FAILED_ATTEMPTS, "Failed attempts in this pod, by cause: a rank here crashed or "
                                "hung, or every rank was the victim of a peer that vanished elsewhere", ["cause"], registry=r)
         self._rollbacks = Gauge(Metric.NUMERICS_ROLLBACKS, "Rollbacks for bad numerics over the job (from the checkpoints)", registry=r)
+        self._heal_rounds = Gauge(Metric.HEAL_ROUNDS, "In-process heals over the job (from the checkpoints and the heals)", registry=r)
         self._skipped = Gauge(Metric.SKIPPED_SAMPLES, "1 per window of samples skipped after bad numerics",
                               ["first_step", "last_step", "first_sample", "end_sample"], registry=r)
         self._straggler = Gauge(Metric.STRAGGLER, "Per straggling rank of this node: its local step time over the other "
@@ -179,6 +180,7 @@ class TrainerMetrics:
         """The job's rollbacks and skipped windows (a ``numerics.DataPosition``), as the
         checkpoints carry them: the same on every rank, whichever pod it runs in."""
         self._rollbacks.set(position.rollbacks)
+        self._heal_rounds.set(position.heals)
         for skip in position.skips:
             self._skipped.labels(first_step=str(skip.first_step), last_step=str(skip.last_step),
                                  first_sample=str(skip.first_sample), end_sample=str(skip.end_sample)).set(1)

@@ -42,24 +42,28 @@ class Skip:
 
 @dataclass
 class DataPosition:
-    """Where the data stream is relative to the optimizer steps."""
+    """Where the data stream is relative to the optimizer steps, and the job's counts that
+    travel with it in the checkpoints and in a heal's transfer (rollbacks, heals)."""
 
     offset: int = 0
     """Data steps skipped so far: step ``s`` reads data step ``s + offset``."""
     skips: list[Skip] = field(default_factory=list)
     rollbacks: int = 0
+    heals: int = 0
+    """In-process heals over the job (``Metric.HEAL_ROUNDS``)."""
 
     def data_step(self, step: int) -> int:
         return step + self.offset
 
     def to_wire(self) -> dict:
-        return {"offset": self.offset, "rollbacks": self.rollbacks, "skips": [s.to_wire() for s in self.skips]}
+        return {"offset": self.offset, "rollbacks": self.rollbacks, "heals": self.heals, "skips": [s.to_wire() for s in self.skips]}
 
     @classmethod
     def from_wire(cls, data: dict | None) -> DataPosition:
         if not data:
             return cls()
-        return cls(int(data.get("offset", 0)), [Skip.from_wire(s) for s in data.get("skips", [])], int(data.get("rollbacks", 0)))
+        return cls(int(data.get("offset", 0)), [Skip.from_wire(s) for s in data.get("skips", [])], int(data.get("rollbacks", 0)),
+                   int(data.get("heals", 0)))
 
     def skip(self, restored_step: int, bad_step: int, global_batch: int, reason: str) -> Skip:
         """Roll back from ``bad_step`` (the 1-based step whose loss was bad, trained at

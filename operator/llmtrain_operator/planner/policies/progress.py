@@ -36,6 +36,9 @@ def handle(ctx: Pass) -> Verdict:
     if worlds:
         status.world_size = max(worlds)
     _throughput(ctx, probes)
+    # Every rank says the same heal count; a page from before a heal, or a trainer restored
+    # from an older checkpoint, says less: the status never goes back.
+    status.heals = max([status.heals, *(p.heals for p in probes if p.heals is not None)])
     _last_step(ctx)
     for probe in probes:
         # Only the tiers a job can have: the labels are scraped, and the status's
