@@ -49,7 +49,8 @@ def render(job: dict[str, Any], now: datetime) -> list[str]:
     budget = ((spec.get("faultTolerance") or {}).get("maxRestarts"))
     reasons = ", ".join(f"{k} {v}" for k, v in sorted((status.get("restartsByReason") or {}).items()))
     lines.append(f"  restarts:     {status.get('restarts', 0)}" + (f" of {budget}" if budget is not None else "")
-                 + (f" ({reasons})" if reasons else "") + f"; disruptions {status.get('disruptions', 0)}")
+                 + (f" ({reasons})" if reasons else "") + f"; disruptions {status.get('disruptions', 0)}"
+                 + (f"; healed in process {status['heals']}" if status.get("heals") else ""))
     failure = status.get("lastFailure")
     if failure:
         where = ", ".join(f"{k} {failure[k]}" for k in ("pod", "node") if failure.get(k))

@@ -38,6 +38,7 @@ def test_a_crashed_rank_heals_in_place_charged_once_and_its_peer_keeps_its_proce
         done = finished(bed, ns, name)
     check_outcome(bed, ns, name, done, phase="Succeeded", step=STEPS, by_reason={"RestartedInPlace": 1},
                   reasons={"RestartedInPlace", "Completed"})
+    assert done.get("heals") == 1, done.get("heals")
     assert len(churn.uids) == 2, "the rank was restarted in its pod; no pod was replaced"
     # What the user reads says that only that pod's group restarted, for its peer to heal.
     healing_words = "restarted that pod's worker group in place, for the other pods' ranks, if any, to heal in process"
@@ -83,6 +84,7 @@ def test_a_lost_node_s_replacement_takes_its_seat_and_heals_from_the_survivor(op
     bed.wait_nodes_ready(180)
     check_outcome(bed, ns, name, done, phase="Succeeded", step=STEPS, by_reason={"NodeFailure": 1},
                   reasons={"NodeFailure", "Completed"})
+    assert done.get("heals") == 1, done.get("heals")
     assert victim["metadata"]["uid"] in churn.uids and len(churn.uids) == 3, "the lost pod replaced once, the survivor kept"
     wait_event(bed, ns, name, "NodeFailure", "the other pods' ranks keep their processes and wait up to "
                "collectiveTimeoutSeconds (90s) for the replacement to heal from them")

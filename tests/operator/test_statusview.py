@@ -30,7 +30,9 @@ def test_a_training_job_says_where_it_is_how_fast_and_that_nothing_is_needed():
     text = "\n".join(render({**JOB, "status": status}, NOW))
     assert text.startswith("gpt (ml): Running, step 54/60, about 12s left")
     assert "failed pods:  gpt-worker-1 (kept with their logs: llmtrain logs JOB --failed [N])" in text
-    assert "loss 3.2100, 4,200 tokens/s" in text and "restarts:     1 of 5 (Signal9 1)" in text
+    assert "loss 3.2100, 4,200 tokens/s" in text and "restarts:     1 of 5 (Signal9 1); disruptions 0\n" in text
+    healed = "\n".join(render({**JOB, "status": {**status, "heals": 1}}, NOW))
+    assert "restarts:     1 of 5 (Signal9 1); disruptions 0; healed in process 1\n" in healed
     assert "(pod gpt-worker-1, node n1) 2m ago: killed" in text and "newest 50@local; tiers: local ok, step 50" in text
     assert text.endswith("what to do:   nothing: it is training")
 

@@ -85,7 +85,7 @@ def test_each_agent_records_its_seat_where_the_ranks_read_it(world):
     seats = [Seat.decode(world.store.get(f"{PREFIX}/seat/{g}"), "seat") for g in (0, 1)]
     assert [(s.group, s.ranks, s.groups, s.min_groups) for s in seats] == [(0, (0,), 2, 2), (1, (1,), 2, 2)]
     assert seats[0].holder != seats[1].holder
-    assert json.loads(world.store.get(torchrun_agent.current_key("run"))) == {"prefix": PREFIX, "groups": 2}
+    assert json.loads(world.store.get(torchrun_agent.current_key("run"))) == {"prefix": PREFIX, "groups": 2, "min_groups": 2}
     assert len(world.calls) == 2
 
 
@@ -163,6 +163,17 @@ def test_a_newcomer_waits_for_the_offer_while_the_round_misses_an_agent(world):
 def _offer(world) -> None:
     seat = Seat.decode(world.store.get(f"{PREFIX}/seat/1"), "seat/1")
     world.store.compare_set(f"{PREFIX}/{seat.claim}", "", OPEN)
+
+
+def test_a_newcomer_to_an_elastic_job_does_not_wait_for_an_offer(world):
+    # --nnodes 1:2: the survivors offer no seat (torchrun re-forms the job without the node).
+    current = json.loads(world.store.get(torchrun_agent.current_key("run")))
+    world.store.set(torchrun_agent.current_key("run"), json.dumps({**current, "min_groups": 1}))
+    del world.state.participants[world.nodes["node-b"].desc]
+    node = _newcomer(world)
+    began = time.monotonic()
+    SimpleElasticAgent._rendezvous(node.agent, node.group)
+    assert len(world.calls) == 3 and time.monotonic() - began < 1
 
 
 def test_only_the_first_rendezvous_looks_for_an_offer(world):

@@ -38,11 +38,14 @@ def test_a_crashed_rank_is_restarted_in_place_and_its_peers_keep_their_processes
                      env={"LLMTRAIN_FAULT_INJECT": "crash@step=7,rank=1;crash@step=12,rank=0;slow@step=16,seconds=40,until=go"}).start()
     try:
         heals = wait_for(lambda: (found := _heals(job)) == _HEALS and found, 300, 0.5, "the heals in the ranks' metrics")
+        job_heals = _job_heals(job)
     finally:
         for node in job.running:
             (node.run_dir / "go").touch()
     assert job.wait(300) == [0, 0, 0], job.logs()
     assert heals == _HEALS
+    # The job's count, the same on every rank, the restarted ones included (it came with the state).
+    assert job_heals == {0: 2, 1: 2, 2: 2}, job_heals
     logs = job.logs()
     # Each crash: the dead rank's agent restarted it in place, its peers healed in their
     # own processes, with the state of the step before the crash sent by a survivor.
@@ -106,14 +109,28 @@ restarted in place, ranks 0 and 2 healing around it; then rank 0 restarted (its 
 counts only that), ranks 1 and 2 healing around it."""
 
 
+def _page(node) -> list:
+    port = json.loads((node.run_dir / "metrics-local-rank-0.json").read_text())["port"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+        return [s for family in text_string_to_metric_families(resp.read().decode()) for s in family.samples]
+
+
+def _job_heals(job: ElasticJob) -> dict[int, int]:
+    """Rank -> the job's heals as its page says (``Metric.HEAL_ROUNDS``)."""
+    out = {}
+    for node in job.running:
+        samples = _page(node)
+        rank = next(int(s.labels["rank"]) for s in samples if s.name == Metric.INFO)
+        out[rank] = next(int(s.value) for s in samples if s.name == Metric.HEAL_ROUNDS)
+    return out
+
+
 def _heals(job: ElasticJob) -> dict[int, dict[str, int]]:
     """Rank -> role -> heals, from each node's trainer (one rank per node); the heals
     counted must each have a duration counted."""
     found: dict[int, dict[str, int]] = {}
     for node in job.running:
-        port = json.loads((node.run_dir / "metrics-local-rank-0.json").read_text())["port"]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-            samples = [s for family in text_string_to_metric_families(resp.read().decode()) for s in family.samples]
+        samples = _page(node)
         rank = next(int(s.labels["rank"]) for s in samples if s.name == Metric.INFO)
         counted = {s.labels["role"]: int(s.value) for s in samples if s.name == Metric.total(Metric.HEALS)}
         timed = {s.labels["role"]: int(s.value) for s in samples if s.name == f"{Metric.HEAL_SECONDS}_count"}

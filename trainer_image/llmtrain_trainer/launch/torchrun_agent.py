@@ -540,7 +540,8 @@ def take_offered_seats(heal_store: str, clients: dict[tuple[str, int], object] |
                 "master_addr": worker_group.master_addr, "master_port": worker_group.master_port, "workers": workers}
         store = _client(host, port, clients)
         store.set(f"{prefix}/seat/{worker_group.group_rank}", json.dumps(seat))  # type: ignore[attr-defined]
-        store.set(current_key(run), json.dumps({"prefix": prefix, "groups": worker_group.group_world_size}))  # type: ignore[attr-defined]
+        store.set(current_key(run), json.dumps({"prefix": prefix, "groups": worker_group.group_world_size,  # type: ignore[attr-defined]
+                                                "min_groups": settings.min_nodes}))
 
     def take_seat(self, worker_group, handler) -> bool:
         store = _client(host, port, clients)
@@ -550,6 +551,8 @@ def take_offered_seats(heal_store: str, clients: dict[tuple[str, int], object] |
         prefix, groups = str(current["prefix"]), int(current["groups"])
         if not prefix.startswith(f"llmtrain/heal/{run}/") or not 0 < groups <= 1 << 16:
             return False
+        if int(current.get("min_groups", groups)) < groups:
+            return False  # an elastic job: its survivors offer no seat, torchrun re-forms it without the lost node
         base_store, run_id = getattr(handler, "_store", None), getattr(getattr(handler, "_settings", None), "run_id", None)
         if base_store is None or run_id is None:
             return False
