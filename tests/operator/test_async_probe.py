@@ -153,8 +153,8 @@ def test_the_restricted_page_reads_as_the_whole_page_and_is_a_fraction_of_it():
     m.tier_health("s3", "Unreachable")
     m.cadence(25, SimpleNamespace(cost_seconds=3.5, latency_seconds=4.0, mtbf_seconds=3600.0, step_seconds=1.25))
     m.stragglers({3: 1.8}, set())
-    m.data_position(SimpleNamespace(rollbacks=1, skips=[SimpleNamespace(first_step=10, last_step=12, first_sample=80,
-                                                                         end_sample=104)]))
+    m.data_position(SimpleNamespace(rollbacks=1, heals=2, skips=[SimpleNamespace(first_step=10, last_step=12, first_sample=80,
+                                                                                  end_sample=104)]))
     server, _ = start_http_server(0, addr="127.0.0.1", registry=m.registry)
     port = server.server_port
     whole = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
@@ -162,8 +162,8 @@ def test_the_restricted_page_reads_as_the_whole_page_and_is_a_fraction_of_it():
     server.shutdown()
     full, part = parse(whole), parse(restricted)
     assert part == full
-    assert (part.step, part.world_size, part.interval_steps, part.stragglers, part.rollbacks, len(part.skipped)) \
-        == (77, 4, 25, {3: 1.8}, 1, 1)
+    assert (part.step, part.world_size, part.interval_steps, part.stragglers, part.rollbacks, part.heals, len(part.skipped)) \
+        == (77, 4, 25, {3: 1.8}, 1, 2, 1)
     assert part.tier_degraded == {"s3": "Unreachable"} and part.failed_attempts == {"crash": 1, "victim": 3}
     assert len(restricted) < len(whole) / 2
 

@@ -71,6 +71,20 @@ def test_rollbacks_and_skipped_windows_reach_the_probe():
     probe = parse(generate_latest(m.registry).decode())
     assert probe.rollbacks == 2
     assert probe.skipped == ((11, 13, 80, 104), (21, 21, 184, 192))  # the second after the first offset of 3
+    assert probe.heals == 0
+
+
+def test_the_job_s_heals_travel_with_the_data_position_and_reach_the_probe():
+    from llmtrain_trainer.train.numerics import DataPosition
+
+    pos = DataPosition(rollbacks=1)
+    pos.heals += 3
+    wire = pos.to_wire()
+    assert DataPosition.from_wire(wire) == pos  # as a checkpoint or a heal's transfer carries it
+    assert DataPosition.from_wire({k: v for k, v in wire.items() if k != "heals"}).heals == 0  # a checkpoint from before
+    m = TrainerMetrics(rank=0, strategy="ddp", config_hash="abc", job="j")
+    m.data_position(DataPosition.from_wire(wire))
+    assert parse(generate_latest(m.registry).decode()).heals == 3
 
 
 def test_stragglers_of_the_node_reach_the_probe_and_leave_when_cleared():
