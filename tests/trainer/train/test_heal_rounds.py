@@ -274,14 +274,17 @@ def test_an_elastic_job_offers_no_seat_and_gives_up_so_that_torchrun_re_forms_it
     assert 3.0 <= clock[0] < 3.5 and not store.check([seat.claim]) and notes == []
 
 
-def test_a_peer_that_withdrew_the_offer_makes_the_others_give_up_too(store):
-    seat = _seat(store, 2, [2], groups=3, min_groups=3)
-    store.set(seat.claim, WITHDRAWN)
+def test_a_peer_that_withdrew_the_offer_makes_the_others_give_up_too_withdrawing_theirs(store):
+    # Two nodes lost of four: a peer gave up on group rank 2's seat; this survivor, which
+    # had offered group rank 3's too, withdraws it as it gives up.
+    lost = [_seat(store, g, [g], groups=4, min_groups=4) for g in (2, 3)]
+    store.set(lost[0].claim, WITHDRAWN)
     store.set("r0/rank1", Member(1, "b", fresh=False, step=4).encode())  # the other survivor
-    survivor, clock, _ = _survivor(store, world=3)
+    survivor, clock, _ = _survivor(store, world=4)
     with pytest.raises(HealImpossible, match=r"a peer gave up waiting for a replacement of group rank 2"):
         survivor.join(Member(0, "a", fresh=False, step=4), deadline=60.0)
     assert 3.0 <= clock[0] < 3.5
+    assert store.get(lost[1].claim) == WITHDRAWN.encode()
 
 
 def test_without_a_seat_recorded_the_survivor_gives_up_as_before(store):

@@ -283,7 +283,11 @@ class Rounds:
                 offer_at = now + OFFER_SECONDS
                 unannounced = [rank for rank in missing if self._restarts(rank) <= self.restarts.get(rank, 0)]
                 if unannounced:
-                    self._offer_seats(index, unannounced, now - began, late)
+                    try:
+                        self._offer_seats(index, unannounced, now - began, late)
+                    except HealError:
+                        self._withdraw_offers()  # no replacement may take a seat nobody waits in any more
+                        raise
             if now >= deadline:
                 taken = self._withdraw_offers()
                 raise HealError(f"round {index}: rank(s) {missing} did not join in time"
