@@ -433,12 +433,13 @@ class FaultToleranceSpec(Ruled):
     """A rank that crashes is restarted in its pod by the torchrun agent, and the other
     pods keep their processes: they form a new process group with it and one of them sends
     it the whole state from memory (no restore from a checkpoint, no restart of the job's
-    other ranks). A pod lost whole (its node gone) is healed too in a job of fixed size
-    (replicas.min = max): the pod that replaces it takes its seat and gets the state from
-    the survivors, which wait for it up to the collective timeout (and the hang timeout),
-    so both must outlast the node's NotReady, nodeFailureGraceSeconds and the new pod's
-    start. What cannot heal so recovers as without it, later: an elastic job's lost pod
-    about 5 s later, a round that does not form by the collective timeout. The built-in
+    other ranks). A pod lost whole (its node gone) is healed too when fewer pods than
+    replicas.min would be left without it: the pod that replaces it takes its seat and gets
+    the state from the survivors, which wait for it up to the collective timeout (and the
+    hang timeout), so both must outlast the node's NotReady, nodeFailureGraceSeconds and
+    the new pod's start. What cannot heal so recovers as without it, later: a lost pod the
+    job can go on without about 5 s later (torchrun re-forms it smaller), a round that does
+    not form by the collective timeout. The built-in
     trainer's DDP only. With several ranks a pod, torchrun stops a failed rank's pod's
     other ranks too and restarts them all in place; they get the state from the other
     pods' ranks (a job of one pod restores from its checkpoints). Default false.

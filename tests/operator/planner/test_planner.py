@@ -246,8 +246,8 @@ def test_a_pod_whose_node_object_vanished_is_treated_as_on_a_failed_node():
 
 
 def test_a_lost_node_s_event_says_the_survivors_wait_to_heal_only_where_they_do():
-    # In-process healing in a job of fixed size: the survivors wait for the replacement.
-    # An elastic job re-forms without the node, healing or not.
+    # In-process healing with fewer pods left than replicas.min: the survivors wait for the
+    # replacement. With enough left, torchrun re-forms the job without the node, healing or not.
     base = f"node gone is gone (its Node object was deleted): force-deleting {W1} and keeping this job off the node"
     waits = "; the other pods' ranks keep their processes and wait up to collectiveTimeoutSeconds (90s) for the replacement " \
             "to heal from them"
@@ -258,6 +258,11 @@ def test_a_lost_node_s_event_says_the_survivors_wait_to_heal_only_where_they_do(
         raw = job(changes, status=running_status())
         result = plan(raw, observed(raw, [worker(0), worker(1, node="gone")], nodes=[node("node-0")]), NOW)
         assert [e.message for e in result.events if e.reason == "NodeFailure"] == [base + words], changes
+    # Three pods, replicas 2..3: two are left, enough to go on.
+    raw = job({"spec.faultTolerance.inProcessHealing": True, "spec.replicas": {"min": 2, "max": 3},
+               "spec.trainer.builtin.globalBatchSize": 12}, status=running_status())
+    result = plan(raw, observed(raw, [worker(0), worker(1, node="gone"), worker(2, node="node-0")], nodes=[node("node-0")]), NOW)
+    assert [e.message for e in result.events if e.reason == "NodeFailure"] == [base], result.events
 
 
 def test_a_young_pod_on_a_node_not_seen_yet_waits_for_the_grace():

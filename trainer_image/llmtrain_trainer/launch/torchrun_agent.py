@@ -110,7 +110,7 @@ def wake_on_worker_exit() -> bool:
     its healing peers wait for, come up to that much sooner; an exit between a pass's poll
     and its end wakes the next sleep at once. False (nothing patched) when this torch's
     agent module does not sleep through ``time`` or this is not the main thread."""
-    import threading  # noqa: PLC0415
+    import select  # noqa: PLC0415
 
     try:
         from torch.distributed.elastic.agent.server import api  # noqa: PLC0415 - a torch without it runs unpatched
@@ -118,11 +118,27 @@ def wake_on_worker_exit() -> bool:
         return False
     if getattr(api, "time", None) is not time:
         return False
-    woke = threading.Event()
+    # A pipe, not a threading.Event: the handler runs on the main thread, between two of its
+    # bytecodes, possibly while that thread holds the event's lock in wait() or clear(),
+    # and a second acquire there deadlocks (found in review). A non-blocking write never waits.
+    readable, writable = os.pipe()
+    os.set_blocking(readable, False)
+    os.set_blocking(writable, False)
+
+    def on_child(signum: int, frame: object) -> None:
+        try:
+            os.write(writable, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full: a wake-up is pending anyway
+
     try:
-        signal.signal(signal.SIGCHLD, lambda signum, frame: woke.set())
+        signal.signal(signal.SIGCHLD, on_child)
     except ValueError:  # not the main thread
+        os.close(readable)
+        os.close(writable)
         return False
+    # SIGCHLD was ignored before: system calls in other threads must not fail with EINTR now.
+    signal.siginterrupt(signal.SIGCHLD, False)
 
     class WakingTime:
         """``time`` for torch's agent module, whose ``sleep`` a child's exit ends."""
@@ -132,8 +148,12 @@ def wake_on_worker_exit() -> bool:
 
         @staticmethod
         def sleep(seconds: float) -> None:
-            if woke.wait(seconds):
-                woke.clear()
+            if select.select([readable], [], [], seconds)[0]:
+                try:
+                    while os.read(readable, 4096):
+                        pass
+                except BlockingIOError:
+                    pass  # drained
 
     api.time = WakingTime()  # type: ignore[assignment]  # patching torch's module is the point
     return True
@@ -436,9 +456,10 @@ def current_key(run: str) -> str:
 
 
 OFFER_WAIT_SECONDS = 6.0
-"""How long a new agent waits for the survivors' offer while torchrun's rendezvous shows a
-node missing (its lease dropped it): the survivors offer a seat ``healround.ANNOUNCE_SECONDS``
-(5 s) after the failure, and a replacement may be quicker than that."""
+"""How long a new agent waits for the survivors' offer while torchrun's finished round has
+fewer agents than it needs (a lost one dropped by its lease or its lapsed keep-alive): the
+survivors offer a seat a quarter of a second into their wait (``healround.OFFER_SECONDS``),
+on a loaded machine later; a replacement rarely comes sooner."""
 TAKEN = "taken "
 """``healround.TAKEN``: the prefix of a claim that an agent won (spelled here, see above)."""
 
@@ -474,9 +495,7 @@ def _seat_record(raw: bytes) -> dict | None:
               and isinstance(seat["master_addr"], str) and isinstance(workers, list) and workers
               and all(isinstance(w, list) and len(w) == 5 and all(type(x) is int and x >= 0 for x in w) for w in workers)
               and [w[0] for w in workers] == list(range(len(workers))) and seat["ranks"] == [w[1] for w in workers]
-              and (seat.get("node") is None or (isinstance(seat["node"], list) and len(seat["node"]) == 3
-                                                and isinstance(seat["node"][0], str)
-                                                and all(type(x) is int for x in seat["node"][1:]))))
+              and len({w[3] for w in workers}) == 1)
         return seat if ok else None
     except (ValueError, KeyError, TypeError):
         return None
@@ -487,11 +506,14 @@ def take_offered_seats(heal_store: str, clients: dict[tuple[str, int], object] |
     rendezvous (its group rank, its ranks and torchrun's fields for them, ``healround.SEAT``)
     and a new agent takes a seat that the survivors offer (a node lost whole, in a job that
     cannot go on without it) instead of joining the rendezvous: torchrun would re-form
-    every node's group for a node that joins. It takes the lost agent's group rank, master
-    address and store, counts its ranks' restarts (so the survivors wait for them, as for a
-    crashed rank's) and starts them with the lost ranks' numbers; they get the state from a
-    survivor. Only an agent's first rendezvous looks for an offer; none offered, it joins
-    the rendezvous as torch does. False when this torch lacks what is relied on or
+    every node's group for a node that joins. A seat is taken only while no agent of
+    torchrun's finished round holds its group rank (the lost one was dropped: its lease
+    ended, or its keep-alive lapsed). The new agent puts itself into that round in the lost
+    one's place (``join_round``), takes its group rank, master address and store, counts
+    its ranks' restarts (so the survivors wait for them, as for a crashed rank's) and starts
+    them with the lost ranks' numbers; they get the state from a survivor. Only an agent's
+    first rendezvous looks for an offer; none offered, it joins the rendezvous as torch
+    does. False when this torch lacks what is relied on or
     ``heal_store`` is not ``host:port/run``."""
     try:
         import torch.distributed as dist  # noqa: PLC0415 - a torch without it runs unpatched
@@ -533,9 +555,7 @@ def take_offered_seats(heal_store: str, clients: dict[tuple[str, int], object] |
         workers = [[w.local_rank, w.global_rank, w.role_rank, w.world_size, w.role_world_size] for w in worker_group.workers]
         world = worker_group.workers[0].world_size
         prefix = seat_prefix(run, worker_group.master_addr, worker_group.master_port, world)
-        node = getattr(handler, "_this_node", None)
         seat = {"group": worker_group.group_rank, "holder": me, "ranks": [w[1] for w in workers],
-                "node": [str(node.addr), int(node.pid), int(node.local_id)] if node is not None else None,
                 "groups": worker_group.group_world_size, "min_groups": settings.min_nodes, "round": state.round,
                 "master_addr": worker_group.master_addr, "master_port": worker_group.master_port, "workers": workers}
         store = _client(host, port, clients)
@@ -548,56 +568,57 @@ def take_offered_seats(heal_store: str, clients: dict[tuple[str, int], object] |
         if not store.check([current_key(run)]):  # type: ignore[attr-defined]
             return False  # the job's first rendezvous
         current = json.loads(store.get(current_key(run)))  # type: ignore[attr-defined]
-        prefix, groups = str(current["prefix"]), int(current["groups"])
-        if not prefix.startswith(f"llmtrain/heal/{run}/") or not 0 < groups <= 1 << 16:
+        prefix, groups, min_groups = str(current["prefix"]), int(current["groups"]), int(current["min_groups"])
+        if not prefix.startswith(f"llmtrain/heal/{run}/") or not 0 < min_groups <= groups <= 1 << 16:
             return False
-        if int(current.get("min_groups", groups)) < groups:
-            return False  # an elastic job: its survivors offer no seat, torchrun re-forms it without the lost node
-        base_store, run_id = getattr(handler, "_store", None), getattr(getattr(handler, "_settings", None), "run_id", None)
-        if base_store is None or run_id is None:
+        holder, run_id = getattr(handler, "_state_holder", None), getattr(getattr(handler, "_settings", None), "run_id", None)
+        if holder is None or run_id is None or getattr(handler, "_store", None) is None:
             return False
         deadline = time.monotonic() + OFFER_WAIT_SECONDS
-        while not take_offered(self, worker_group, handler, store, prefix, groups, base_store, run_id):
-            if time.monotonic() >= deadline or not dropped_agents(handler, groups):
+        while True:
+            holder.sync()
+            state = holder.state
+            # Only while torchrun's finished round cannot go on without a replacement: the
+            # survivors' rule for offering (fewer nodes left than --nnodes' minimum).
+            if not state.complete or state.closed or len(state.participants) >= min_groups:
+                return False
+            if take_offered(self, worker_group, handler, store, prefix, groups, run_id):
+                return True
+            if time.monotonic() >= deadline:
                 return False
             time.sleep(0.1)
-        return True
 
-    def dropped_agents(handler, groups: int) -> set[tuple[str, int, int]] | None:
-        """The agents of torchrun's finished round, when it has fewer than the heal rounds'
-        seats (one was dropped: its lease ended, or its keep-alive lapsed); else None."""
-        holder = getattr(handler, "_state_holder", None)
-        if holder is None:
-            return None
-        holder.sync()
-        state = holder.state
-        if not state.complete or state.closed or len(state.participants) >= groups:
-            return None
-        return {(str(n.addr), int(n.pid), int(n.local_id)) for n in state.participants}
-
-    def take_offered(self, worker_group, handler, store, prefix: str, groups: int, base_store, run_id: str) -> bool:
-        present = dropped_agents(handler, groups)
-        if present is None:
-            return False  # every seat's agent is in torchrun's round: an offer is for a restart still being counted
+    def take_offered(self, worker_group, handler, store, prefix: str, groups: int, run_id: str) -> bool:
+        state = handler._state_holder.state
+        held = set(state.participants.values())
         for group in range(groups):
+            if group in held:
+                continue  # its agent is in torchrun's round: an offer is for a restart it is still counting
             key = f"{prefix}/seat/{group}"
             if not store.check([key]):
                 continue
             seat = _seat_record(store.get(key))
-            if seat is None or seat["group"] != group or len(seat["workers"]) != worker_group.spec.local_world_size:
-                continue
-            if tuple(seat.get("node") or ()) in present:
-                continue  # its agent is alive: the seat is offered for a rank it is restarting
+            if (seat is None or seat["group"] != group or seat["groups"] != groups or seat["round"] != state.round
+                    or len(seat["workers"]) != worker_group.spec.local_world_size
+                    or seat_prefix(run, seat["master_addr"], seat["master_port"], seat["workers"][0][3]) != prefix):
+                continue  # not this rendezvous's seat (forged, or from another round)
             claim = f"{prefix}/claim/{group}/{seat['holder']}"
             if not store.check([claim]) or store.get(claim) != b"open":
                 continue
             mine = TAKEN + me
             if store.compare_set(claim, "open", mine) != mine.encode():
                 continue  # another replacement, or a survivor's withdrawal, came first
+            try:
+                if not join_round(handler, group, state.round, groups):
+                    store.compare_set(claim, mine, "open")  # the round moved on, or the rank is held after all
+                    return False
+            except BaseException:
+                store.compare_set(claim, mine, "open")
+                raise
             store.set(key, json.dumps({**seat, "holder": me}))
             for rank in seat["ranks"]:
                 store.add(restart_key(run, seat["master_addr"], seat["master_port"], seat["workers"][0][3], rank), 1)
-            agent_store = dist.PrefixStore(f"torch.rendezvous.{run_id}.{seat['round']}", base_store)
+            agent_store = dist.PrefixStore(f"torch.rendezvous.{run_id}.{seat['round']}", handler._store)
             self._store = agent_store  # what torch's exit barrier counts the job's agents in
             worker_group.workers = [Worker(local_rank=lr, global_rank=g, role_rank=r, world_size=w, role_world_size=rw)
                                     for lr, g, r, w, rw in seat["workers"]]
@@ -608,6 +629,29 @@ def take_offered_seats(heal_store: str, clients: dict[tuple[str, int], object] |
                   f"{seat['ranks']}, rendezvous round {seat['round']}) that its peers offered; its ranks heal from them "
                   "in process", file=sys.stderr, flush=True)
             return True
+        return False
+
+    def join_round(handler, group: int, round_: int, groups: int) -> bool:
+        """Put this agent into torchrun's finished round as group rank ``group``, in the
+        place of the agent that was dropped from it, and start its keep-alive: from then on
+        it is a participant as any other, its seat held (no one else takes it) until its
+        lease ends or its beats lapse, and a later rendezvous takes it out as any. Written
+        with the state's compare-and-set, as torch's own operations are; False when the
+        round moved on or the rank is held."""
+        from datetime import UTC, datetime  # noqa: PLC0415
+
+        holder = handler._state_holder
+        for _ in range(20):
+            state = holder.state
+            if (state.round != round_ or not state.complete or state.closed or len(state.participants) >= groups
+                    or group in state.participants.values()):
+                return False
+            state.participants[handler._this_node] = group
+            state.last_heartbeats[handler._this_node] = datetime.now(UTC)
+            holder.mark_dirty()
+            if holder.sync():  # written; else another agent's write came first and the state was read again
+                handler._start_heartbeats()
+                return True
         return False
 
     SimpleElasticAgent._rendezvous = rendezvous_or_take_seat  # type: ignore[method-assign]  # patching torch's class is the point
@@ -726,10 +770,12 @@ def main() -> None:
     wake_on_worker_exit()
     stop_on_permanent_exit(permanent_codes(os.environ.get(PERMANENT_EXIT_CODES)))
     poll_faster(join_poll_seconds(sys.argv[1:]))
+    if os.environ.get(HEAL_STORE):
+        # Before the first-step gate's patch, which so wraps it: a taken seat forms a group too.
+        take_offered_seats(os.environ[HEAL_STORE])
     if os.environ.get(ADMIT_AFTER_FIRST_STEP):
         admit_after_first_step(os.environ[ADMIT_AFTER_FIRST_STEP])
     if os.environ.get(HEAL_STORE):
-        take_offered_seats(os.environ[HEAL_STORE])
         restart_in_place(os.environ[HEAL_STORE], permanent_codes(os.environ.get(VICTIM_EXIT_CODES)),
                          permanent_codes(os.environ.get(PERMANENT_EXIT_CODES)))
     from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: PLC0415

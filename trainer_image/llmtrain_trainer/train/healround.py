@@ -208,7 +208,8 @@ class Rounds:
         self.local_world_size = max(1, local_world_size)
         """Ranks a node: torchrun gives group rank g the ranks ``g * local_world_size`` on."""
         self.note = note
-        """Told once for each seat this rank offers (the trainer logs it)."""
+        """Told, once a seat a wait, when a rank of it is restarted by no agent for
+        ``announce_seconds`` and this rank waits for a replacement (the trainer logs it)."""
         self.restarts: dict[int, int] = {}
         """Each rank's in-place restarts as this rank joined the last round that formed:
         one counted since was announced for a failure in it (read before the round formed,
@@ -251,7 +252,10 @@ class Rounds:
             me = replace(me, restarts=joined_with[me.rank])
             self.store.set(key, me.encode())
             self.offered, self.noted = {}, set()
-            formed = self._wait(index, me, deadline, stopping)
+            try:
+                formed = self._wait(index, me, deadline, stopping)
+            finally:
+                self._retract_offers()
             if formed is not None:
                 self.restarts = {m.rank: max(joined_with[m.rank], m.restarts) for m in formed.members}
                 return formed
@@ -273,13 +277,15 @@ class Rounds:
                 self.break_round(index)
                 raise HealStopped(f"round {index}: this rank's agent restarts it and stopped it (SIGTERM) first")
             now = self.clock()
-            late = not me.fresh and now - began >= self.announce_seconds
-            offer = not me.fresh and now >= offer_at
-            if not late and not offer and now < deadline:
+            # The missing ranks are looked at every OFFER_SECONDS, not at every poll: a
+            # request for each rank, from every survivor, while they may wait for a minute.
+            tick = not me.fresh and now >= offer_at
+            if not tick and now < deadline:
                 self.sleep(self.poll)
                 continue
+            late = not me.fresh and now - began >= self.announce_seconds
             missing = [rank for rank, key in keys.items() if not self.store.check([key])]
-            if late or offer:
+            if tick:
                 offer_at = now + OFFER_SECONDS
                 unannounced = [rank for rank in missing if self._restarts(rank) <= self.restarts.get(rank, 0)]
                 if unannounced:
@@ -336,6 +342,17 @@ class Rounds:
                 self.noted.add(group)
                 self.note(f"{lost}: their node (group rank {group}, agent {seat.holder}) is taken for lost; its seat is "
                           "offered to a replacement node, waited for until the round's deadline")
+
+    def _retract_offers(self) -> None:
+        """This rank leaves the round (formed, broken, given up): its open offers go back to
+        none, so that no replacement takes a seat that nobody waits in; a peer still waiting
+        offers it again at its next look. Best effort: the store may be what failed."""
+        for seat in self.offered.values():
+            try:
+                self.store.compare_set(seat.claim, OPEN, "")
+            except Exception:  # noqa: BLE001 - a failing store leaves the offer; its round is gone with it
+                pass
+        self.offered = {}
 
     def _withdraw_offers(self) -> list[int]:
         """At the deadline: the seats offered and still open are withdrawn (a replacement

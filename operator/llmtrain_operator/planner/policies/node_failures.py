@@ -99,20 +99,23 @@ def handle(ctx: Pass) -> Verdict:
                       "not charged again", warning=True)
             continue
         ctx.event(Reason.NODE_FAILURE, f"node {node_name} is {what}: force-deleting {names} "
-                  f"and keeping this job off the node{loss_words(ctx)}", warning=True)
+                  f"and keeping this job off the node{loss_words(ctx, failed_nodes)}", warning=True)
         if not count_restart(ctx, Reason.NODE_FAILURE):
             return Verdict.FINISHED
     _report_disruption(ctx, {zone: disrupted[zone] for zone in held})
     return Verdict.CONTINUE
 
 
-def loss_words(ctx: Pass) -> str:
-    """What the job's other pods do about a lost pod. Under in-process healing in a job of
-    fixed size their ranks keep their processes and wait for the replacement, which takes
-    the lost pod's seat and gets the state from them (``torchrun_agent.take_offered_seats``);
-    an elastic job re-forms without it, as without healing."""
+def loss_words(ctx: Pass, failed_nodes: dict[str, list[PodView]]) -> str:
+    """What the job's other pods do about its lost pods. Under in-process healing, when
+    fewer pods than ``replicas.min`` are left, their ranks keep their processes and wait
+    for the replacements, which take the lost pods' seats and get the state from them
+    (``torchrun_agent.take_offered_seats``); with enough left, torchrun re-forms the job
+    without them, as without healing."""
     spec = ctx.spec
-    if spec.fault_tolerance.in_process_healing and spec.replicas.min == spec.replicas.max:
+    lost = {p.name for pods in failed_nodes.values() for p in pods}
+    left = sum(1 for p in ctx.observed.workers() if p.name not in lost and p.active)
+    if spec.fault_tolerance.in_process_healing and left < spec.replicas.min:
         return ("; the other pods' ranks keep their processes and wait up to collectiveTimeoutSeconds "
                 f"({spec.fault_tolerance.collective_timeout_seconds}s) for the replacement to heal from them")
     return ""
