@@ -14,15 +14,17 @@ A survivor waits for a missing rank only once that rank's torchrun agent has ann
 that it restarts it in place (``RESTARTING``, counted by ``launch/torchrun_agent.py``
 as soon as it sees a rank of its node fail on its own, before it restarts them; a count
 since the last round formed is one for this failure). A rank whose whole node is gone is
-announced by nobody. The survivor offers the *seat* of a missing rank that no agent
-announced (its node's torchrun group rank, ``SEAT``, recorded by each agent after its
-rendezvous) to a replacement: ``CLAIM`` set to ``OPEN``, from the first ``OFFER_SECONDS``
-of the wait on. The agent of a node that starts later (the pod that replaces a lost one)
-takes an open seat, but only once torchrun's round has dropped the seat's agent (its
-lease ended, or its keep-alive lapsed), so a seat offered while its agent was still
-counting a crashed rank's restart is never taken from a live node. It takes it instead of
-joining torchrun's rendezvous, counts its ranks' restarts and starts them with the lost
-ranks' numbers: the survivors see the count and wait for them as for a crashed rank.
+announced by nobody. When fewer nodes than torchrun's ``--nnodes`` minimum would be left
+without such ranks, the survivor offers their *seats* (their nodes' torchrun group ranks,
+``SEAT``, recorded by each agent after its rendezvous) to a replacement: ``CLAIM`` set to
+``OPEN``, from the first ``OFFER_SECONDS`` of the wait on, taken back when it leaves the
+round. The agent of a node that starts later (the pod that replaces a lost one) takes an
+open seat, but only while no agent of torchrun's round holds that group rank (the lost one
+was dropped: its lease ended, or its keep-alive lapsed), so a seat offered while its agent
+was still counting a crashed rank's restart is never taken from a live node. It takes it
+instead of joining torchrun's rendezvous, counts its ranks' restarts and starts them with
+the lost ranks' numbers: the survivors see the count and wait for them as for a crashed
+rank.
 After ``announce_seconds`` with a rank still unannounced, a survivor gives up
 (``HealImpossible``, to recover as before: exit, re-rendezvous) when a smaller world could
 form without the lost nodes (torchrun's ``--nnodes`` minimum allows it: an elastic job
@@ -54,8 +56,9 @@ before it starts the new process)."""
 ANNOUNCE_SECONDS = 5.0
 """How long a survivor waits for a missing rank's restart to be counted: a node's agent
 sees its rank's exit at once (its monitor's sleep ends when a worker exits), so this is
-for a loaded machine. It is also what an elastic job's lost node costs more than without
-healing; a job of fixed size waits for the node's replacement instead (``SEAT``)."""
+for a loaded machine. It is also what a lost node costs more than without healing in a job
+that can go on without it; one that cannot waits for the node's replacement instead
+(``SEAT``)."""
 ANNOUNCE_LIMIT = 4096
 """Bytes: an announcement is a few numbers and a host name."""
 SEAT = "seat/"
