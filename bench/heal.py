@@ -111,6 +111,21 @@ def pace(job: ElasticJob, steps: int, timeout: float = 120) -> float:
     return (time.monotonic() - began) / (count - first)
 
 
+def next_step(job: ElasticJob, began: float, done: int, before_pids: dict[int, int], mates: set[int]) -> tuple[float, bool]:
+    """Seconds from ``began`` until a step past ``done`` is logged (``LIMIT`` if none by
+    then), and whether every rank but ``mates`` (the killed node's) kept its process."""
+    while True:
+        elapsed = time.monotonic() - began
+        if elapsed > LIMIT:
+            return LIMIT, False
+        if any(s > done for s in steps_logged(job)):
+            break
+        time.sleep(0.02)
+    after = pids(job)
+    kept = all(after.get(rank) == pid for rank, pid in before_pids.items() if rank not in mates)
+    return elapsed, kept
+
+
 def one_round(job: ElasticJob, victim: int) -> tuple[float, bool]:
     """Kill ``victim``'s process; seconds until the job's next step, and whether every
     rank of the other nodes kept its process (torchrun restarts a node's ranks together)."""
@@ -124,16 +139,7 @@ def one_round(job: ElasticJob, victim: int) -> tuple[float, bool]:
     else:  # already replaced: one step past the last logged one, which costs a step more
         done = max(steps_logged(job)) + 1
         print(f"  rank {victim}'s heartbeat was no longer its own: the round asks for one step more", flush=True)
-    while True:
-        elapsed = time.monotonic() - began
-        if elapsed > LIMIT:
-            return LIMIT, False
-        if any(s > done for s in steps_logged(job)):
-            break
-        time.sleep(0.02)
-    after = pids(job)
-    kept = all(after.get(rank) == pid for rank, pid in before_pids.items() if rank not in mates)
-    return elapsed, kept
+    return next_step(job, began, done, before_pids, mates)
 
 
 def one_node_round(job: ElasticJob, index: int, replace_after: float) -> tuple[float, bool]:
@@ -151,16 +157,7 @@ def one_node_round(job: ElasticJob, index: int, replace_after: float) -> tuple[f
     while time.monotonic() - began < replace_after:
         time.sleep(0.02)
     job.replace_node(index)
-    while True:
-        elapsed = time.monotonic() - began
-        if elapsed > LIMIT:
-            return LIMIT, False
-        if any(s > done for s in steps_logged(job)):
-            break
-        time.sleep(0.02)
-    after = pids(job)
-    kept = all(after.get(rank) == pid for rank, pid in before_pids.items() if rank not in mates)
-    return elapsed, kept
+    return next_step(job, began, done, before_pids, mates)
 
 
 def run_mode(root: Path, heal: bool, nodes: int, procs: int, rounds: int, step_seconds: float, fault: str = "crash",

@@ -47,7 +47,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 ROUND = "round"
 RESTARTING = "restarting/"
@@ -99,6 +99,14 @@ class Store(Protocol):
     def compare_set(self, key: str, expected_value: str, desired_value: str) -> bytes: ...
 
 
+def _bounded_json(raw: bytes, limit: int) -> Any:
+    """What a store key holds, as JSON: any pod that reaches the store may have written it,
+    so its size is checked before it is parsed (ValueError otherwise)."""
+    if len(raw) > limit:
+        raise ValueError(f"{len(raw)} bytes, more than {limit}")
+    return json.loads(raw)
+
+
 @dataclass(frozen=True)
 class Member:
     rank: int
@@ -118,9 +126,7 @@ class Member:
     @classmethod
     def decode(cls, raw: bytes, key: str) -> Member:
         try:
-            if len(raw) > ANNOUNCE_LIMIT:
-                raise ValueError(f"{len(raw)} bytes, more than {ANNOUNCE_LIMIT}")
-            data = json.loads(raw)
+            data = _bounded_json(raw, ANNOUNCE_LIMIT)
             member = cls(rank=data["rank"], incarnation=data["incarnation"], fresh=data["fresh"], step=data["step"],
                          restarts=data.get("restarts", 0))
             types_ok = (type(member.rank) is int and isinstance(member.incarnation, str) and type(member.fresh) is bool
@@ -151,9 +157,7 @@ class Seat:
     @classmethod
     def decode(cls, raw: bytes, key: str) -> Seat:
         try:
-            if len(raw) > SEAT_LIMIT:
-                raise ValueError(f"{len(raw)} bytes, more than {SEAT_LIMIT}")
-            data = json.loads(raw)
+            data = _bounded_json(raw, SEAT_LIMIT)
             seat = cls(group=data["group"], holder=data["holder"], ranks=tuple(data["ranks"]), groups=data["groups"],
                        min_groups=data["min_groups"])
             ints = [seat.group, seat.groups, seat.min_groups, *seat.ranks]
