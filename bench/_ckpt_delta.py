@@ -177,11 +177,15 @@ def run_mode(mode: str, by_content: bool, folder: Path, s3: Any, preset: str, ch
     return out
 
 
-def restore_rounds(deltas: list[Delta], folders: dict[str, Path], server: Any, rounds: int) -> None:
+def restore_rounds(deltas: list[Delta], folders: dict[str, Path], server: Any, rounds: int, cold: bool = False) -> None:
     """Each row's restore time per tier: the newest step fetched whole into a scratch
     folder, every piece checked; the rows' stores alternate round by round (so that the
-    machine's drift hits both alike), medians."""
+    machine's drift hits both alike), medians. ``cold``: the page cache dropped before
+    each fetch, as on a node that never held the bytes (otherwise whichever store wrote
+    last is read from memory: whole, the newest step's files; by content, pieces as old
+    as the first checkpoint that held them)."""
     from llmtrain_store.directory import DirTier  # noqa: PLC0415
+    from _ckpt_io import drop_caches  # noqa: PLC0415
 
     times: dict[tuple[int, str], list[float]] = {}
     for round_ in range(rounds):
@@ -191,6 +195,8 @@ def restore_rounds(deltas: list[Delta], folders: dict[str, Path], server: Any, r
             for tier_name, tier in (("shared", DirTier("shared", folder / "shared")), ("s3", _s3(f"{delta.mode}-{delta.store}", server))):
                 newest = tier.list()[0]
                 scratch = folder / f"restore-{tier_name}"
+                if cold:
+                    drop_caches()
                 began = time.perf_counter()
                 tier.fetch(newest, sorted(newest.manifest["files"]), scratch, delta.allowed)
                 times.setdefault((id(delta), tier_name), []).append(time.perf_counter() - began)
@@ -206,9 +212,11 @@ def _s3(prefix: str, server: Any) -> Any:
     return S3Tier("s3", f"s3://bench/{prefix}", endpoint=server.endpoint)
 
 
-def incremental(folder: Path, server: Any, preset: str, checkpoints: int, steps_between: int, log: Any) -> list[Delta]:
+def incremental(folder: Path, server: Any, preset: str, checkpoints: int, steps_between: int, log: Any,
+                cold: bool = False) -> list[Delta]:
     """Every mode with the tiers storing pieces, then whole; each in a fresh folder and
-    S3 prefix, so that nothing is shared between runs."""
+    S3 prefix, so that nothing is shared between runs (``cold``: restores from a dropped
+    page cache, ``restore_rounds``)."""
     full_state = 0
     rows = []
     for mode in MODES:
@@ -221,7 +229,7 @@ def incremental(folder: Path, server: Any, preset: str, checkpoints: int, steps_
             if mode == "full":
                 full_state = delta.full_state_bytes = delta.state_bytes
             pair.append(delta)
-        restore_rounds(pair, folders, server, 3)
+        restore_rounds(pair, folders, server, 3, cold)
         rows += pair
         for place in folders.values():
             shutil.rmtree(place, ignore_errors=True)

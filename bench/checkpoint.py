@@ -98,11 +98,15 @@ def main() -> None:
     p.add_argument("--plot", default=None, help="write the sweep's PNG here")
     p.add_argument("--no-sweep", action="store_true")
     p.add_argument("--incremental-only", action="store_true", help="only the incremental rows (no root needed)")
+    p.add_argument("--cold-restores", action="store_true",
+                   help="the incremental rows' restores from a dropped page cache (root: /proc/sys/vm/drop_caches)")
     args = p.parse_args()
+    if args.cold_restores and os.geteuid() != 0:
+        raise SystemExit("--cold-restores needs root: it drops the page cache before each restore")
     if args.incremental_only:
         folder = Path(tempfile.mkdtemp(prefix="llmtrain-bench-delta-", dir=args.dir))
         try:
-            values, rows = incremental_rows(folder, args.quick)
+            values, rows = incremental_rows(folder, args.quick, args.cold_restores)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         say("JSON " + json.dumps({"incremental": rows}, default=str))
@@ -211,7 +215,7 @@ def main() -> None:
         sweep.append({"preset": preset, "batch": batch, "step_seconds": stall_disk.step_seconds, "state_bytes": state,
                       "stall": stall_disk.mean, "sync": sync})
         say("[8/8] incremental checkpoints into the shared tier and S3: full, 90 % frozen, LoRA; by content against whole")
-        delta_values, delta_rows = incremental_rows(disk / "delta", quick)
+        delta_values, delta_rows = incremental_rows(disk / "delta", quick, args.cold_restores)
     finally:
         shutil.rmtree(disk, ignore_errors=True)
         shutil.rmtree(ram, ignore_errors=True)
@@ -245,7 +249,7 @@ def main() -> None:
            s3_restore_speedup_loopback=round(loop_single / loop_parallel, 2), **delta_values)
 
 
-def incremental_rows(folder: Path, quick: bool) -> tuple[dict[str, float], list[dict[str, object]]]:
+def incremental_rows(folder: Path, quick: bool, cold: bool = False) -> tuple[dict[str, float], list[dict[str, object]]]:
     """The incremental section (``_ckpt_delta.py``): its RESULT values and its rows."""
     from _ckpt_delta import MODES, incremental  # noqa: PLC0415
     from s3server import MinioServer  # noqa: PLC0415
@@ -254,7 +258,7 @@ def incremental_rows(folder: Path, quick: bool) -> tuple[dict[str, float], list[
     with MinioServer(folder / "s3") as server:
         server.make_bucket("bench")
         os.environ.update(server.env())
-        deltas = incremental(folder / "runs", server, "small" if quick else "gpt2-124m", 3 if quick else 4, 2, say)
+        deltas = incremental(folder / "runs", server, "small" if quick else "gpt2-124m", 3 if quick else 4, 2, say, cold)
     rows = [d.row() for d in deltas]
     by = {(r["mode"], r["store"]): r for r in rows}
     values: dict[str, float] = {}

@@ -62,14 +62,22 @@ checkpoints`` checks with them, without the trainer."""
 PIECE = 64 << 20
 """The largest piece: the bytes hashed as one unit. A node's share of a file is a run of
 whole pieces."""
-PIECE_MIN = 1 << 20
+PIECE_MIN = 4 << 20
+"""The smallest piece size (a smaller file is one piece). A content-addressed tier stores
+each piece as one object and reads it back with one request, whose cost (a few ms of CPU
+in boto3 here on loopback, and a round trip to a remote S3) outweighed a 1 MiB piece's
+bytes: restores of a 70-80 MB state from S3 took 1.6-1.8x as long by content as whole
+at 1 MiB, about the same at 4 MiB (docs/benchmarks.md). The price is a coarser
+deduplication of small states only: a changed byte rewrites its 4 MiB."""
 
 
 def piece_size(total: int) -> int:
     """The piece size of a file of ``total`` bytes: about 1/64 of it (so that its shares
-    balance over many nodes), between 1 MiB and 64 MiB, a multiple of 4 KiB (pieces end
+    balance over many nodes), between 4 MiB and 64 MiB, a multiple of 4 KiB (pieces end
     on direct-I/O boundaries). Every writer of a file derives the same size from its
-    length, so pieces stored by different nodes line up."""
+    length, so pieces stored by different nodes line up (every pod of a job runs one
+    image; a checkpoint written with other sizes stays readable: its manifest says its
+    pieces)."""
     want = -(-total // 64)
     return max(PIECE_MIN, min(PIECE, -(-want // 4096) * 4096))
 SLICE_SUFFIX = re.compile(r"\.part-(\d{3})-of-(\d{3})$")

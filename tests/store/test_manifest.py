@@ -158,3 +158,16 @@ def test_every_file_deepspeed_writes_at_each_stage_and_precision_is_allowed(name
 ])
 def test_a_name_deepspeed_never_writes_is_refused(name):
     assert not ENGINE_FILES["deepspeed"].fullmatch(name)
+
+
+@pytest.mark.parametrize("total, piece", [
+    (1000, 4 << 20),  # a file under the smallest piece is one piece
+    (70 << 20, 4 << 20),  # a fine-tune's small state: 18 pieces, not 70 (one request each from S3)
+    (600 << 20, 600 << 20 >> 6),  # 1/64 of a file between 256 MiB and 4 GiB
+    (600 * 10**6, -(-(600 * 10**6) // 64 // 4096) * 4096),  # rounded up to 4 KiB (direct I/O)
+    (16 << 30, 64 << 20),  # never more than 64 MiB, what a reader holds in memory
+])
+def test_pieces_are_a_64th_of_a_file_between_4_and_64_mib_on_4_kib_boundaries(total, piece):
+    size = mf.piece_size(total)
+    assert size == piece
+    assert size % 4096 == 0 and mf.PIECE_MIN <= size <= mf.PIECE
