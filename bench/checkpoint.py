@@ -29,6 +29,7 @@ own clock (see docs/benchmarks.md for the results and how to read them):
 
     sudo python bench/checkpoint.py [--quick] [--plot docs/img/checkpoint_stall.png]
     python bench/checkpoint.py --incremental-only [--quick]     # the last row alone (no root)
+    sudo python bench/checkpoint.py --incremental-only --cold-restores   # its restores from a dropped page cache
 
 Needs root (dropping the page cache, network namespaces) and MinIO
 (``make cluster-tools``). The last line is ``RESULT ...``.

@@ -72,12 +72,16 @@ deduplication of small states only: a changed byte rewrites its 4 MiB."""
 
 
 def piece_size(total: int) -> int:
-    """The piece size of a file of ``total`` bytes: about 1/64 of it (so that its shares
-    balance over many nodes), between 4 MiB and 64 MiB, a multiple of 4 KiB (pieces end
-    on direct-I/O boundaries). Every writer of a file derives the same size from its
-    length, so pieces stored by different nodes line up (every pod of a job runs one
-    image; a checkpoint written with other sizes stays readable: its manifest says its
-    pieces)."""
+    """The piece size of a file of ``total`` bytes: about 1/64 of it (so that the shares
+    of a file of 256 MiB or more balance over up to 64 nodes; a smaller one has fewer
+    pieces than that, and some nodes store none of it), between 4 MiB and 64 MiB, a
+    multiple of 4 KiB (pieces end on direct-I/O boundaries). Every writer of a file
+    derives the same size from its length, so pieces stored by different nodes line up;
+    writers of two versions of this rule (an image changed mid-run reaches new pods only)
+    cannot share a job-wide commit, which says so (``tier.merge_parts``). A checkpoint
+    written with other sizes stays readable (its manifest says its pieces); a
+    content-addressed tier stores its pieces again at the new size once, the old ones
+    going with the steps that hold them."""
     want = -(-total // 64)
     return max(PIECE_MIN, min(PIECE, -(-want // 4096) * 4096))
 SLICE_SUFFIX = re.compile(r"\.part-(\d{3})-of-(\d{3})$")

@@ -193,13 +193,21 @@ def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
     offered: dict[str, list[dict[str, Any]]] = {}
     sizes: dict[str, int] = {}
     copies: dict[str, set[tuple[int, str | None]]] = {}
+    cuts: dict[str, set[int]] = {}
     for part in parts:
         files.update(part.get("files", {}))
         for name, record in part.get("slices", {}).items():
             sizes[name] = int(record["size"])
             copies.setdefault(name, set()).add((int(record["size"]), record.get("whole")))
             offered.setdefault(name, []).extend(record["pieces"])
+            # The piece size a writer cut at: every piece but the file's last has it.
+            cuts.setdefault(name, set()).update(int(p["size"]) for p in record["pieces"]
+                                                if int(p["offset"]) + int(p["size"]) < int(record["size"]))
     for name, seen in copies.items():
+        if len(seen) > 1 and len(cuts.get(name, ())) > 1:
+            raise CheckpointError(f"{name}: the writers cut it in pieces of different sizes ({sorted(cuts[name])} bytes): "
+                                  f"their trainers are of different versions (an image changed while the job ran reaches "
+                                  f"new pods only); a job-wide tier commits it once every pod runs one version")
         if len(seen) > 1:
             raise CheckpointError(f"{name}: the writers' copies differ ({len(seen)} versions: sizes "
                                   f"{sorted({size for size, _ in seen})}); a file stored in shares must be byte-identical on every node")

@@ -120,6 +120,18 @@ def test_merge_parts_refuses_shares_of_copies_that_differ():
     assert len(merge_parts([part0, part1])["f"]["slices"]) == 6
 
 
+def test_merge_parts_names_writers_that_cut_a_file_at_other_piece_sizes():
+    """Trainers of two versions (an image changed mid-run reaches new pods only) hash the
+    same bytes in pieces of other sizes: their shares cannot make one file, and the
+    refusal says why rather than that the bytes differ."""
+    old = [(i * 10, 10, f"a{i}") for i in range(6)]
+    new = [(i * 20, 20, f"b{i}") for i in range(3)]
+    part0 = {"slices": {"f": {"size": 60, "whole": shares.fingerprint(old), "pieces": shares.share_record("f", 0, 2, old[:3])}}}
+    part1 = {"slices": {"f": {"size": 60, "whole": shares.fingerprint(new), "pieces": shares.share_record("f", 1, 2, new[1:])}}}
+    with pytest.raises(CheckpointError, match=r"f: the writers cut it in pieces of different sizes \(\[10, 20\] bytes\)"):
+        merge_parts([part0, part1])
+
+
 def test_retention_keeps_the_newest_and_leaves_a_pinned_step_until_unpinned(tmp_path):
     tier = DirTier("local", tmp_path, keep=2)
     for step in (1, 2, 3):
