@@ -42,26 +42,34 @@ class Kube:
         return http.client.HTTPSConnection(self.host, self.port, context=self.context, timeout=timeout)
 
     def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
-                timeout: float = 60) -> Any:
+                timeout: float = 60, raw: bool = False) -> Any:
         """One request on this thread's kept-alive connection (a new one after an error);
         an API server that asks to retry (429, 503: starting up, overloaded) is retried
-        for up to a minute."""
+        for up to a minute. ``raw``: the answer's text, not its JSON."""
         data = json.dumps(body).encode() if body is not None else None
         deadline = time.monotonic() + 60
         while True:
             try:
-                return self._once(method, path, data, content_type, timeout)
+                return self._once(method, path, data, content_type, timeout, raw)
             except ApiError as err:
                 if err.status not in (429, 503) or time.monotonic() > deadline:
                     raise
                 time.sleep(1.0)
 
-    def _once(self, method: str, path: str, data: bytes | None, content_type: str, timeout: float) -> Any:
+    def text(self, path: str, timeout: float = 30) -> str:
+        """A GET answered in plain text (the API server's ``/metrics``)."""
+        result = self.request("GET", path, timeout=timeout, raw=True)
+        assert isinstance(result, str)
+        return result
+
+    def _once(self, method: str, path: str, data: bytes | None, content_type: str, timeout: float,
+              raw: bool = False) -> Any:
         for attempt in (1, 2):
             conn = getattr(self._local, "conn", None) or self._connection(timeout)
             self._local.conn = conn
             try:
-                conn.request(method, path, body=data, headers={"Content-Type": content_type, "Accept": "application/json"})
+                conn.request(method, path, body=data,
+                             headers={"Content-Type": content_type, "Accept": "text/plain" if raw else "application/json"})
                 resp = conn.getresponse()
                 text = resp.read().decode()
             except (OSError, http.client.HTTPException):
@@ -72,6 +80,8 @@ class Kube:
                 continue
             if resp.status >= 300:
                 raise ApiError(resp.status, text)
+            if raw:
+                return text
             return json.loads(text) if text else None
         raise AssertionError("unreachable")
 

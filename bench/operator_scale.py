@@ -22,7 +22,25 @@ For each controller, in one run:
    latter for a kill merged into its node's episode, not charged again; Kubeflow's
    ``Restarting`` condition turns True), ``kill_to_delete`` (the pod's DELETED event) and
    ``kill_to_replacement`` (a new worker pod of the job in the watch). A kill that gets
-   no answer within ``--kill-timeout`` counts as that timeout and is reported apart.
+   no answer within ``--kill-timeout`` counts as that timeout and is reported apart;
+4. *nodes lost*: ``--node-kills`` nodes holding workers are made NotReady one after the
+   other (``NodesDown``), as a kubelet reports a lost container runtime: this script
+   writes the node's Ready condition False and keeps it so; its pods stay Running in
+   the API. Before each, every job has its pods Running and a status that has not
+   moved for 2 s (a job that has not settled within ``--node-kill-timeout`` is left out
+   of the samples). From that write, for every settled job with a worker there:
+   ``node_to_status`` and ``node_to_replacement``, as above. Example 01's
+   ``nodeFailureGraceSeconds`` (10 s) is inside ours; Kubeflow acts on pod phases only,
+   so its answer is the taint manager's eviction (300 s by default) or
+   ``--node-kill-timeout``.
+
+*API requests*: the API server's own ``apiserver_request_total``, read before and after
+the steady state and after the kills, counted on the resources that only that
+controller requests here (``Controller.resources``, ``controller_requests``: its jobs and
+their status, pods, Services, ConfigMaps, Secrets, nodes; not the subresources of core
+resources, Leases, Events or watches): writes and reads (GET, LIST) a second in the
+steady state, and writes per kill beyond the steady state's; and the Events about its
+jobs (``job_events``), a second in the steady state and per kill.
 
 *Probes*: the metrics pages the operator asked the stand-in pods for during the steady
 state, per second (``probe_requests_per_s``, the stand-in server's own count; the bench
@@ -42,9 +60,10 @@ Secret is issued by its own cert-controller; the benchmark copies it into the we
 certificate folder (the kubelet's part) and registers the webhook to select no object
 (the bed has no kube-proxy to route the API server to a Service).
 
-    python bench/operator_scale.py [--quick] [--jobs N] [--workers W] [--kills K] [--no-peer]
-    RESULT jobs=500 kill_to_status_p50_s=... kill_to_status_p99_s=... event_to_action_p99_s=... reconcile_p99_s=...
-           queue_p99_s=... rss_mb=... cpu_cores=... kubeflow_kill_to_status_p99_s=... ...
+    python bench/operator_scale.py [--quick] [--jobs N] [--workers W] [--kills K] [--node-kills N] [--no-peer]
+    RESULT jobs=500 kill_to_status_p50_s=... kill_to_status_p99_s=... node_to_status_p99_s=... api_writes_per_s=...
+           event_to_action_p99_s=... reconcile_p99_s=... queue_p99_s=... rss_mb=... cpu_cores=...
+           kubeflow_kill_to_status_p99_s=... ...
 """
 
 from __future__ import annotations
@@ -55,6 +74,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -111,6 +131,11 @@ class Controller:
     """A number that grows when the job's status records a restart."""
     manifest: Callable[[int], dict[str, Any]]
     metrics_port: int
+    resources: frozenset[tuple[str, str]]
+    """The API resources, as (group, resource), that only this controller requests here
+    (``controller_requests``): the jobs, what it creates for them, the nodes it reads."""
+    kind: str
+    """Its jobs' kind: the Events about them are its own (``job_events``)."""
 
 
 WORKERS = 2
@@ -176,12 +201,17 @@ OURS = Controller(
     name="llmtrain", collection=f"/apis/llmtrain.io/v1alpha1/namespaces/{NS}/llmtrainjobs", extra_pods=1,
     job_label="llmtrain.io/job", worker=lambda pod: pod["metadata"]["labels"].get("llmtrain.io/role") == "worker",
     restart_mark=lambda job: _our_failure_mark(job), manifest=_our_job,
-    metrics_port=OUR_METRICS_PORT)
+    metrics_port=OUR_METRICS_PORT,
+    resources=frozenset({("llmtrain.io", "llmtrainjobs"), ("", "pods"), ("", "services"), ("", "configmaps"), ("", "secrets"),
+                         ("", "nodes")}),
+    kind="LLMTrainJob")
 KUBEFLOW = Controller(
     name="kubeflow", collection=f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs", extra_pods=0,
     job_label="training.kubeflow.org/job-name",
     worker=lambda pod: pod["metadata"]["labels"].get("training.kubeflow.org/replica-type") == "worker",
-    restart_mark=_kubeflow_restarting, manifest=_kubeflow_job, metrics_port=KF_METRICS_PORT)
+    restart_mark=_kubeflow_restarting, manifest=_kubeflow_job, metrics_port=KF_METRICS_PORT,
+    resources=frozenset({("kubeflow.org", "pytorchjobs"), ("", "pods"), ("", "services"), ("", "configmaps"), ("", "nodes")}),
+    kind="PyTorchJob")
 
 
 # ---------------------------------------------------------------- the benchmark's own record
@@ -250,10 +280,20 @@ class Record:
         with self.lock:
             return sum(1 for p in self.pods.values() if p["phase"] == "Running")
 
-    def replacement_after(self, job: str, since: float, killed: str) -> float | None:
+    def replacement_after(self, job: str, since: float, killed: set[str]) -> float | None:
         with self.lock:
-            times = [t for uid, t in self.added.items() if t >= since and uid != killed and self.owner[uid] == (job, True)]
+            times = [t for uid, t in self.added.items() if t >= since and uid not in killed and self.owner[uid] == (job, True)]
         return min(times) if times else None
+
+    def running_workers_by_node(self) -> dict[str, dict[str, set[str]]]:
+        """node -> job -> the uids of that job's running workers there."""
+        out: dict[str, dict[str, set[str]]] = {}
+        with self.lock:
+            for uid, p in self.pods.items():
+                node = (p["pod"].get("spec") or {}).get("nodeName")
+                if p["worker"] and p["phase"] == "Running" and node and p["job"] is not None:
+                    out.setdefault(node, {}).setdefault(p["job"], set()).add(uid)
+        return out
 
 
 # ---------------------------------------------------------------- measuring a process
@@ -315,6 +355,68 @@ def pct(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+# ---------------------------------------------------------------- the API server's own count
+
+WRITES = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"})
+READS = frozenset({"GET", "LIST"})
+"""Watches are left out of the reads: one is a stream, whatever it carries."""
+
+
+def api_requests(kube: Kube) -> dict[tuple[str, str, str, str], float]:
+    """The API server's ``apiserver_request_total`` so far, by (verb, group, resource,
+    subresource), summed over versions, scopes and answers."""
+    out: dict[tuple[str, str, str, str], float] = {}
+    for line in kube.text("/metrics").splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        inside, _, value = line[len("apiserver_request_total{"):].rpartition("} ")
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', inside))
+        key = (labels.get("verb", ""), labels.get("group", ""), labels.get("resource", ""), labels.get("subresource", ""))
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def controller_requests(c: Controller, after: dict[tuple[str, str, str, str], float],
+                        before: dict[tuple[str, str, str, str], float]) -> dict[str, dict[str, float]]:
+    """The controller's requests between two counts: {"writes"|"reads": {"VERB resource[/sub]": n}}:
+    those on ``c.resources``, with the ``status`` of its own kind of job. Left out: the
+    subresources of core resources (pods' and nodes' status are kwok's, as a kubelet's, and
+    this script's kills), Leases (kwok renews one a node; our operator's leader Lease, a
+    GET and a PUT every few seconds, is not counted either: Kubeflow runs here without
+    leader election), Events (here the endpoints controllers write thousands, about
+    Services whose pods have loopback addresses: ``job_events`` counts the controller's)
+    and watches (streams).
+    A graceful pod delete is two: the controller's, and kwok's once the grace is over (a
+    kubelet's last word on the pod); a Failed pod's is one."""
+    out: dict[str, dict[str, float]] = {"writes": {}, "reads": {}}
+    for (verb, group, resource, sub), count in after.items():
+        if (group, resource) not in c.resources or (sub and not (sub == "status" and group)):
+            continue
+        n = count - before.get((verb, group, resource, sub), 0.0)
+        kind = "writes" if verb in WRITES else "reads" if verb in READS else None
+        if kind and n > 0:
+            out[kind][f"{verb} {resource}{'/' + sub if sub else ''}"] = n
+    return out
+
+
+def job_events(kube: Kube, kind: str) -> int:
+    """How many times the Events about jobs of ``kind`` in the jobs' namespace happened so
+    far (their counts summed: a repeated Event is one object whose count grows): what the
+    controller says on its jobs."""
+    items = kube.request("GET", f"/api/v1/namespaces/{NS}/events")["items"]
+    return sum(int(e.get("count") or 1) for e in items if (e.get("involvedObject") or {}).get("kind") == kind)
+
+
+def events_by_reason(kube: Kube) -> dict[str, list[Any]]:
+    """The jobs' namespace's core Events so far: reason -> [times they happened (their
+    counts summed), one message], the most frequent first (which writes the Events were)."""
+    out: dict[str, list[Any]] = {}
+    for event in kube.request("GET", f"/api/v1/namespaces/{NS}/events")["items"]:
+        seen = out.setdefault(str(event.get("reason")), [0, str(event.get("message"))[:160]])
+        seen[0] += int(event.get("count") or 1)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1][0])[:8])
 
 
 # ---------------------------------------------------------------- the bed
@@ -494,7 +596,7 @@ def kill(kube: Kube, pod: dict[str, Any]) -> None:
 
 def _answered(rec: Record, shot: tuple[str, str, float, int]) -> bool:
     job, uid, t0, before = shot
-    return None not in (rec.mark_after(job, t0, before), rec.deleted.get(uid), rec.replacement_after(job, t0, uid))
+    return None not in (rec.mark_after(job, t0, before), rec.deleted.get(uid), rec.replacement_after(job, t0, {uid}))
 
 
 def run_kills(kube: Kube, c: Controller, rec: Record, count: int, every: float, timeout: float) -> dict[str, Any]:
@@ -535,7 +637,7 @@ def run_kills(kube: Kube, c: Controller, rec: Record, count: int, every: float, 
         still = []
         for job, uid, t0, before in pending:
             got = {"status": rec.mark_after(job, t0, before), "delete": rec.deleted.get(uid),
-                   "replacement": rec.replacement_after(job, t0, uid)}
+                   "replacement": rec.replacement_after(job, t0, {uid})}
             if all(v is not None for v in got.values()) or time.monotonic() > max(deadline, t0 + timeout):
                 for key, t in got.items():
                     if t is None:
@@ -548,6 +650,128 @@ def run_kills(kube: Kube, c: Controller, rec: Record, count: int, every: float, 
         pending = still
         time.sleep(0.05)
     return {"latencies": out, "missed": missed, "kills": len(shots)}
+
+
+class NodesDown:
+    """Nodes this script made NotReady, kept so. A kubelet whose container runtime died
+    reports its node's Ready condition False and goes on renewing its Lease; here kwok
+    plays the kubelet. Its annotation is removed so that kwok acts on the node no more, but
+    a heartbeat kwok had already queued may still write Ready back once (every 600 s or
+    so): a thread puts the condition back, with its first transition time, whenever it
+    finds it otherwise (``rewrites`` counts those)."""
+
+    def __init__(self, kube: Kube, stop: threading.Event):
+        self.kube, self.stop = kube, stop
+        self.down: dict[str, dict[str, str]] = {}
+        self.rewrites = 0
+        self.lock = threading.Lock()
+        threading.Thread(target=self._guard, daemon=True).start()
+
+    def take_down(self, node: str) -> float:
+        """``node`` NotReady now; the moment of the report by this script's clock (taken on
+        a whole second, as the condition's stamp has no finer grain)."""
+        self.kube.request("PATCH", f"/api/v1/nodes/{node}", {"metadata": {"annotations": {"kwok.x-k8s.io/node": None}}},
+                          content_type="application/merge-patch+json")
+        time.sleep(1.0 - (time.time() % 1.0))
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        ready = {"type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": "container runtime is down",
+                 "lastHeartbeatTime": now, "lastTransitionTime": now}
+        t0 = time.monotonic()
+        self._report(node, ready)
+        with self.lock:
+            self.down[node] = ready
+        return t0
+
+    def nodes(self) -> set[str]:
+        with self.lock:
+            return set(self.down)
+
+    def _report(self, node: str, ready: dict[str, str]) -> None:
+        # A strategic merge: nodes merge their conditions by type, so only Ready changes.
+        self.kube.request("PATCH", f"/api/v1/nodes/{node}/status", {"status": {"conditions": [ready]}},
+                          content_type="application/strategic-merge-patch+json")
+
+    def _guard(self) -> None:
+        while not self.stop.wait(1.0):
+            with self.lock:
+                down = dict(self.down)
+            for node, ready in down.items():
+                try:
+                    conditions = self.kube.request("GET", f"/api/v1/nodes/{node}")["status"].get("conditions", [])
+                    if any(c.get("type") == "Ready" and c.get("status") != "False" for c in conditions):
+                        self._report(node, {**ready, "lastHeartbeatTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")})
+                        self.rewrites += 1
+                except (OSError, ApiError, KeyError) as err:
+                    if not self.stop.is_set():
+                        print(f"[bench] keeping {node} NotReady: {err}", flush=True)
+
+
+def settled_jobs(rec: Record, pods: int, quiet: float, timeout: float) -> set[str]:
+    """Wait up to ``timeout`` for every job to have its ``pods`` pods Running and a status
+    mark that has not moved for ``quiet`` seconds (so that nothing of an earlier fault is
+    credited to the next); the jobs so settled."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = time.monotonic()
+        with rec.lock:
+            running: dict[str, int] = {}
+            for p in rec.pods.values():
+                if p["phase"] == "Running" and p["job"] is not None:
+                    running[p["job"]] = running.get(p["job"], 0) + 1
+            jobs = set(rec.created)
+            quiet_ones = {j for j in jobs if not rec.marks.get(j) or now - rec.marks[j][-1][0] >= quiet}
+        ready = {j for j in jobs if running.get(j, 0) >= pods} & quiet_ones
+        if ready == jobs or now > deadline:
+            return ready
+        time.sleep(0.2)
+
+
+def run_node_kills(kube: Kube, c: Controller, rec: Record, count: int, timeout: float,
+                   stop: threading.Event) -> dict[str, Any]:
+    """``count`` nodes holding running workers made NotReady (``NodesDown``), one after
+    the other, each once the jobs have settled (``settled_jobs``) and once every job with
+    a worker there was answered or timed out. Per settled job with a worker there, from
+    the report: ``node_to_status`` (its status records the failure) and
+    ``node_to_replacement`` (a new worker of that job in the watch). The nodes stay down:
+    the bed has spares."""
+    rng = random.Random(11)
+    out: dict[str, list[float]] = {"status": [], "replacement": []}
+    missed = {k: 0 for k in out}
+    nodes = NodesDown(kube, stop)
+    for n in range(count):
+        settled = settled_jobs(rec, WORKERS + c.extra_pods, 2.0, timeout)
+        by_node = {node: jobs for node, jobs in rec.running_workers_by_node().items() if node not in nodes.nodes()}
+        if not by_node:
+            print(f"[{c.name}] only {n} of {count} node kills: no node holds a running worker", flush=True)
+            break
+        node = rng.choice(sorted(by_node))
+        hit = {job: uids for job, uids in by_node[node].items() if job in settled}
+        with rec.lock:
+            beside = {p["job"] for p in rec.pods.values() if not p["worker"] and p["job"] in hit
+                      and (p["pod"].get("spec") or {}).get("nodeName") == node}
+        before = {job: rec.mark_now(job) for job in hit}
+        t0 = nodes.take_down(node)
+        print(f"[{c.name}]   {node} NotReady: {sum(len(u) for u in by_node[node].values())} workers of "
+              f"{len(by_node[node])} job(s) there, {len(by_node[node]) - len(hit)} of them left out (not settled), "
+              f"{len(beside)} with another of their pods there (ours: the rendezvous store; Kubeflow: the master)", flush=True)
+        answers: dict[str, dict[str, float | None]] = {}
+        while True:
+            for job, killed in hit.items():
+                answers[job] = {"status": rec.mark_after(job, t0, before[job]),
+                                "replacement": rec.replacement_after(job, t0, killed)}
+            if all(None not in a.values() for a in answers.values()) or time.monotonic() > t0 + timeout:
+                break
+            time.sleep(0.05)
+        for got in answers.values():
+            for key, t in got.items():
+                if t is None:
+                    missed[key] += 1
+                    out[key].append(timeout)
+                else:
+                    out[key].append(t - t0)
+    if nodes.rewrites:
+        print(f"[{c.name}]   a NotReady node's Ready was written back {nodes.rewrites} time(s) and put back", flush=True)
+    return {"latencies": out, "missed": missed}
 
 
 def post_ranks(rec: Record, stop: threading.Event) -> None:
@@ -574,7 +798,10 @@ def probe_pages() -> int:
 
 def measure(c: Controller, args: Any, logs: Path, probe_cap: int | None = None) -> dict[str, Any]:
     pods_per_job = WORKERS + c.extra_pods
-    nodes = math.ceil(args.jobs * pods_per_job * 1.25 / PODS_PER_NODE)
+    # A spare for each node lost, and never so few nodes that the lost ones are a
+    # disrupted zone (more than 2 and 55 %: the node lifecycle controller and our operator
+    # would then hold every pod; kwok's nodes have no zone, so they are all one).
+    nodes = max(math.ceil(args.jobs * pods_per_job * 1.25 / PODS_PER_NODE) + args.node_kills, 2 * args.node_kills + 1)
     bed = Bed(nodes, logs)
     print(f"[{c.name}] bed: fresh local cluster, {nodes} kwok nodes"
           + (f", PROBE_PODS_PER_PASS={probe_cap}" if probe_cap is not None else ""), flush=True)
@@ -605,15 +832,26 @@ def measure(c: Controller, args: Any, logs: Path, probe_cap: int | None = None) 
         print(f"[{c.name}] every pod Running {all_running_s:.1f}s after the first create; steady state for {args.steady:.0f}s",
               flush=True)
         time.sleep(min(10.0, args.steady))  # the ramp's stragglers settle
-        h0, cpu0, pages0, t0 = histograms(c), cpu_seconds(proc.pid), probe_pages(), time.monotonic()
+        h0, cpu0, pages0, api0, t0 = histograms(c), cpu_seconds(proc.pid), probe_pages(), api_requests(kube), time.monotonic()
+        events0 = job_events(kube, c.kind)
         time.sleep(args.steady)
-        h1, cpu1, pages1, t1 = histograms(c), cpu_seconds(proc.pid), probe_pages(), time.monotonic()
+        h1, cpu1, pages1, api1, t1 = histograms(c), cpu_seconds(proc.pid), probe_pages(), api_requests(kube), time.monotonic()
+        events1 = job_events(kube, c.kind)
         steady = {k: minus(h1[k], h0[k]) for k in h1}
         cores, rss = (cpu1 - cpu0) / (t1 - t0), rss_mb(proc.pid)
         print(f"[{c.name}] {args.kills} kills, one every {args.kill_every:.1f}s", flush=True)
         kills = run_kills(kube, c, rec, args.kills, args.kill_every, args.kill_timeout)
-        h2 = histograms(c)
+        h2, api2, t2 = histograms(c), api_requests(kube), time.monotonic()
+        events2 = job_events(kube, c.kind)
         during = {k: minus(h2[k], h1[k]) for k in h2}
+        steady_api, kills_api = controller_requests(c, api1, api0), controller_requests(c, api2, api1)
+        print(f"[{c.name}] API requests in the steady state: {steady_api}", flush=True)
+        print(f"[{c.name}] Events so far, by reason: {events_by_reason(kube)}", flush=True)
+        print(f"[{c.name}] API requests during the kills: {kills_api}", flush=True)
+        nodes_lost: dict[str, Any] = {"latencies": {"status": [], "replacement": []}, "missed": {"status": 0, "replacement": 0}}
+        if args.node_kills:
+            print(f"[{c.name}] {args.node_kills} nodes NotReady, one after the other", flush=True)
+            nodes_lost = run_node_kills(kube, c, rec, args.node_kills, args.node_kill_timeout, stop)
         if proc.poll() is not None:
             raise RuntimeError(f"{c.name} exited during the run: see {logs}")
         # The largest job object as the API server serves it (what etcd holds, less its framing).
@@ -633,6 +871,19 @@ def measure(c: Controller, args: Any, logs: Path, probe_cap: int | None = None) 
             "reconcile_during_kills_p99_s": quantile(during["reconcile"], 0.99),
             "queue_during_kills_p99_s": quantile(during["queue"], 0.99),
             "rss_mb": rss, "cpu_cores": cores, "probe_requests_per_s": (pages1 - pages0) / (t1 - t0),
+            "api_writes_per_s": sum(steady_api["writes"].values()) / (t1 - t0),
+            "api_reads_per_s": sum(steady_api["reads"].values()) / (t1 - t0),
+            # The kills' window lasts as long as their answers take: its writes as counted,
+            # and per kill less what the steady state's rate would have written meanwhile
+            # (0 when that rate was no steady state: Kubeflow still creating Services).
+            "api_writes_during_kills": sum(kills_api["writes"].values()), "kills_window_s": t2 - t1,
+            "job_events_per_s": (events1 - events0) / (t1 - t0), "job_events_per_kill": (events2 - events1) / max(1, kills["kills"]),
+            "api_writes_per_kill": max(0.0, sum(kills_api["writes"].values()) - sum(steady_api["writes"].values())
+                                       * (t2 - t1) / (t1 - t0)) / max(1, kills["kills"]),
+            **{f"node_to_{k}_p50_s": pct(v, 0.5) for k, v in nodes_lost["latencies"].items()},
+            **{f"node_to_{k}_p99_s": pct(v, 0.99) for k, v in nodes_lost["latencies"].items()},
+            **{f"node_to_{k}_unanswered": n for k, n in nodes_lost["missed"].items()},
+            "node_kill_samples": len(nodes_lost["latencies"]["status"]),
             "object_bytes_max": max(s[0] for s in sizes), "status_bytes_max": max(s[1] for s in sizes),
         }
         if "event_to_action" in during:
@@ -653,6 +904,8 @@ def main() -> None:
     p.add_argument("--kills", type=int, default=None, help="worker pods failed per controller (default 40, quick 8)")
     p.add_argument("--kill-every", type=float, default=2.0, help="seconds between kills")
     p.add_argument("--kill-timeout", type=float, default=120.0, help="seconds a kill's answer is waited for")
+    p.add_argument("--node-kills", type=int, default=None, help="nodes made NotReady per controller (default 3, quick 1)")
+    p.add_argument("--node-kill-timeout", type=float, default=120.0, help="seconds a node kill's answers are waited for")
     p.add_argument("--steady", type=float, default=None, help="seconds of steady state measured (default 60, quick 20)")
     p.add_argument("--ramp-timeout", type=float, default=1200.0)
     p.add_argument("--no-peer", action="store_true", help="skip Kubeflow's training-operator")
@@ -669,6 +922,9 @@ def main() -> None:
     WORKERS = args.workers
     args.jobs = args.jobs or (30 if args.quick else 500)
     args.kills = args.kills or (8 if args.quick else 40)
+    args.node_kills = (1 if args.quick else 3) if args.node_kills is None else args.node_kills
+    if args.node_kills < 0:
+        p.error("--node-kills must be 0 or more")
     args.steady = args.steady or (20.0 if args.quick else 60.0)
     logs = ROOT / ".cache" / "operator-scale"
     shutil.rmtree(logs, ignore_errors=True)
@@ -686,8 +942,12 @@ def main() -> None:
         return round(v, 4) if isinstance(v, float) else ("na" if v is None else v)
 
     keys = ("kill_to_status_p50_s", "kill_to_status_p99_s", "kill_to_delete_p99_s", "kill_to_replacement_p99_s",
-            "kill_to_status_unanswered", "create_to_first_pod_p99_s", "all_running_s", "reconcile_p99_s", "queue_p99_s",
-            "rss_mb", "cpu_cores", "object_bytes_max", "status_bytes_max")
+            "kill_to_status_unanswered", "node_to_status_p50_s", "node_to_status_p99_s", "node_to_replacement_p99_s",
+            "node_to_status_unanswered", "node_to_replacement_unanswered", "node_kill_samples", "create_to_first_pod_p99_s",
+            "all_running_s", "reconcile_p99_s", "queue_p99_s", "rss_mb", "cpu_cores", "api_writes_per_s", "api_reads_per_s",
+            "api_writes_per_kill", "api_writes_during_kills", "kills_window_s", "job_events_per_s", "job_events_per_kill",
+            "object_bytes_max",
+            "status_bytes_max")
     compared = ("probe_requests_per_s", "reconcile_p50_s", "reconcile_p99_s", "cpu_cores", "kill_to_status_p50_s",
                 "kill_to_status_p99_s", "event_to_action_p99_s")
     extra: dict[str, Any] = {}
