@@ -388,8 +388,8 @@ def controller_requests(c: Controller, after: dict[tuple[str, str, str, str], fl
     leader election), Events (here the endpoints controllers write thousands, about
     Services whose pods have loopback addresses: ``job_events`` counts the controller's)
     and watches (streams).
-    A graceful pod delete is two: the controller's, and kwok's once the grace is over (a
-    kubelet's last word on the pod); a Failed pod's is one."""
+    A pod's delete counts twice: the controller's, and kwok's (a kubelet's last word on
+    the pod; both controllers showed two a kill)."""
     out: dict[str, dict[str, float]] = {"writes": {}, "reads": {}}
     for (verb, group, resource, sub), count in after.items():
         if (group, resource) not in c.resources or (sub and not (sub == "status" and group)):
@@ -655,10 +655,10 @@ def run_kills(kube: Kube, c: Controller, rec: Record, count: int, every: float, 
 class NodesDown:
     """Nodes this script made NotReady, kept so. A kubelet whose container runtime died
     reports its node's Ready condition False and goes on renewing its Lease; here kwok
-    plays the kubelet. Its annotation is removed so that kwok acts on the node no more, but
-    a heartbeat kwok had already queued may still write Ready back once (every 600 s or
-    so): a thread puts the condition back, with its first transition time, whenever it
-    finds it otherwise (``rewrites`` counts those)."""
+    plays the kubelet. Its annotation is removed so that kwok no longer hears of the
+    node's changes, but a heartbeat kwok had already queued (every 600 s or so) may still
+    write Ready back: a thread puts the condition back, with its first transition time,
+    whenever it finds it otherwise (``rewrites`` counts those)."""
 
     def __init__(self, kube: Kube, stop: threading.Event):
         self.kube, self.stop = kube, stop
