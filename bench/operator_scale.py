@@ -594,6 +594,17 @@ def kill(kube: Kube, pod: dict[str, Any]) -> None:
                  content_type="application/merge-patch+json")
 
 
+def tally(got: dict[str, float | None], t0: float, timeout: float, out: dict[str, list[float]], missed: dict[str, int]) -> None:
+    """One fault's answers (arrival times, None for none) into the latencies from ``t0``:
+    an answer that never came counts as the timeout, and is counted in ``missed``."""
+    for key, t in got.items():
+        if t is None:
+            missed[key] += 1
+            out[key].append(timeout)
+        else:
+            out[key].append(t - t0)
+
+
 def _answered(rec: Record, shot: tuple[str, str, float, int]) -> bool:
     job, uid, t0, before = shot
     return None not in (rec.mark_after(job, t0, before), rec.deleted.get(uid), rec.replacement_after(job, t0, {uid}))
@@ -639,12 +650,7 @@ def run_kills(kube: Kube, c: Controller, rec: Record, count: int, every: float, 
             got = {"status": rec.mark_after(job, t0, before), "delete": rec.deleted.get(uid),
                    "replacement": rec.replacement_after(job, t0, {uid})}
             if all(v is not None for v in got.values()) or time.monotonic() > max(deadline, t0 + timeout):
-                for key, t in got.items():
-                    if t is None:
-                        missed[key] += 1
-                        out[key].append(timeout)
-                    else:
-                        out[key].append(t - t0)
+                tally(got, t0, timeout, out, missed)
             else:
                 still.append((job, uid, t0, before))
         pending = still
@@ -763,12 +769,7 @@ def run_node_kills(kube: Kube, c: Controller, rec: Record, count: int, timeout: 
                 break
             time.sleep(0.05)
         for got in answers.values():
-            for key, t in got.items():
-                if t is None:
-                    missed[key] += 1
-                    out[key].append(timeout)
-                else:
-                    out[key].append(t - t0)
+            tally(got, t0, timeout, out, missed)
     if nodes.rewrites:
         print(f"[{c.name}]   a NotReady node's Ready was written back {nodes.rewrites} time(s) and put back", flush=True)
     return {"latencies": out, "missed": missed}
