@@ -344,16 +344,24 @@ class StragglerSpec(CamelModel):
 
 
 class BackoffSpec(CamelModel):
-    """Exponential backoff between restarts: ``initial * factor^(restarts-1)``, capped."""
+    """Exponential backoff before a failed worker's replacement, per worker slot:
+    ``initial * factor^(k-1)``, capped, where ``k`` counts the slot's failures in a row. A
+    failure elsewhere in the job does not delay the slot; a job-wide restart
+    (``RestartAll``, the progress backstop) holds back every slot by its own count."""
 
     initial_seconds: float = Field(1.0, ge=0, le=3600)
-    """Delay before the first restart, in seconds. Default 1."""
+    """Delay before a slot's first replacement, in seconds. Default 1."""
 
     max_seconds: float = Field(300.0, ge=0, le=86400)
     """Upper bound of the delay, in seconds. Default 300."""
 
     factor: float = Field(2.0, ge=1.0, le=10.0)
-    """Growth per restart, 1..10. Default 2."""
+    """Growth per failure in a row, 1..10. Default 2."""
+
+    reset_after_seconds: int = Field(600, ge=0, le=86400)
+    """A slot that has not failed for this long after its replacement was due counts its
+    next failure as the first again (the kubelet's CrashLoopBackOff resets after 10 minutes
+    of running). Seconds, 0..86400. Default 600."""
 
 
 class FaultToleranceSpec(Ruled):

@@ -163,6 +163,13 @@ class QuarantinedNode(CamelModel):
     """RFC 3339 time after which the job may use the node again."""
 
 
+class SlotBackoff(CamelModel):
+    failures: int = Field(ge=1)
+    """The slot's failures in a row (``planner/backoff.py``)."""
+    until: Timestamp
+    """Its replacement is not created before this time (RFC 3339)."""
+
+
 class Internal(CamelModel):
     """The operator's own bookkeeping. Not an API: it may change between versions. It
     lives in the status because it must be written in the same patch as the decisions it
@@ -190,6 +197,9 @@ class Internal(CamelModel):
     """``pod:<uid>`` of pods announced as unschedulable (an Event once each, bounded)."""
     values_rejected: list[str] = Field(default_factory=list)
     """``pod:<uid>/<field>`` of unusable values from pods already reported (bounded)."""
+    backoff: dict[str, SlotBackoff] = Field(default_factory=dict)
+    """Worker slot (``*``: every slot, a job-wide restart) -> its failures in a row and
+    when its replacement is due (``planner/backoff.py``; bounded)."""
     not_ready_since: Timestamp | None = None
     """When the ready workers first dropped below ``replicas.min`` without a detected
     failure (RFC 3339); the phase leaves Running only after a short grace."""
@@ -323,7 +333,8 @@ class LLMTrainJobStatus(CamelModel):
     last_progress_time: Timestamp | None = None
     """When ``step`` last advanced (RFC 3339); the wedge check measures from here."""
     next_restart_time: Timestamp | None = None
-    """Backoff: replacements are not created before this time (RFC 3339)."""
+    """Backoff: the last replacement waiting out its backoff is created at this time (RFC
+    3339); each worker slot waits its own (``faultTolerance.backoff``)."""
     active_seconds: float = 0.0
     """Seconds spent not suspended, for ``activeDeadlineSeconds``."""
     goodput: float | None = None

@@ -1,8 +1,11 @@
-"""The restart budget: charging it, the backoff before replacements, and RestartAll."""
+"""The restart budget: charging it, starting the backoff before replacements, and RestartAll."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from ..api.vocabulary import Reason
+from . import backoff
 from .context import Pass
 from .decisions import RestartCharged
 from .outcome import finish, retire
@@ -22,11 +25,6 @@ def reason_key(counts: dict[str, int], reason: str) -> str:
     return reason if reason in counts or len(counts) < MAX_REASONS - 1 else OTHER
 
 
-def backoff_seconds(ctx: Pass, restarts: int) -> float:
-    b = ctx.spec.fault_tolerance.backoff
-    return min(b.max_seconds, b.initial_seconds * (b.factor ** max(0, restarts - 1)))
-
-
 def charge_budget(ctx: Pass, reason: str, enforce: bool = True) -> bool:
     """Add one restart to the never-reset counters; on exceeding the budget, fail the job
     with BackoffLimitExceeded and return False. ``enforce=False``: a restart learnt only
@@ -44,14 +42,14 @@ def charge_budget(ctx: Pass, reason: str, enforce: bool = True) -> bool:
     return True
 
 
-def count_restart(ctx: Pass, reason: str) -> bool:
-    """Charge one restart and start the backoff before replacements. Returns False (the
-    job failed) when the budget is exhausted."""
+def count_restart(ctx: Pass, reason: str, slots: Iterable[int | None] = (None,)) -> bool:
+    """Charge one restart and start the backoff before the replacements of ``slots`` (the
+    failed pods'; None, or a job restarting every pod: all of them, ``backoff.py``).
+    Returns False (the job failed) when the budget is exhausted."""
     if not charge_budget(ctx, reason):
         return False
-    delay = backoff_seconds(ctx, ctx.status.restarts)
-    ctx.status.next_restart_time = ctx.at(delay)
-    ctx.after(delay)
+    every = ctx.spec.fault_tolerance.restart_policy == "RestartAll"
+    backoff.start(ctx, [backoff.JOB_WIDE if every else backoff.key(s) for s in slots])
     return True
 
 

@@ -120,6 +120,7 @@ def test_a_failed_pod_is_counted_once_even_if_its_deletion_is_slow():
 
 
 def test_replacement_waits_for_the_backoff_then_is_created():
+    # A status written before backoff was per slot: its one time holds back every slot.
     raw = job(status=running_status(restarts=3, nextRestartTime=ago(-3)))
     obs = observed(raw, [worker(1)])
     result, _, actions, _ = run(raw, obs)
@@ -128,13 +129,85 @@ def test_replacement_waits_for_the_backoff_then_is_created():
     assert actions == [f"create Pod/{W0}"]
 
 
-def test_backoff_grows_exponentially_and_is_capped():
-    raw = job({"spec.faultTolerance.backoff": {"initialSeconds": 2, "factor": 3, "maxSeconds": 50}}, status=running_status(restarts=3))
-    _, status, _, _ = run(raw, observed(raw, [worker(0, phase="Failed", exit_code=137), worker(1)]))
+BACKOFF = {"spec.faultTolerance.backoff": {"initialSeconds": 2, "factor": 3, "maxSeconds": 50}}
+CRASHED = [worker(0, phase="Failed", exit_code=137), worker(1)]
+
+
+def streak(failures: int, due: float) -> dict:
+    """A slot's backoff entry: ``failures`` in a row, its replacement due ``due`` seconds ago."""
+    return {"failures": failures, "until": ago(due)}
+
+
+def test_backoff_grows_with_a_slots_failures_in_a_row_and_is_capped():
+    raw = job(BACKOFF, status=running_status(restarts=3, internal={"backoff": {"0": streak(3, 60)}}))
+    _, status, _, _ = run(raw, observed(raw, CRASHED))
     assert status["nextRestartTime"] == ago(-50)  # 2 * 3**3 = 54, capped at 50
-    raw = job({"spec.faultTolerance.backoff": {"initialSeconds": 2, "factor": 3, "maxSeconds": 50}}, status=running_status(restarts=1))
-    _, status, _, _ = run(raw, observed(raw, [worker(0, phase="Failed", exit_code=137), worker(1)]))
+    assert status["internal"]["backoff"]["0"] == {"failures": 4, "until": ago(-50)}
+    raw = job(BACKOFF, status=running_status(restarts=1, internal={"backoff": {"0": streak(1, 60)}}))
+    _, status, _, _ = run(raw, observed(raw, CRASHED))
     assert status["nextRestartTime"] == ago(-6)  # 2 * 3**1
+
+
+def test_a_failure_elsewhere_in_the_job_does_not_delay_a_slot():
+    """Failures of different nodes of a large job are independent: the job's restarts and
+    another slot's streak leave a slot's first failure at the initial delay."""
+    raw = job(BACKOFF, status=running_status(restarts=4, internal={"backoff": {"1": streak(4, 30)}}))
+    _, status, _, _ = run(raw, observed(raw, CRASHED))
+    assert status["restarts"] == 5 and status["nextRestartTime"] == ago(-2)
+    assert status["internal"]["backoff"] == {"1": streak(4, 30), "0": {"failures": 1, "until": ago(-2)}}
+
+
+def test_a_slot_that_ran_past_reset_after_seconds_starts_its_streak_again():
+    raw = job({**BACKOFF, "spec.faultTolerance.backoff.resetAfterSeconds": 300},
+              status=running_status(restarts=4, internal={"backoff": {"0": streak(4, 301), "1": streak(2, 299)}}))
+    _, status, _, _ = run(raw, observed(raw, CRASHED))
+    assert status["nextRestartTime"] == ago(-2)
+    # The slot starts at 1; slot 1's streak, due 299 s ago, is still followed.
+    assert status["internal"]["backoff"] == {"1": streak(2, 299), "0": {"failures": 1, "until": ago(-2)}}
+
+
+def test_a_slot_waiting_out_its_backoff_does_not_hold_back_another():
+    raw = job(BACKOFF, status=running_status(restarts=2, nextRestartTime=ago(-5), internal={"backoff": {"0": streak(2, -5)}}))
+    result, _, actions, _ = run(raw, observed(raw, []))
+    assert actions == [f"create Pod/{W1}"] and 4 <= result.requeue_after <= 5
+    _, _, actions, _ = run(raw, observed(raw, [worker(1)]), NOW + timedelta(seconds=5))
+    assert actions == [f"create Pod/{W0}"]
+
+
+def test_a_job_wide_restart_holds_back_every_slot_by_its_own_streak():
+    raw = job({**BACKOFF, "spec.faultTolerance.restartPolicy": "RestartAll"},
+              status=running_status(restarts=1, internal={"backoff": {"*": streak(1, 30)}}))
+    _, status, actions, _ = run(raw, observed(raw, CRASHED))
+    assert status["internal"]["backoff"] == {"*": {"failures": 2, "until": ago(-6)}}
+    assert status["restartGeneration"] == 1
+    after = {**raw, "status": status}
+    result, _, actions, _ = run(after, observed(after, []), NOW + timedelta(seconds=5))
+    assert not [a for a in actions if a.startswith("create Pod/tiny-elastic-worker")] and result.requeue_after <= 1
+    _, _, actions, _ = run(after, observed(after, []), NOW + timedelta(seconds=6))
+    assert [a for a in actions if a.startswith("create Pod/tiny-elastic-worker")] == [f"create Pod/{W0}", f"create Pod/{W1}"]
+
+
+def test_a_hand_edited_streak_of_millions_waits_the_cap_and_plans():
+    raw = job(BACKOFF, status=running_status(internal={"backoff": {"0": streak(10**9, 10), "x": {"failures": 2, "until": "never"}}}))
+    _, status, _, _ = run(raw, observed(raw, CRASHED))
+    assert status["internal"]["backoff"] == {"0": {"failures": 10**9 + 1, "until": ago(-50)}}  # the unreadable one dropped
+
+
+def test_the_slots_followed_are_bounded_the_longest_due_going_first():
+    from llmtrain_operator.planner.backoff import MAX_SLOTS
+    table = {str(i): streak(1, 100 - i / 10) for i in range(2, MAX_SLOTS + 2)}
+    raw = job(BACKOFF, status=running_status(internal={"backoff": table}))
+    _, status, _, _ = run(raw, observed(raw, CRASHED))
+    kept = status["internal"]["backoff"]
+    assert len(kept) == MAX_SLOTS and "2" not in kept and "3" in kept and kept["0"]["failures"] == 1
+
+
+def test_resuming_a_suspended_job_starts_its_pods_without_waiting():
+    raw = job({"spec.suspend": False}, status=running_status(phase="Suspended", nextRestartTime=ago(-40),
+                                                            internal={"backoff": {"0": streak(3, -40), "*": streak(1, -40)}}))
+    _, status, actions, _ = run(raw, observed(raw, []))
+    assert f"create Pod/{W0}" in actions and f"create Pod/{W1}" in actions
+    assert status["internal"].get("backoff", {}) == {} and "nextRestartTime" not in status
 
 
 def test_the_budget_running_out_fails_the_job_with_backoff_limit_exceeded():

@@ -18,11 +18,12 @@ from llmtrain_operator.api import parse_job
 from llmtrain_operator.api.observed import TrainerProbe, format_time
 from llmtrain_operator.api.spec import MAX_NODES, FaultToleranceSpec, LLMTrainJobSpec
 from llmtrain_operator.api.status import (CheckpointRecord, attempts_text, Condition, FailureRecord, Internal, LLMTrainJobStatus,
-                                          NumericsStatus, QuarantinedNode, RankHolder, SkippedWindow, TierHealth)
+                                          NumericsStatus, QuarantinedNode, RankHolder, SkippedWindow, SlotBackoff, TierHealth)
 from llmtrain_operator.api.untrusted import MAX_COUNT
 from llmtrain_operator.api.vocabulary import ConditionType, FailureKind, Reason
 from llmtrain_operator.planner import plan
 from llmtrain_operator.planner.budget import MAX_REASON_LENGTH, MAX_REASONS, reason_key
+from llmtrain_operator.planner.backoff import JOB_WIDE, MAX_SLOTS
 from llmtrain_operator.planner.accounting import MAX_CHARGED, MAX_FAILURE_MESSAGE, MAX_SEEN
 from llmtrain_operator.planner.conditions import MAX_MESSAGE, set_condition
 from llmtrain_operator.planner.manifests import config_map
@@ -84,6 +85,8 @@ def worst_status() -> LLMTrainJobStatus:
             unschedulable_seen=[f"pod:{UID}"] * MAX_SEEN,
             values_rejected=[f"pod:{UID}/{'f' * 40}"] * MAX_SEEN,
             node_failures={f"charged:notready:{NODE}{i}": [STAMP] * MAX_KEPT for i in range(MAX_KEYS)},
+            backoff={str(MAX_NODES - 1 - i) if i else JOB_WIDE: SlotBackoff(failures=MAX_COUNT, until=STAMP)
+                     for i in range(MAX_SLOTS + 1)},
         ),
     )
 
@@ -91,7 +94,7 @@ def worst_status() -> LLMTrainJobStatus:
 BOUNDED = {"conditions", "ranks", "restartsByReason", "keptPods", "checkpointTiers", "checkpointTiers.pods",
            "quarantinedNodes", "numerics.skipped", "internal.chargedFailures", "internal.attemptsSeen",
            "internal.stragglersSeen", "internal.unschedulableSeen", "internal.valuesRejected", "internal.nodeFailures",
-           "internal.nodeFailures.*"}
+           "internal.nodeFailures.*", "internal.backoff"}
 """Every list and map of the status, each filled to its bound above."""
 
 

@@ -9,7 +9,7 @@ from llmtrain_contract.names import CONFIG_HASH_ANNOTATION
 
 from ...api.observed import CADENCE_ANNOTATION
 from ...api.vocabulary import ConditionType, PodPhase, Reason
-from .. import manifests, names
+from .. import backoff, manifests, names
 from ..conditions import is_true
 from ..context import CreateObject, DeletePod, Pass, ReplaceObject, Verdict
 from ..decisions import CadenceShared
@@ -151,9 +151,11 @@ def reconcile_workers(ctx: Pass, admission: Admission, may_create: bool = True) 
         return  # training finished on some worker: never start new ones
     if not may_create:
         return
-    wait = -(ctx.seconds_since(status.next_restart_time) or 0.0) if status.next_restart_time else 0.0
-    if wait > 0:
-        ctx.after(wait)
+    waits = {slot: backoff.wait_seconds(ctx, slot) for slot in missing}
+    if any(waits.values()):
+        ctx.after(min(w for w in waits.values() if w > 0))
+    missing = [slot for slot in missing if waits[slot] <= 0]
+    if not missing:
         return
     avoid = active_quarantine(ctx)
     token = ensure_token(ctx)

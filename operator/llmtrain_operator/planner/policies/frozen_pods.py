@@ -116,7 +116,7 @@ def _replace(ctx: Pass, pod: PodView, quiet: float, waits: dict[str, float]) -> 
                   "episode, replacing it without another charge", warning=True)
     else:
         ctx.event(Reason.POD_UNRESPONSIVE, f"{message}; replacing it", warning=True)
-        if not count_restart(ctx, HANG):
+        if not count_restart(ctx, HANG, [pod.slot]):
             return False
     if ctx.spec.fault_tolerance.restart_policy == "RestartAll":
         restart_all(ctx, f"{where} froze")

@@ -100,7 +100,7 @@ def handle(ctx: Pass) -> Verdict:
             continue
         ctx.event(Reason.NODE_FAILURE, f"node {node_name} is {what}: force-deleting {names} "
                   f"and keeping this job off the node{loss_words(ctx, failed_nodes)}", warning=True)
-        if not count_restart(ctx, Reason.NODE_FAILURE):
+        if not count_restart(ctx, Reason.NODE_FAILURE, [p.slot for p in pods]):
             return Verdict.FINISHED
     _report_disruption(ctx, {zone: disrupted[zone] for zone in held})
     return Verdict.CONTINUE

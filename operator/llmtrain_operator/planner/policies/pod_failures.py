@@ -132,7 +132,7 @@ def handle(ctx: Pass) -> Verdict:
                     retire(ctx, pod)
                 continue
         ctx.event(Reason.POD_FAILED, f"{where} failed (exit {code}, {verdict.reason}); replacing it", warning=True)
-        if not count_restart(ctx, verdict.reason):
+        if not count_restart(ctx, verdict.reason, [pod.slot]):
             return Verdict.FINISHED
         if ctx.spec.fault_tolerance.restart_policy == "RestartAll":
             restart_all(ctx, f"{where} failed")

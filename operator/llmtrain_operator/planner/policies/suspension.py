@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ...api.vocabulary import ConditionType, Phase, Reason
 from ..conditions import is_true
+from .. import backoff
 from ..context import Pass, Verdict
 from ..outcome import stop_pods
 from ..podgroup import release as release_pod_group
@@ -44,6 +45,6 @@ def handle(ctx: Pass, admission: Admission) -> Verdict:
                       "admitted by Kueue" if admission.admitted else "spec.suspend is false")
         ctx.event(Reason.RESUMED, "resumed: recreating pods; training continues from the newest checkpoint")
         status.phase = Phase.PENDING
-        status.next_restart_time = None
+        backoff.clear(ctx)
         status.last_progress_time = ctx.stamp
     return Verdict.CONTINUE
