@@ -68,6 +68,13 @@ def format_time(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def format_time_ms(value: datetime) -> str:
+    """To the millisecond, for a deadline a second's truncation would move by up to a
+    second (a 1 s backoff); a whole second is written as ``format_time`` writes it."""
+    ms = value.microsecond // 1000
+    return format_time(value) if not ms else value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{ms:03d}Z"
+
+
 @dataclass(frozen=True)
 class PodView:
     name: str

@@ -32,6 +32,12 @@ first, and that slot's next failure counts from 1. More slots failing within
 ``resetAfterSeconds`` is a job-wide problem, which the restart budget ends."""
 
 
+TIMER_FLOOR = 0.05
+"""A pass is asked for when a replacement is due, not a whole second after a pass that
+found it 0.3 s away (the planner's usual floor): the wait only shrinks from pass to pass,
+so the timer cannot spin. Deadlines are kept to the millisecond for the same reason."""
+
+
 def delay_seconds(ctx: Pass, failures: int) -> float:
     """``initialSeconds × factor^(failures-1)``, capped, without computing a power that
     overflows a float (a long streak: ``2.0 ** 1100`` raises)."""
@@ -57,8 +63,8 @@ def start(ctx: Pass, keys: Iterable[str]) -> None:
         entry = table.pop(k, None)
         failures = entry.failures + 1 if entry is not None and -_left(ctx, entry.until) < reset_after else 1
         delay = delay_seconds(ctx, failures)
-        table[k] = SlotBackoff(failures=failures, until=ctx.at(delay))  # re-inserted: newest last
-        ctx.after(delay)
+        table[k] = SlotBackoff(failures=failures, until=ctx.at(delay, ms=True))  # re-inserted: newest last
+        ctx.after(delay, floor=TIMER_FLOOR)
     for stale in [k for k, e in table.items() if (since := ctx.seconds_since(e.until)) is None or since >= reset_after]:
         del table[stale]
     while len(table) > MAX_SLOTS:

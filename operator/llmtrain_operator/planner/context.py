@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..api.job import LLMTrainJob
-from ..api.observed import Observed, format_time, parse_time
+from ..api.observed import Observed, format_time, format_time_ms, parse_time
 from ..api.spec import LLMTrainJobSpec
 from ..api.status import LLMTrainJobStatus
 from ..api.vocabulary import ConditionType
@@ -164,16 +164,18 @@ class Ledger:
         """A decision recorded by its Event alone."""
         self.decide(Noted(reason, message, warning))
 
-    def after(self, seconds: float) -> None:
-        """Ask for another pass in ``seconds`` (clamped to at least a second)."""
-        self.timers.append(max(1.0, seconds))
+    def after(self, seconds: float, floor: float = 1.0) -> None:
+        """Ask for another pass in ``seconds`` (clamped to at least ``floor``: a second,
+        unless the deadline is one that only comes closer, as a backoff's)."""
+        self.timers.append(max(floor, seconds))
 
     def seconds_since(self, stamp: str | None) -> float | None:
         then = parse_time(stamp)
         return None if then is None else (self.now - then).total_seconds()
 
-    def at(self, seconds_from_now: float) -> str:
-        return format_time(self.now + timedelta(seconds=seconds_from_now))
+    def at(self, seconds_from_now: float, ms: bool = False) -> str:
+        """The RFC 3339 time ``seconds_from_now``: to the second, or (``ms``) the millisecond."""
+        return (format_time_ms if ms else format_time)(self.now + timedelta(seconds=seconds_from_now))
 
 
 @dataclass(kw_only=True)

@@ -174,6 +174,19 @@ def test_a_slot_waiting_out_its_backoff_does_not_hold_back_another():
     assert actions == [f"create Pod/{W0}"]
 
 
+def test_a_replacement_is_created_when_its_backoff_ends_to_the_millisecond():
+    """A second's truncation and the planner's one-second timer floor added up to 1 s to
+    a 1 s backoff (bench/operator_scale.py: kill -> replacement 2.4 s at worst)."""
+    raw = job(status=running_status())  # example 01: 1 s doubling to 10 s
+    _, status, _, _ = run(raw, observed(raw, CRASHED), NOW + timedelta(seconds=0.25))
+    assert status["internal"]["backoff"]["0"]["until"] == ago(-1.25).replace("Z", ".250Z")
+    after = {**raw, "status": status}
+    result, _, actions, _ = run(after, observed(after, [worker(1)]), NOW + timedelta(seconds=0.9))
+    assert actions == [] and result.requeue_after == pytest.approx(0.35)
+    _, _, actions, _ = run(after, observed(after, [worker(1)]), NOW + timedelta(seconds=1.25))
+    assert actions == [f"create Pod/{W0}"]
+
+
 def test_a_job_wide_restart_holds_back_every_slot_by_its_own_streak():
     raw = job({**BACKOFF, "spec.faultTolerance.restartPolicy": "RestartAll"},
               status=running_status(restarts=1, internal={"backoff": {"*": streak(1, 30)}}))
