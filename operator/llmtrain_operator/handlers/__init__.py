@@ -41,7 +41,7 @@ from ..planner.tokens import TokenKeyError
 from ..settings import ConfigError, OperatorSettings, from_env
 from .executor import NotLeader
 from .leadership import AlwaysLeader, Gate, Leadership
-from .loops import JobLoops, Key
+from .loops import JobLoops, Key, Next
 from .reconcile import PROBER, Children, isolation_of, job_uid, reconcile, token_key_of
 from .reconcile import forget as forget_job_memory
 from .slots import Slots
@@ -262,7 +262,7 @@ async def _until_visible(key: Key, written: str | None, created: tuple[tuple[str
         await asyncio.sleep(0.05)
 
 
-async def _one_pass(key: Key) -> float:
+async def _one_pass(key: Key) -> float | Next:
     if not _GATE.holds():
         await _GATE.wait()
         LOOPS.count_from_now(key)
@@ -277,7 +277,8 @@ async def _one_pass(key: Key) -> float:
                                  key=key, jobs=len(LOOPS.keys()))
         LOOPS.acted(key)
         await _until_visible(key, result.written, result.created)
-        return min(result.plan.requeue_after or SETTINGS.resync_seconds, SETTINGS.resync_seconds)
+        return Next(min(result.plan.requeue_after or SETTINGS.resync_seconds, SETTINGS.resync_seconds),
+                    result.plan.urgent_after)
     except NotLeader:
         logger.info("job %s/%s: lost the leadership during a pass; nothing was written after that", *key)
         return 0.0

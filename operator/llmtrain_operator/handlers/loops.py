@@ -9,6 +9,12 @@ timer or a watch event that wakes it (at most ``resyncSeconds``). Which events w
 job is decided here and in ``wakes.py`` (docs/operator.md, "What wakes a job"): a change
 to the job's status alone does not, since the operator wrote it itself.
 
+A deadline the planner marks urgent (a node's grace ending, a replacement's backoff:
+``Plan.urgent_after``) wakes the loop as a watch event does: its pass goes ahead of the
+routine ones (``slots.py``) and its latency is counted from the deadline. At 64 jobs a
+node lost under all of them ended 64 graces at once, and their passes queued behind the
+resyncs.
+
 Event to action: the loop remembers when the earliest watch event it has not acted on
 arrived. A pass that completes (its writes acknowledged) reports the time since then
 (``llmtrain_operator_event_to_action_seconds``); a pass that fails leaves the event
@@ -20,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 from collections.abc import Awaitable, Callable
 
@@ -30,10 +37,20 @@ log = logging.getLogger("llmtrain.loops")
 Key = tuple[str, str]
 
 
+@dataclass(frozen=True)
+class Next:
+    """When a job's next pass is due: ``after`` seconds at the latest, and
+    (``urgent_after``) an urgent deadline's, if any."""
+
+    after: float
+    urgent_after: float | None = None
+
+
 class JobLoops:
-    def __init__(self, body_of_pass: Callable[[Key], Awaitable[float]], on_acted: Callable[[float], None] | None = None,
+    def __init__(self, body_of_pass: Callable[[Key], Awaitable[float | Next]], on_acted: Callable[[float], None] | None = None,
                  on_wake: Callable[[Key], None] | None = None, clock: Callable[[], float] = time.monotonic):
-        """``body_of_pass(key)`` runs one pass and returns the seconds until the next; it
+        """``body_of_pass(key)`` runs one pass and returns the seconds until the next (or
+        a ``Next``); it
         calls ``observe(key)`` when it reads what it plans from, and ``acted(key)`` once
         its writes are acknowledged. ``on_acted`` receives each event-to-action latency;
         ``on_wake(key)`` hears of every event that wakes a job (a pass of it that waits
@@ -124,19 +141,22 @@ class JobLoops:
             if taken is not None:
                 self._taken[key] = taken
             try:
-                delay = await self._pass(key)
+                due = await self._pass(key)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug must not end the job's loop (logged with its traceback)
                 log.exception("job %s/%s: reconcile pass failed", *key)
-                delay = 10.0
+                due = 10.0
+            nxt = due if isinstance(due, Next) else Next(due)
             unanswered = self._taken.pop(key, None)
             if unanswered is not None and key in self._bodies:  # the pass failed: the event is still to act on
                 self._pending[key] = min(unanswered, self._pending.get(key, unanswered))
+            urgent = nxt.urgent_after is not None and nxt.urgent_after <= nxt.after
             try:
-                await asyncio.wait_for(wake.wait(), timeout=delay)
+                await asyncio.wait_for(wake.wait(), timeout=nxt.urgent_after if urgent else nxt.after)
             except TimeoutError:
-                pass
+                if urgent and key in self._bodies:
+                    self._pending.setdefault(key, self._clock())  # the deadline, answered as an event
 
     async def stop(self) -> None:
         tasks = list(self._tasks.values())

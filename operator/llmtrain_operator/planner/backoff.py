@@ -64,7 +64,7 @@ def start(ctx: Pass, keys: Iterable[str]) -> None:
         failures = entry.failures + 1 if entry is not None and -_left(ctx, entry.until) < reset_after else 1
         delay = delay_seconds(ctx, failures)
         table[k] = SlotBackoff(failures=failures, until=ctx.at(delay, ms=True))  # re-inserted: newest last
-        ctx.after(delay, floor=TIMER_FLOOR)
+        ctx.after(delay, floor=TIMER_FLOOR, urgent=True)
     for stale in [k for k, e in table.items() if (since := ctx.seconds_since(e.until)) is None or since >= reset_after]:
         del table[stale]
     while len(table) > MAX_SLOTS:

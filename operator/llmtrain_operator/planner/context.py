@@ -136,6 +136,9 @@ class Plan:
     """The whole new status, wire form; written in one patch."""
     requeue_after: float | None
     """Seconds until the next pass is needed even if nothing changes (timers)."""
+    urgent_after: float | None = None
+    """Seconds until a deadline that acts on a failure (a node's grace, a replacement's
+    backoff): the pass it starts goes ahead of routine ones, as a watch event's does."""
 
     @property
     def events(self) -> list[Event]:
@@ -152,6 +155,7 @@ class Ledger:
     actions: list[Action] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     timers: list[float] = field(default_factory=list)
+    urgent_timers: list[float] = field(default_factory=list)
 
     @property
     def stamp(self) -> str:
@@ -164,10 +168,13 @@ class Ledger:
         """A decision recorded by its Event alone."""
         self.decide(Noted(reason, message, warning))
 
-    def after(self, seconds: float, floor: float = 1.0) -> None:
+    def after(self, seconds: float, floor: float = 1.0, urgent: bool = False) -> None:
         """Ask for another pass in ``seconds`` (clamped to at least ``floor``: a second,
-        unless the deadline is one that only comes closer, as a backoff's)."""
+        unless the deadline is one that only comes closer, as a backoff's). ``urgent``: a
+        deadline that acts on a failure (``Plan.urgent_after``)."""
         self.timers.append(max(floor, seconds))
+        if urgent:
+            self.urgent_timers.append(max(floor, seconds))
 
     def seconds_since(self, stamp: str | None) -> float | None:
         then = parse_time(stamp)

@@ -138,7 +138,8 @@ def plan_received(received: Received, observed: Observed, now: datetime, runtime
 
 def _done(ctx: Ledger) -> Plan:
     requeue = min(ctx.timers) if ctx.timers else None
-    return Plan(_dedupe(ctx.actions), ctx.decisions, ctx.status.to_wire(), requeue)
+    urgent = min(ctx.urgent_timers) if ctx.urgent_timers else None
+    return Plan(_dedupe(ctx.actions), ctx.decisions, ctx.status.to_wire(), requeue, urgent)
 
 
 def _dedupe(actions: list[Action]) -> list[Action]:

@@ -9,7 +9,7 @@ import copy
 import pytest
 
 from llmtrain_operator import handlers
-from llmtrain_operator.handlers.loops import JobLoops
+from llmtrain_operator.handlers.loops import JobLoops, Next
 from llmtrain_operator.handlers.wakes import beyond_status, jobs_of_node
 
 JOB = {"apiVersion": "llmtrain.io/v1alpha1", "kind": "LLMTrainJob",
@@ -134,6 +134,36 @@ def test_event_to_action_runs_from_the_earliest_unanswered_event_and_a_failed_pa
         assert latencies[-1] == pytest.approx(3.0), "the retry's latency counts from the first event"
 
     run_loops(script)
+
+
+def test_an_urgent_deadline_starts_a_pass_that_answers_it_and_a_routine_timer_does_not():
+    """A node's grace ending or a backoff running out acts on a failure: its pass goes ahead
+    of routine ones (``answering``), counted from the deadline."""
+    async def main():
+        clock, latencies, answering = Clock(), [], []
+        loops: JobLoops
+        nexts = [Next(0.05, 0.01), Next(0.01, 0.05), Next(0.01), Next(3600.0)]
+
+        async def one_pass(key):
+            answering.append(loops.answering(key))
+            clock.now += 0.5
+            loops.acted(key)
+            return nexts.pop(0)
+
+        loops = JobLoops(one_pass, on_acted=latencies.append, clock=clock)
+        loops.seen(("ns", "a"), None, JOB)
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if not nexts:
+                break
+        await loops.stop()
+        # The first pass answers the job's event; the second its urgent deadline (0.01 s);
+        # the third, a routine timer that came before the urgent one, nothing; the fourth
+        # a routine timer.
+        assert answering == [True, True, False, False]
+        assert latencies == [pytest.approx(0.5), pytest.approx(0.5)]
+
+    asyncio.run(main())
 
 
 def test_a_standby_counts_the_events_it_answers_from_its_takeover():

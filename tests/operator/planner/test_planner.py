@@ -42,6 +42,7 @@ def test_nothing_changed_means_no_actions_and_no_events():
     first = plan(raw, obs, NOW)
     again = plan({**raw, "status": first.status}, obs, NOW + timedelta(seconds=1))
     assert summary(again.actions) == [] and again.events == []
+    assert again.urgent_after is None, "a steady job's next pass is routine"
 
 
 def test_running_status_reads_step_world_and_checkpoint_from_the_trainer():
@@ -182,7 +183,7 @@ def test_a_replacement_is_created_when_its_backoff_ends_to_the_millisecond():
     assert status["internal"]["backoff"]["0"]["until"] == ago(-1.25).replace("Z", ".250Z")
     after = {**raw, "status": status}
     result, _, actions, _ = run(after, observed(after, [worker(1)]), NOW + timedelta(seconds=0.9))
-    assert actions == [] and result.requeue_after == pytest.approx(0.35)
+    assert actions == [] and result.requeue_after == pytest.approx(0.35) and result.urgent_after == pytest.approx(0.35)
     _, _, actions, _ = run(after, observed(after, [worker(1)]), NOW + timedelta(seconds=1.25))
     assert actions == [f"create Pod/{W0}"]
 
@@ -270,6 +271,7 @@ def test_a_failed_node_within_its_grace_is_only_watched():
     result, status, actions, _ = run(raw, observed(raw, [worker(0), worker(1)], nodes=nodes))
     assert actions == [] and status["restarts"] == 0
     assert 5 <= result.requeue_after <= 6
+    assert result.urgent_after == result.requeue_after, "the grace's end acts on a failure: an urgent pass"
 
 
 def test_after_the_grace_pods_on_a_failed_node_are_force_deleted_and_the_node_quarantined():

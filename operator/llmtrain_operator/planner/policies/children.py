@@ -153,7 +153,7 @@ def reconcile_workers(ctx: Pass, admission: Admission, may_create: bool = True) 
         return
     waits = {slot: backoff.wait_seconds(ctx, slot) for slot in missing}
     if any(waits.values()):
-        ctx.after(min(w for w in waits.values() if w > 0), floor=backoff.TIMER_FLOOR)
+        ctx.after(min(w for w in waits.values() if w > 0), floor=backoff.TIMER_FLOOR, urgent=True)
     missing = [slot for slot in missing if waits[slot] <= 0]
     if not missing:
         return

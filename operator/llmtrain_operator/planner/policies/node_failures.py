@@ -61,7 +61,7 @@ def handle(ctx: Pass) -> Verdict:
         since = _failed_since(ctx, pod, node, grace)
         elapsed = (ctx.now - since).total_seconds() if since else grace
         if elapsed < grace:
-            ctx.after(grace - elapsed)
+            ctx.after(grace - elapsed, urgent=True)  # the grace's end acts on the failure
             continue
         failed_nodes.setdefault(pod.node, []).append(pod)
     store = ctx.observed.store()
