@@ -13,9 +13,11 @@ changes for them). A larger job's pass probes, in a first round:
   throughput, checkpoint cadence and numerics come from its page), and for a user's
   script the one whose launcher reported the newest step (a script may report from one
   rank only);
-- and ``cap`` more, those read longest ago: every worker is read at least every
-  ``ceil(N / cap)`` passes. ``cap`` is ``PROBE_PODS_PER_PASS``, or less when many jobs
-  share the operator's page budget (``pods_per_pass``).
+- and ``cap`` more, those read longest ago (the rotation): every worker is read at least
+  every ``ceil(N / cap)`` rotations. ``cap`` is ``PROBE_PODS_PER_PASS``, or less when many
+  jobs share the operator's page budget (``pods_per_pass``). A pass that answers an event
+  leaves the rotation out if it moved within ``resyncSeconds``: the event's answer waits
+  for no page it does not need.
 
 A first-round answer that differs from the same pod's previous one in what the other pods'
 pages would show as well (``_changed``: the launcher's attempt, which moves at every
@@ -41,7 +43,8 @@ leads again, reads every worker at its first pass (``reconcile.heard_in_term``).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -108,7 +111,10 @@ def _changed(before: Answers, trainer: TrainerProbe | None, launcher: LauncherRe
 
 
 class ProbeBook:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._rotated: dict[Hashable, float] = {}
+        """Job -> when a pass last read its ``cap`` workers read longest ago."""
         self._passes = 0
         self._books: dict[Hashable, dict[str, Answers]] = {}
         """Job -> pod ("name/uid") -> its newest answers."""
@@ -121,10 +127,15 @@ class ProbeBook:
     def _key(pod: Any) -> str:
         return f"{pod.name}/{pod.uid}"
 
-    def first_round(self, job: Hashable, running: list[Any], cap: int) -> list[Any]:
+    def first_round(self, job: Hashable, running: list[Any], cap: int, urgent_pass: bool = False,
+                    rotate_every: float = 0.0) -> list[Any]:
         """The running workers (pod views) this pass reads first: all of them up to ``cap``
         workers not being deleted (0: all, always), or after a pass that saw a change;
-        beyond it the urgent ones and the ``cap`` read longest ago."""
+        beyond it the urgent ones and the ``cap`` read longest ago. A pass that answers
+        an event (``urgent_pass``) reads the urgent ones only, unless the job's rotation
+        last moved ``rotate_every`` seconds ago or more: a node lost under 64 jobs woke
+        all of them at once, and their rotations' pages (15 workers each) took 2.3 s of
+        every pass's probes and the CPU its writes needed (docs/benchmarks.md)."""
         self._passes += 1
         sweeping = job in self._sweep_next
         self._sweep_next.discard(job)
@@ -143,6 +154,10 @@ class ProbeBook:
             unanswered = seen is None or seen.missed
             holds_rank_zero = seen is not None and seen.trainer is not None and seen.trainer.rank == 0
             (urgent if unanswered or not pod.ready or holds_rank_zero or key == leader else rest).append(pod)
+        last = self._rotated.get(job)
+        if urgent_pass and last is not None and self._clock() - last < rotate_every:
+            return urgent
+        self._rotated[job] = self._clock()
         rest.sort(key=lambda p: book[self._key(p)].read)
         return urgent + rest[:cap]
 
@@ -215,9 +230,11 @@ class ProbeBook:
     def forget(self, job: Hashable) -> None:
         self._books.pop(job, None)
         self._sweep_next.discard(job)
+        self._rotated.pop(job, None)
 
     def clear(self) -> None:
         """Every job's: a replica that leads again knows nothing it heard before."""
         self._books.clear()
         self._sweep_next.clear()
+        self._rotated.clear()
 

@@ -295,13 +295,15 @@ class Reading:
     """``launchers``, and what lasts of the others' newest."""
 
 
-async def read_workers(job: Any, running: list[Any], builtin: bool, port: int, settings: OperatorSettings) -> Reading:
+async def read_workers(job: Any, running: list[Any], builtin: bool, port: int, settings: OperatorSettings,
+                       urgent: bool = False) -> Reading:
     """Read the workers ``PROBE_BOOK`` picks, and every other one when their answers call
     for it (``probing.py``). ``builtin``: the pods serve our trainer's page (a user's script
     serves none: its progress comes through the launcher). The page budget is shared by the
     jobs whose workers the book reads (finished and waiting jobs read none). A pod either of
     whose pages could not even be asked for (the prober's queue, ``probe.UNASKED``) counts
-    as not read this pass, and is read first at the next."""
+    as not read this pass, and is read first at the next. ``urgent``: the pass answers an
+    event (``ProbeBook.first_round``)."""
     timeout = settings.probe_timeout_seconds
     cap = pods_per_pass(settings.probe_pods_per_pass, settings.probe_pages_per_second, settings.resync_seconds,
                         PROBE_BOOK.jobs() + (0 if PROBE_BOOK.knows(job) else 1))
@@ -315,7 +317,7 @@ async def read_workers(job: Any, running: list[Any], builtin: bool, port: int, s
         return (asked, {n: r for n, r in trainers.items() if n not in unasked and isinstance(r, TrainerProbe)},
                 {n: r for n, r in launchers.items() if n not in unasked and isinstance(r, LauncherReport)})
 
-    probed, trainers, launchers = await read(PROBE_BOOK.first_round(job, running, cap))
+    probed, trainers, launchers = await read(PROBE_BOOK.first_round(job, running, cap, urgent, settings.resync_seconds))
     rest = PROBE_BOOK.record(job, probed, running, trainers, launchers, builtin)
     if rest:
         more, more_trainers, more_launchers = await read(rest)
@@ -414,7 +416,7 @@ async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, setting
         heard_in_term(getattr(gate, "term", 0))
         running = _running_workers([pod_view(p) for p in before.owned_by(job_uid(body)).pods])
         reading = await read_workers((ns, name), running, job.spec.trainer.builtin is not None, job.spec.metrics.port,
-                                     settings)
+                                     settings, urgent)
         probes, attempts, rejected = combine(reading.trainers, reading.all_launchers)
         memory, peer_waits = memory_of(reading.all_launchers), peer_waits_of(reading.launchers)
         silent = SILENCES.track((ns, name), reading.probed, reading.launchers, running)

@@ -53,6 +53,25 @@ def one_pass(book: ProbeBook, running, cap: int, trainers, launchers, builtin: b
     return first + rest
 
 
+def test_a_pass_answering_an_event_reads_the_urgent_workers_only_while_the_rotation_is_fresh():
+    """A node lost under 64 jobs woke every one of them at once: their rotations' pages
+    slowed the answer to the failure (docs/benchmarks.md, "Operator scale")."""
+    now = [0.0]
+    book, pods = ProbeBook(clock=lambda: now[0]), workers(200)
+    trainers, launchers = trainer_pages(pods), launcher_pages(pods)
+    one_pass(book, pods, 16, trainers, launchers)  # knows nobody: reads all
+    assert len(book.first_round(JOB, pods, 16)) == 17, "a routine pass: rank 0 and the rotation"
+    now[0] = 4.0
+    assert book.first_round(JOB, pods, 16, urgent_pass=True, rotate_every=10.0) == [pods[0]], "rank 0 only"
+    fresh = workers(201)[-1]  # a replacement not read yet
+    assert book.first_round(JOB, [*pods, fresh], 16, urgent_pass=True, rotate_every=10.0) == [pods[0], fresh]
+    now[0] = 10.0
+    assert len(book.first_round(JOB, pods, 16, urgent_pass=True, rotate_every=10.0)) == 17, \
+        "the rotation 10 s old: an urgent pass moves it too (events keeping a job busy never starve it)"
+    one_pass(book, pods, 16, trainers, launcher_pages(pods, attempt=1))  # a group restart: the next pass sweeps
+    assert len(book.first_round(JOB, pods, 16, urgent_pass=True, rotate_every=10.0)) == 200, "a sweep reads all"
+
+
 def test_a_job_up_to_the_cap_is_read_whole_at_every_pass():
     book, pods = ProbeBook(), workers(64)
     for _ in range(3):
