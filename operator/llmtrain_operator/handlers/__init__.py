@@ -42,6 +42,7 @@ from ..settings import ConfigError, OperatorSettings, from_env
 from .executor import NotLeader
 from .leadership import AlwaysLeader, Gate, Leadership
 from .loops import JobLoops, Key, Next
+from .probing import DEFERRED_ROTATION_SECONDS
 from .reconcile import PROBER, Children, isolation_of, job_uid, reconcile, token_key_of
 from .reconcile import forget as forget_job_memory
 from .slots import Slots
@@ -277,8 +278,10 @@ async def _one_pass(key: Key) -> float | Next:
                                  key=key, jobs=len(LOOPS.keys()))
         LOOPS.acted(key)
         await _until_visible(key, result.written, result.created)
-        return Next(min(result.plan.requeue_after or SETTINGS.resync_seconds, SETTINGS.resync_seconds),
-                    result.plan.urgent_after)
+        after = min(result.plan.requeue_after or SETTINGS.resync_seconds, SETTINGS.resync_seconds)
+        if result.rotation_deferred:
+            after = min(after, DEFERRED_ROTATION_SECONDS)
+        return Next(after, result.plan.urgent_after)
     except NotLeader:
         logger.info("job %s/%s: lost the leadership during a pass; nothing was written after that", *key)
         return 0.0

@@ -16,8 +16,8 @@ changes for them). A larger job's pass probes, in a first round:
 - and ``cap`` more, those read longest ago (the rotation): every worker is read at least
   every ``ceil(N / cap)`` rotations. ``cap`` is ``PROBE_PODS_PER_PASS``, or less when many
   jobs share the operator's page budget (``pods_per_pass``). A pass that answers an event
-  leaves the rotation out if it moved within ``resyncSeconds``: the event's answer waits
-  for no page it does not need.
+  leaves the rotation out, so that the answer waits for no page it does not need; a due
+  rotation is read by a routine pass right after.
 
 A first-round answer that differs from the same pod's previous one in what the other pods'
 pages would show as well (``_changed``: the launcher's attempt, which moves at every
@@ -51,6 +51,13 @@ from typing import Any
 from ..api.observed import TrainerProbe
 from ..probe import LauncherReport
 
+
+ROTATION_FORCED_AFTER = 3
+"""A rotation overdue this many times ``resyncSeconds`` moves even in a pass answering an
+event (``ProbeBook.first_round``)."""
+
+DEFERRED_ROTATION_SECONDS = 1.0
+"""A pass that left a due rotation out asks for a routine pass this soon after it."""
 
 MIN_PODS_PER_PASS = 8
 """A job of up to this many workers is read whole at every pass however many jobs share
@@ -115,6 +122,8 @@ class ProbeBook:
         self._clock = clock
         self._rotated: dict[Hashable, float] = {}
         """Job -> when a pass last read its ``cap`` workers read longest ago."""
+        self._deferred: set[Hashable] = set()
+        """Jobs whose due rotation an urgent pass left for the pass after."""
         self._passes = 0
         self._books: dict[Hashable, dict[str, Answers]] = {}
         """Job -> pod ("name/uid") -> its newest answers."""
@@ -132,10 +141,13 @@ class ProbeBook:
         """The running workers (pod views) this pass reads first: all of them up to ``cap``
         workers not being deleted (0: all, always), or after a pass that saw a change;
         beyond it the urgent ones and the ``cap`` read longest ago. A pass that answers
-        an event (``urgent_pass``) reads the urgent ones only, unless the job's rotation
-        last moved ``rotate_every`` seconds ago or more: a node lost under 64 jobs woke
-        all of them at once, and their rotations' pages (15 workers each) took 2.3 s of
-        every pass's probes and the CPU its writes needed (docs/benchmarks.md)."""
+        an event (``urgent_pass``) reads the urgent ones only: a node lost under 64 jobs
+        woke all of them at once, and again when its grace ended, and their rotations'
+        pages (15 workers each) took 2-3 s of every pass's probes and the CPU its writes
+        needed (docs/benchmarks.md). If the rotation is due (``rotate_every`` seconds
+        since it last moved) the job is marked (``rotation_deferred``) for a routine pass
+        right after; one overdue three times over moves in the urgent pass as well, so
+        that events that keep a job busy never starve it."""
         self._passes += 1
         sweeping = job in self._sweep_next
         self._sweep_next.discard(job)
@@ -155,9 +167,13 @@ class ProbeBook:
             holds_rank_zero = seen is not None and seen.trainer is not None and seen.trainer.rank == 0
             (urgent if unanswered or not pod.ready or holds_rank_zero or key == leader else rest).append(pod)
         last = self._rotated.get(job)
-        if urgent_pass and last is not None and self._clock() - last < rotate_every:
+        age = None if last is None else self._clock() - last
+        if urgent_pass and age is not None and age < ROTATION_FORCED_AFTER * rotate_every:
+            if age >= rotate_every:
+                self._deferred.add(job)
             return urgent
         self._rotated[job] = self._clock()
+        self._deferred.discard(job)
         rest.sort(key=lambda p: book[self._key(p)].read)
         return urgent + rest[:cap]
 
@@ -220,6 +236,10 @@ class ProbeBook:
             if key in book:
                 book[key] = replace(book[key], missed=True)
 
+    def rotation_deferred(self, job: Hashable) -> bool:
+        """Whether the job's last pass left its due rotation for a routine pass soon."""
+        return job in self._deferred
+
     def jobs(self) -> int:
         """The jobs whose running workers the book reads."""
         return len(self._books)
@@ -231,10 +251,12 @@ class ProbeBook:
         self._books.pop(job, None)
         self._sweep_next.discard(job)
         self._rotated.pop(job, None)
+        self._deferred.discard(job)
 
     def clear(self) -> None:
         """Every job's: a replica that leads again knows nothing it heard before."""
         self._books.clear()
         self._sweep_next.clear()
         self._rotated.clear()
+        self._deferred.clear()
 

@@ -387,6 +387,9 @@ class PassResult:
     """(kind, name) of the children this pass created (new objects, not ones that existed
     already); the loop also waits until the watch shows them among the job's own, so the
     next pass does not create them again."""
+    rotation_deferred: bool = False
+    """The pass answered an event and left the job's due rotation of probes for a
+    routine pass soon after (``probing.ProbeBook.first_round``)."""
 
 
 async def reconcile(k8s: K8s, body: dict[str, Any], source: ChildSource, settings: OperatorSettings,
@@ -487,7 +490,8 @@ async def _decide_and_write(k8s: K8s, body: dict[str, Any], received: Received, 
     if action_error is not None:
         raise action_error  # the status is recorded; the next pass retries what failed
     created = tuple((a.kind, a.name) for a in written.created)
-    return PassResult(result, result.status.get("lastReconcileTime") if changed else None, created)
+    return PassResult(result, result.status.get("lastReconcileTime") if changed else None, created,
+                      PROBE_BOOK.rotation_deferred((ns, name)))
 
 
 def _remember_refusals(namespace: str, name: str, refused: tuple[Refused, ...], now: datetime, attempted: bool) -> None:

@@ -53,9 +53,9 @@ def one_pass(book: ProbeBook, running, cap: int, trainers, launchers, builtin: b
     return first + rest
 
 
-def test_a_pass_answering_an_event_reads_the_urgent_workers_only_while_the_rotation_is_fresh():
-    """A node lost under 64 jobs woke every one of them at once: their rotations' pages
-    slowed the answer to the failure (docs/benchmarks.md, "Operator scale")."""
+def test_a_pass_answering_an_event_leaves_the_rotation_to_a_routine_pass_unless_it_is_long_overdue():
+    """A node lost under 64 jobs woke every one of them at once, and again when its grace
+    ended: their rotations' pages slowed the answers (docs/benchmarks.md, "Operator scale")."""
     now = [0.0]
     book, pods = ProbeBook(clock=lambda: now[0]), workers(200)
     trainers, launchers = trainer_pages(pods), launcher_pages(pods)
@@ -63,11 +63,16 @@ def test_a_pass_answering_an_event_reads_the_urgent_workers_only_while_the_rotat
     assert len(book.first_round(JOB, pods, 16)) == 17, "a routine pass: rank 0 and the rotation"
     now[0] = 4.0
     assert book.first_round(JOB, pods, 16, urgent_pass=True, rotate_every=10.0) == [pods[0]], "rank 0 only"
+    assert not book.rotation_deferred(JOB), "the rotation was not due"
     fresh = workers(201)[-1]  # a replacement not read yet
     assert book.first_round(JOB, [*pods, fresh], 16, urgent_pass=True, rotate_every=10.0) == [pods[0], fresh]
-    now[0] = 10.0
+    now[0] = 12.0
+    assert book.first_round(JOB, pods, 16, urgent_pass=True, rotate_every=10.0) == [pods[0]]
+    assert book.rotation_deferred(JOB), "due: a routine pass is asked for right after"
+    assert len(book.first_round(JOB, pods, 16)) == 17 and not book.rotation_deferred(JOB), "the routine pass rotates"
+    now[0] = 42.0
     assert len(book.first_round(JOB, pods, 16, urgent_pass=True, rotate_every=10.0)) == 17, \
-        "the rotation 10 s old: an urgent pass moves it too (events keeping a job busy never starve it)"
+        "overdue three times over: an urgent pass rotates too (events keeping a job busy never starve it)"
     one_pass(book, pods, 16, trainers, launcher_pages(pods, attempt=1))  # a group restart: the next pass sweeps
     assert len(book.first_round(JOB, pods, 16, urgent_pass=True, rotate_every=10.0)) == 200, "a sweep reads all"
 
