@@ -50,11 +50,10 @@ class JobLoops:
     def __init__(self, body_of_pass: Callable[[Key], Awaitable[float | Next]], on_acted: Callable[[float], None] | None = None,
                  on_wake: Callable[[Key], None] | None = None, clock: Callable[[], float] = time.monotonic):
         """``body_of_pass(key)`` runs one pass and returns the seconds until the next (or
-        a ``Next``); it
-        calls ``observe(key)`` when it reads what it plans from, and ``acted(key)`` once
-        its writes are acknowledged. ``on_acted`` receives each event-to-action latency;
-        ``on_wake(key)`` hears of every event that wakes a job (a pass of it that waits
-        for a slot is then promoted)."""
+        a ``Next``); it calls ``observe(key)`` when it reads what it plans from, and
+        ``acted(key)`` once its writes are acknowledged. ``on_acted`` receives each
+        event-to-action latency; ``on_wake(key)`` hears of every event that wakes a job (a
+        pass of it that waits for a slot is then promoted)."""
         self._pass = body_of_pass
         self._on_acted = on_acted
         self._on_wake = on_wake
